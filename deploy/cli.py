@@ -1,0 +1,54 @@
+"""The ``headrace`` console script: one entry point, one subcommand module per package.
+
+Each subcommand module exposes ``register(subparsers)``, adding its parser and setting
+``func`` (``args -> int`` exit code). A module that is absent is simply not offered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMAND_MODULES = (
+    "deploy.triton_cli",  # headrace triton
+    "profiles.cli",  # headrace profile
+    "loadgen.cli",  # headrace load
+    "gateway.cli",  # headrace serve
+    "placement.cli",  # headrace plan
+    "deploy.demo",  # headrace demo (the README's main job)
+    "loadgen.sim_cli",  # headrace sim
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="headrace",
+        description="SLO-aware inference gateway and GPU placement controller for Triton fleets.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in SUBCOMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:
+                continue
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,2 @@
+"""The sans-IO policy core: requests, EDF queues, batcher, admission, variant selector and
+replica choice. No clocks, no awaits, no I/O: ``now`` comes in, frozen decisions go out."""

@@ -1,0 +1,101 @@
+"""The vocabulary shared by the policy core and its drivers (gateway and simulator).
+
+Drivers call, on one :class:`SchedulerCore`:
+- ``submit(request, now)`` when a request arrives (may reject at once);
+- ``poll(now)`` after any event, which returns batches to dispatch now, requests to answer
+  now (rejected or expired), and when to poll again if nothing else happens;
+- ``on_complete(batch, now, retry=())`` when a dispatched batch finishes (``retry``: requests
+  of a failed batch that should be tried again on another replica while their deadline allows).
+Everything is plain data; times are float seconds on the driver's monotonic clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Protocol
+
+from profiles.profile import Profile
+
+
+class Priority(IntEnum):
+    """Priority class. Triton's ``priority`` parameter 1 (highest) and 0 (default) map to
+    GUARANTEED; 2 and above map to BEST_EFFORT (opportunistic, shed first)."""
+
+    GUARANTEED = 0
+    BEST_EFFORT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    id: int  # unique per driver
+    model: str  # the served model name clients address
+    arrival: float  # seconds
+    deadline: float  # absolute seconds
+    priority: Priority = Priority.GUARANTEED
+    size: int = 1  # rows along the batch dimension this request carries
+    accuracy_floor: float | None = None  # variant selection: least acceptable accuracy
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    """A place a batch can run: one model variant on one Triton server on one slice."""
+
+    id: str
+    model: str  # served model name
+    variant: str  # variant name (the Triton model name on that server)
+    profile: Profile  # latency predictor for this variant on this replica's slice
+    max_batch: int
+    max_inflight: int = 1  # batches the replica runs at once
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    replica: str
+    variant: str
+    requests: tuple[Request, ...]
+    dispatched: float
+    predicted_finish: float
+
+    @property
+    def rows(self) -> int:
+        return sum(r.size for r in self.requests)
+
+
+class RejectReason(str):
+    INFEASIBLE = "infeasible"  # cannot finish in time even alone on the best replica
+    EXPIRED = "expired"  # became infeasible while queued
+    SHED = "shed"  # best-effort work shed to protect guaranteed traffic
+    NO_REPLICA = "no_replica"  # no healthy replica serves the model
+    FAILED = "failed"  # its batch failed and no retry can still make the deadline
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    request: Request
+    reason: str  # one of RejectReason's values
+    retry_after: float  # seconds the client should wait before retrying
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    batches: tuple[Batch, ...] = ()
+    rejects: tuple[Reject, ...] = ()
+    wakeup: float | None = None  # poll again at this time if no other event comes first
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    info: ReplicaInfo
+    healthy: bool = True
+    inflight: tuple[Batch, ...] = field(default=())
+
+
+class SchedulerCore(Protocol):
+    def add_replica(self, info: ReplicaInfo, now: float) -> None: ...
+    def remove_replica(self, replica_id: str, now: float) -> tuple[Request, ...]: ...
+    def set_healthy(self, replica_id: str, healthy: bool, now: float) -> None: ...
+    def submit(self, request: Request, now: float) -> Reject | None: ...
+    def poll(self, now: float) -> Decision: ...
+    def on_complete(self, batch: Batch, now: float, retry: tuple[Request, ...] = ()) -> None: ...

@@ -1,0 +1,300 @@
+"""The profile model: one variant on one slice kind, and the one latency predictor.
+
+Every component that needs to know how long a batch takes (batcher, admission, variant
+selector, placement capacity model, simulator, emulated GPU) asks a :class:`Profile`.
+Times are seconds (floats) inside; the YAML on disk speaks milliseconds for readability.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Quantile = Literal["p50", "p99"]
+
+API_VERSION = "headrace.dev/v1"
+
+
+class ProfileError(ValueError):
+    """A profile file or value is invalid; the message names the field and the value."""
+
+
+@dataclass(frozen=True)
+class LatencyPoint:
+    batch: int
+    p50: float  # seconds
+    p99: float  # seconds
+
+
+@dataclass(frozen=True)
+class Provenance:
+    source: str
+    kind: Literal["measured", "derived", "fit", "emulated"] = "measured"
+    measured_batches: tuple[int, ...] = ()
+    notes: str = ""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Latency by batch size of one model variant on one slice kind of one GPU model.
+
+    ``slice`` is a MIG profile name (``1g.10gb``) or ``gpu`` for a whole GPU without MIG.
+    """
+
+    model: str
+    variant: str
+    gpu: str
+    slice: str
+    max_batch: int
+    points: tuple[LatencyPoint, ...]
+    memory_mb: float = 0.0
+    accuracy: float | None = None
+    mps_interference: float = 0.1
+    provenance: Provenance = field(default_factory=lambda: Provenance("unknown"))
+
+    def __post_init__(self) -> None:
+        if not self.points:
+            raise ProfileError(f"profile {self.key}: latency has no points")
+        batches = [p.batch for p in self.points]
+        if batches != sorted(set(batches)):
+            raise ProfileError(f"profile {self.key}: batch sizes {batches} must be strictly increasing")
+        for p in self.points:
+            if p.batch < 1 or p.p50 <= 0 or p.p99 < p.p50:
+                raise ProfileError(
+                    f"profile {self.key}: bad latency point batch={p.batch} p50={p.p50 * 1e3:g}ms "
+                    f"p99={p.p99 * 1e3:g}ms (need batch>=1, 0<p50<=p99)"
+                )
+        if self.max_batch < 1:
+            raise ProfileError(f"profile {self.key}: max_batch ({self.max_batch}) must be >= 1")
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.variant, self.gpu, self.slice)
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant}@{self.gpu}/{self.slice}"
+
+    def latency(self, batch: int, quantile: Quantile = "p99") -> float:
+        """Predicted seconds for one batch of ``batch`` requests, interpolated linearly
+        between measured batch sizes and extrapolated from the last two beyond them."""
+        if batch < 1:
+            raise ProfileError(f"profile {self.name}: batch ({batch}) must be >= 1")
+        if batch > self.max_batch:
+            raise ProfileError(f"profile {self.name}: batch ({batch}) exceeds max_batch ({self.max_batch})")
+        pts = self.points
+        if len(pts) == 1:
+            return getattr(pts[0], quantile) * (batch / pts[0].batch if batch > pts[0].batch else 1.0)
+        i = bisect.bisect_left([p.batch for p in pts], batch)
+        if i < len(pts) and pts[i].batch == batch:
+            return getattr(pts[i], quantile)
+        if i == 0:  # below the smallest measured batch: latency does not drop below it
+            return getattr(pts[0], quantile)
+        lo, hi = (pts[i - 1], pts[i]) if i < len(pts) else (pts[-2], pts[-1])
+        ylo, yhi = getattr(lo, quantile), getattr(hi, quantile)
+        return max(ylo, ylo + (yhi - ylo) * (batch - lo.batch) / (hi.batch - lo.batch))
+
+    def throughput(self, batch: int, quantile: Quantile = "p50") -> float:
+        """Requests per second when a replica runs batches of ``batch`` back to back."""
+        return batch / self.latency(batch, quantile)
+
+    def best_batch_within(self, budget: float, quantile: Quantile = "p99") -> int:
+        """Largest batch whose latency fits in ``budget`` seconds (0 if even 1 does not)."""
+        best = 0
+        for b in range(1, self.max_batch + 1):
+            if self.latency(b, quantile) <= budget:
+                best = b
+            else:
+                break
+        return best
+
+    def with_max_batch(self, max_batch: int) -> Profile:
+        from dataclasses import replace
+
+        return replace(self, max_batch=max_batch)
+
+
+# --------------------------------------------------------------------------- YAML edge
+
+
+class _PointModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    batch: int = Field(ge=1, description="batch size")
+    p50: float = Field(gt=0, description="median latency of one batch, milliseconds")
+    p99: float | None = Field(default=None, gt=0, description="p99 latency, milliseconds; defaults to p50")
+
+
+class _ProvenanceModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    source: str = Field(min_length=1, description="where the numbers come from")
+    kind: Literal["measured", "derived", "fit", "emulated"] = "measured"
+    measured_batches: list[int] = Field(default_factory=list)
+    notes: str = ""
+
+
+class _SpecModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1, description="model family, e.g. resnet50")
+    variant: str = Field(min_length=1, description="variant name, e.g. resnet50-fp16")
+    gpu: str = Field(min_length=1, description="GPU model, e.g. A100-80GB")
+    slice: str = Field(min_length=1, description="MIG profile (1g.10gb) or 'gpu' for a whole GPU")
+    max_batch: int = Field(ge=1, le=4096, description="largest batch the variant accepts")
+    memory_mb: float = Field(default=0.0, ge=0, description="device memory the variant needs")
+    accuracy: float | None = Field(default=None, ge=0, le=1, description="top-1 accuracy in [0,1]")
+    mps_interference: float = Field(
+        default=0.1, ge=0, le=2, description="fractional slowdown when MPS co-tenants run at once"
+    )
+    latency_ms: list[_PointModel] = Field(min_length=1)
+    provenance: _ProvenanceModel
+
+    @model_validator(mode="after")
+    def _check(self) -> _SpecModel:
+        batches = [p.batch for p in self.latency_ms]
+        if batches != sorted(set(batches)):
+            raise ValueError(f"latency_ms batch sizes {batches} must be strictly increasing")
+        for p in self.latency_ms:
+            if p.p99 is not None and p.p99 < p.p50:
+                raise ValueError(f"latency_ms batch {p.batch}: p99 ({p.p99}) < p50 ({p.p50})")
+        return self
+
+
+class _ProfileDoc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    apiVersion: Literal["headrace.dev/v1"] = API_VERSION
+    kind: Literal["Profile"] = "Profile"
+    metadata: dict[str, str] = Field(default_factory=dict)
+    spec: _SpecModel
+
+
+def _format_error(err: ValidationError, where: str) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"])
+        parts.append(f"{loc}: {e['msg']} (got {e.get('input')!r})")
+    return f"{where}: " + "; ".join(parts)
+
+
+def profile_from_dict(doc: dict, where: str = "profile") -> Profile:
+    try:
+        m = _ProfileDoc.model_validate(doc)
+    except ValidationError as e:
+        raise ProfileError(_format_error(e, where)) from None
+    s = m.spec
+    return Profile(
+        model=s.model,
+        variant=s.variant,
+        gpu=s.gpu,
+        slice=s.slice,
+        max_batch=s.max_batch,
+        points=tuple(
+            LatencyPoint(p.batch, p.p50 / 1e3, (p.p99 if p.p99 is not None else p.p50) / 1e3)
+            for p in s.latency_ms
+        ),
+        memory_mb=s.memory_mb,
+        accuracy=s.accuracy,
+        mps_interference=s.mps_interference,
+        provenance=Provenance(
+            s.provenance.source, s.provenance.kind, tuple(s.provenance.measured_batches), s.provenance.notes
+        ),
+    )
+
+
+def profile_to_dict(p: Profile) -> dict:
+    spec: dict = {
+        "model": p.model,
+        "variant": p.variant,
+        "gpu": p.gpu,
+        "slice": p.slice,
+        "max_batch": p.max_batch,
+        "memory_mb": p.memory_mb,
+        "accuracy": p.accuracy,
+        "mps_interference": p.mps_interference,
+        "latency_ms": [
+            {"batch": pt.batch, "p50": round(pt.p50 * 1e3, 4), "p99": round(pt.p99 * 1e3, 4)} for pt in p.points
+        ],
+        "provenance": {
+            "source": p.provenance.source,
+            "kind": p.provenance.kind,
+            "measured_batches": list(p.provenance.measured_batches),
+            "notes": p.provenance.notes,
+        },
+    }
+    if p.accuracy is None:
+        del spec["accuracy"]
+    return {"apiVersion": API_VERSION, "kind": "Profile", "metadata": {"name": p.name}, "spec": spec}
+
+
+class ProfileSet:
+    """Profiles keyed by (variant, gpu, slice). Loading raises on duplicates."""
+
+    def __init__(self, profiles: Iterable[Profile] = ()) -> None:
+        self._by_key: dict[tuple[str, str, str], Profile] = {}
+        for p in profiles:
+            self.add(p)
+
+    def add(self, p: Profile) -> None:
+        if p.key in self._by_key:
+            raise ProfileError(f"duplicate profile {p.name}")
+        self._by_key[p.key] = p
+
+    def get(self, variant: str, gpu: str, slice: str) -> Profile:
+        try:
+            return self._by_key[(variant, gpu, slice)]
+        except KeyError:
+            known = ", ".join(sorted(p.name for p in self._by_key.values())) or "none"
+            raise ProfileError(f"no profile for {variant}@{gpu}/{slice}; known: {known}") from None
+
+    def find(self, *, model: str | None = None, variant: str | None = None, gpu: str | None = None,
+             slice: str | None = None) -> list[Profile]:
+        return [
+            p for p in self._by_key.values()
+            if (model is None or p.model == model) and (variant is None or p.variant == variant)
+            and (gpu is None or p.gpu == gpu) and (slice is None or p.slice == slice)
+        ]
+
+    def __iter__(self) -> Iterator[Profile]:
+        return iter(self._by_key.values())
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    @classmethod
+    def load(cls, *paths: str | Path) -> ProfileSet:
+        out = cls()
+        for path in paths:
+            path = Path(path)
+            files = sorted(path.glob("*.yaml")) if path.is_dir() else [path]
+            for f in files:
+                for p in load_profiles(f):
+                    out.add(p)
+        return out
+
+    @classmethod
+    def reference(cls) -> ProfileSet:
+        return cls.load(Path(__file__).parent / "reference")
+
+
+def load_profiles(path: str | Path) -> list[Profile]:
+    path = Path(path)
+    try:
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    except yaml.YAMLError as e:
+        raise ProfileError(f"{path}: not valid YAML: {e}") from None
+    except OSError as e:
+        raise ProfileError(f"{path}: cannot read: {e.strerror}") from None
+    out = []
+    for i, d in enumerate(docs):
+        if not isinstance(d, dict):
+            raise ProfileError(f"{path} document {i}: expected a mapping, got {type(d).__name__}")
+        out.append(profile_from_dict(d, where=f"{path} document {i}"))
+    return out
+
+
+def save_profiles(path: str | Path, profiles: Iterable[Profile]) -> None:
+    Path(path).write_text(yaml.safe_dump_all([profile_to_dict(p) for p in profiles], sort_keys=False))
