@@ -86,6 +86,18 @@ def triton_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _wait_group_gone(pgid: int, timeout: float) -> bool:
+    """True once no process of group ``pgid`` is left (killed children are reaped by init)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.02)
+    return False
+
+
 @dataclass
 class TritonServer:
     """One tritonserver process. Use as a context manager, or call start()/stop()."""
@@ -220,6 +232,7 @@ class TritonServer:
                 proc.wait(5)
             except subprocess.TimeoutExpired:
                 pass
+            _wait_group_gone(proc.pid, 5.0)
 
     def restart(self) -> TritonServer:
         """Start again on the same ports (a replica coming back after a crash)."""
