@@ -57,3 +57,38 @@ def test_bad_model_fails_fast_with_log(tmp_path):
     (tmp_path / "broken" / "1" / "model.py").write_text("raise RuntimeError('boom at import')\n")
     with pytest.raises(TritonError, match="broken|boom"):
         TritonServer(tmp_path, ready_timeout=30).start()
+
+
+@pytest.mark.integration
+def test_triton_up_cli_serves_until_sigterm(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = ModelConfig("double", (TensorSpec("x", "FP32", (3,)),), (TensorSpec("y", "FP32", (3,)),), max_batch_size=4)
+    write_model(tmp_path, cfg, DOUBLE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deploy.cli", "triton", "up", "--repo", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        line = proc.stdout.readline()  # blocks until the server reports ready (or exits)
+        assert "tritonserver ready" in line, line
+        http = line.split("http ")[1].split()[0]
+        assert httpclient.InferenceServerClient(http).is_server_ready()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 5:  # the server's own group is gone too
+            try:
+                httpclient.InferenceServerClient(http).is_server_live()
+            except Exception:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("tritonserver still answers after `headrace triton up` exited")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
