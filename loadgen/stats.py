@@ -1,0 +1,289 @@
+"""Load-test statistics: mergeable HDR histograms of latency and send lag, SLO attainment,
+goodput, rejections and errors by kind, per model and per variant, plus a timeline.
+
+A :class:`Recorder` is fed one call per request (``record``) by a live driver or by the
+simulator. Latency is measured from the request's *scheduled* time (wrk2: no coordinated
+omission). Recorders from several processes merge exactly: ``Recorder.encode()`` gives a
+plain, picklable dict and ``Recorder.merge(encoded)`` adds it (HDR ``encode`` /
+``decode_and_add``), so a merged recorder equals one that saw all samples itself.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from hdrh.histogram import HdrHistogram
+
+OK = "ok"  # answered successfully
+REJECTED = "rejected"  # answered at once with 429 / RESOURCE_EXHAUSTED (admission control)
+NO_VARIANT = "-"  # the response did not name a variant
+
+LATENCY_MAX_US = 3_600_000_000  # one hour
+WINDOW_LATENCY_MAX_US = 600_000_000  # ten minutes, coarser histograms per timeline window
+PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
+
+
+def new_latency_histogram() -> HdrHistogram:
+    """Microseconds from 1 µs to one hour at 3 significant digits."""
+    return HdrHistogram(1, LATENCY_MAX_US, 3)
+
+
+def _window_histogram() -> HdrHistogram:
+    return HdrHistogram(1, WINDOW_LATENCY_MAX_US, 2)
+
+
+def to_us(seconds: float) -> int:
+    return max(1, int(round(seconds * 1e6)))
+
+
+def _hist_from(encoded: str | bytes, factory=new_latency_histogram) -> HdrHistogram:
+    h = factory()
+    if encoded:
+        h.decode_and_add(encoded)
+    return h
+
+
+def _merge_into(dst: HdrHistogram, encoded: str | bytes) -> None:
+    if encoded:
+        dst.decode_and_add(encoded)
+
+
+def _encode(h: HdrHistogram) -> bytes:
+    return h.encode() if h.get_total_count() else b""
+
+
+@dataclass
+class Series:
+    """Counts and latencies of one (model, variant) stream."""
+
+    offered: int = 0
+    ok: int = 0
+    good: int = 0  # answered OK within its SLO
+    rejected: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    latency: HdrHistogram = field(default_factory=new_latency_histogram)  # OK answers, µs
+    reject_latency: HdrHistogram = field(default_factory=new_latency_histogram)
+
+    def add(self, other: Series) -> None:
+        self.offered += other.offered
+        self.ok += other.ok
+        self.good += other.good
+        self.rejected += other.rejected
+        self.errors.update(other.errors)
+        self.latency.add(other.latency)
+        self.reject_latency.add(other.reject_latency)
+
+    def encode(self) -> dict[str, Any]:
+        return {
+            "offered": self.offered,
+            "ok": self.ok,
+            "good": self.good,
+            "rejected": self.rejected,
+            "errors": dict(self.errors),
+            "latency": _encode(self.latency),
+            "reject_latency": _encode(self.reject_latency),
+        }
+
+    @classmethod
+    def decode(cls, d: dict[str, Any]) -> Series:
+        return cls(
+            offered=d["offered"],
+            ok=d["ok"],
+            good=d["good"],
+            rejected=d["rejected"],
+            errors=Counter(d["errors"]),
+            latency=_hist_from(d["latency"]),
+            reject_latency=_hist_from(d["reject_latency"]),
+        )
+
+
+@dataclass
+class Window:
+    """One timeline bin (by scheduled time)."""
+
+    offered: int = 0
+    ok: int = 0
+    good: int = 0
+    rejected: int = 0
+    errors: int = 0
+    latency: HdrHistogram = field(default_factory=_window_histogram)  # OK answers, µs
+
+
+class Recorder:
+    """Collects per-request outcomes. Not thread-safe; one per process or event loop.
+
+    ``window_s`` is the width of timeline bins, keyed by scheduled time (seconds from the start
+    of the measured period).
+    """
+
+    def __init__(self, window_s: float = 1.0) -> None:
+        if window_s <= 0:
+            raise ValueError(f"window_s must be > 0, got {window_s}")
+        self.window_s = window_s
+        self.series: dict[tuple[str, str], Series] = {}
+        self.send_lag = new_latency_histogram()  # µs behind schedule when the send began
+        self.windows: dict[int, Window] = {}
+
+    # ---- feeding -------------------------------------------------------------------------
+    def record(
+        self,
+        model: str,
+        variant: str | None,
+        scheduled: float,
+        latency_s: float,
+        slo_s: float | None,
+        outcome: str,
+        send_lag_s: float | None = None,
+    ) -> None:
+        """One request: ``scheduled`` (s from the measured start), ``latency_s`` from the
+        scheduled time to the answer, ``outcome`` = OK, REJECTED or an error kind."""
+        key = (model, variant or NO_VARIANT)
+        s = self.series.get(key)
+        if s is None:
+            s = self.series[key] = Series()
+        w_idx = int(scheduled // self.window_s)
+        w = self.windows.get(w_idx)
+        if w is None:
+            w = self.windows[w_idx] = Window()
+        s.offered += 1
+        w.offered += 1
+        us = to_us(latency_s)
+        if outcome == OK:
+            s.ok += 1
+            w.ok += 1
+            s.latency.record_value(min(us, LATENCY_MAX_US))
+            w.latency.record_value(min(us, WINDOW_LATENCY_MAX_US))
+            if slo_s is None or latency_s <= slo_s:
+                s.good += 1
+                w.good += 1
+        elif outcome == REJECTED:
+            s.rejected += 1
+            w.rejected += 1
+            s.reject_latency.record_value(min(us, LATENCY_MAX_US))
+        else:
+            s.errors[outcome] += 1
+            w.errors += 1
+        if send_lag_s is not None:
+            self.send_lag.record_value(min(to_us(send_lag_s), LATENCY_MAX_US))
+
+    # ---- merging -------------------------------------------------------------------------
+    def encode(self) -> dict[str, Any]:
+        """A plain, picklable snapshot for sending to another process."""
+        return {
+            "window_s": self.window_s,
+            "series": [[m, v, s.encode()] for (m, v), s in self.series.items()],
+            "send_lag": _encode(self.send_lag),
+            "windows": [
+                [i, w.offered, w.ok, w.good, w.rejected, w.errors, _encode(w.latency)]
+                for i, w in self.windows.items()
+            ],
+        }
+
+    def merge(self, encoded: dict[str, Any]) -> None:
+        if encoded["window_s"] != self.window_s:
+            raise ValueError(
+                f"cannot merge recorders with windows {encoded['window_s']} s and {self.window_s} s"
+            )
+        for m, v, d in encoded["series"]:
+            other = Series.decode(d)
+            mine = self.series.get((m, v))
+            if mine is None:
+                self.series[(m, v)] = other
+            else:
+                mine.add(other)
+        _merge_into(self.send_lag, encoded["send_lag"])
+        for i, offered, ok, good, rejected, errors, lat in encoded["windows"]:
+            w = self.windows.get(i)
+            if w is None:
+                w = self.windows[i] = Window()
+            w.offered += offered
+            w.ok += ok
+            w.good += good
+            w.rejected += rejected
+            w.errors += errors
+            _merge_into(w.latency, lat)
+
+    # ---- reading -------------------------------------------------------------------------
+    def total(self) -> Series:
+        out = Series()
+        for s in self.series.values():
+            out.add(s)
+        return out
+
+    def by_model(self) -> dict[str, Series]:
+        out: dict[str, Series] = {}
+        for (m, _), s in self.series.items():
+            out.setdefault(m, Series()).add(s)
+        return out
+
+    def summary(self, duration_s: float, slo_s: float | None = None) -> dict[str, Any]:
+        """Everything a report needs, as plain JSON-able data (times in ms, rates in /s)."""
+        if duration_s <= 0:
+            raise ValueError(f"duration_s must be > 0, got {duration_s}")
+        out = summarize(self.total(), duration_s)
+        out["slo_ms"] = None if slo_s is None else slo_s * 1e3
+        out["send_lag_ms"] = {
+            "p50": _ms(self.send_lag, 50.0),
+            "p99": _ms(self.send_lag, 99.0),
+            "max": self.send_lag.get_max_value() / 1e3 if self.send_lag.get_total_count() else 0.0,
+        }
+        out["per_model"] = {m: summarize(s, duration_s) for m, s in sorted(self.by_model().items())}
+        out["per_variant"] = [
+            {"model": m, "variant": v, **summarize(s, duration_s)}
+            for (m, v), s in sorted(self.series.items())
+        ]
+        out["timeline"] = self.timeline()
+        return out
+
+    def timeline(self) -> list[dict[str, Any]]:
+        """Per window: start (s), offered rate, throughput, goodput (/s) and p99 (ms)."""
+        rows = []
+        if not self.windows:
+            return rows
+        for i in range(min(self.windows), max(self.windows) + 1):
+            w = self.windows.get(i, Window())
+            rows.append(
+                {
+                    "t": i * self.window_s,
+                    "offered_rps": w.offered / self.window_s,
+                    "throughput_rps": w.ok / self.window_s,
+                    "goodput_rps": w.good / self.window_s,
+                    "rejected_rps": w.rejected / self.window_s,
+                    "errors": w.errors,
+                    "attainment": w.good / w.offered if w.offered else None,
+                    "p50_ms": _ms(w.latency, 50.0),
+                    "p99_ms": _ms(w.latency, 99.0),
+                }
+            )
+        return rows
+
+
+def _ms(h: HdrHistogram, pct: float) -> float | None:
+    if not h.get_total_count():
+        return None
+    return h.get_value_at_percentile(pct) / 1e3
+
+
+def summarize(s: Series, duration_s: float) -> dict[str, Any]:
+    lat = {f"p{p:g}": _ms(s.latency, p) for p in PERCENTILES}
+    if s.latency.get_total_count():
+        lat["mean"] = s.latency.get_mean_value() / 1e3
+        lat["max"] = s.latency.get_max_value() / 1e3
+    else:
+        lat["mean"] = lat["max"] = None
+    return {
+        "offered": s.offered,
+        "ok": s.ok,
+        "good": s.good,
+        "rejected": s.rejected,
+        "errors": dict(sorted(s.errors.items())),
+        "error_count": sum(s.errors.values()),
+        "attainment": s.good / s.offered if s.offered else None,
+        "offered_rps": s.offered / duration_s,
+        "throughput_rps": s.ok / duration_s,
+        "goodput_rps": s.good / duration_s,
+        "latency_ms": lat,
+        "reject_latency_p99_ms": _ms(s.reject_latency, 99.0),
+    }
