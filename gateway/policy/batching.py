@@ -1,0 +1,171 @@
+"""Batch-selection policies, in a registry keyed by name.
+
+A policy looks at one queue in EDF order and one replica about to start a batch, and picks
+which requests go into that batch (or says to wait). Every candidate batch the deadline-aware
+policies consider has the same shape, which is the EDF rule of this core:
+
+    a batch is a contiguous run of the EDF queue that starts after skipping ``skip`` heads,
+    and every skipped head has a deadline earlier than the batch's predicted finish
+    (it could not have made it in this batch anyway).
+
+Skipped heads stay queued; the scheduler answers them at once if no replica can still
+finish them in time. Policies:
+
+- ``take-all``: Triton's dynamic batcher: everything queued up to max batch, in arrival
+  order, no deadline checks (optionally waits ``max_queue_delay_s`` for a full batch).
+- ``largest-prefix``: the largest EDF prefix whose predicted finish meets the head's
+  deadline. Small batches near capacity starve throughput; kept as a baseline.
+- ``skip-heads``: the batch with the most requests that finish in time, skipping heads.
+- ``adaptive``: among batches at least as large as the observed arrival rate needs
+  (or the largest possible if none is), the one that skips fewest heads, then the largest.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gateway.policy.types import Request
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A batch of ``count`` requests: queue indices ``skip .. skip+count-1``."""
+
+    skip: int
+    count: int
+    rows: int
+    finish: float
+
+
+@dataclass(frozen=True, slots=True)
+class SelectContext:
+    now: float
+    start: float  # when the replica can begin executing this batch
+    latency: Callable[[int], float]  # predicted seconds of a batch of n rows on this replica
+    max_batch: int  # rows
+    needed_batch: int  # rows per batch the fleet needs to keep up with the observed rate
+    rate: float  # observed arrivals per second for this queue
+    wait: bool  # may the policy wait for a larger batch
+    max_queue_delay: float = 0.0  # take-all only
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    take: tuple[int, ...] = ()  # queue indices, ascending
+    wakeup: float | None = None  # when nothing is taken: when to look again
+
+
+def candidates(queue: Sequence[Request], ctx: SelectContext) -> list[Candidate]:
+    """Every distinct batch of the EDF shape whose members all meet the predicted finish."""
+    deadlines = [r.deadline for r in queue]
+    out: list[Candidate] = []
+    seen: set[tuple[int, int]] = set()
+    n = len(queue)
+    for b in range(1, ctx.max_batch + 1):
+        t_b = ctx.start + ctx.latency(b)
+        i0 = bisect.bisect_left(deadlines, t_b)
+        if i0 >= n:
+            break
+        rows = count = 0
+        while i0 + count < n and rows + queue[i0 + count].size <= b:
+            rows += queue[i0 + count].size
+            count += 1
+        if count == 0 or (i0, count) in seen:
+            continue
+        seen.add((i0, count))
+        out.append(Candidate(i0, count, rows, ctx.start + ctx.latency(rows)))
+        if i0 + count >= n and rows < b:
+            break  # larger b only skips more
+    return out
+
+
+def _take(c: Candidate) -> tuple[int, ...]:
+    return tuple(range(c.skip, c.skip + c.count))
+
+
+def _maybe_wait(queue: Sequence[Request], c: Candidate, ctx: SelectContext) -> Selection:
+    """Dispatch ``c`` now, or wait for the rows the arrival rate says will come, if the
+    earliest deadline in the batch still allows a batch of the needed size after the wait."""
+    short = ctx.needed_batch - c.rows
+    if not ctx.wait or short <= 0 or ctx.rate <= 0 or ctx.start > ctx.now:
+        return Selection(_take(c))
+    if c.skip + c.count < len(queue):
+        return Selection(_take(c))  # more is queued than fits in time: waiting adds nothing
+    t_fill = ctx.now + short / ctx.rate
+    latest = queue[c.skip].deadline - ctx.latency(min(ctx.max_batch, ctx.needed_batch))
+    if t_fill <= latest:
+        return Selection((), wakeup=t_fill)
+    return Selection(_take(c))
+
+
+class BatchPolicy:
+    name = "base"
+    deadline_aware = True  # admission, expiry and skipping apply
+
+    def select(self, queue: Sequence[Request], ctx: SelectContext) -> Selection:
+        raise NotImplementedError
+
+
+class TakeAll(BatchPolicy):
+    name = "take-all"
+    deadline_aware = False
+
+    def select(self, queue: Sequence[Request], ctx: SelectContext) -> Selection:
+        rows = count = 0
+        while count < len(queue) and rows + queue[count].size <= ctx.max_batch:
+            rows += queue[count].size
+            count += 1
+        if count == 0:
+            return Selection()
+        if rows < ctx.max_batch and ctx.max_queue_delay > 0:
+            oldest = min(r.arrival for r in queue)
+            if ctx.now < oldest + ctx.max_queue_delay:
+                return Selection((), wakeup=oldest + ctx.max_queue_delay)
+        return Selection(tuple(range(count)))
+
+
+class LargestPrefix(BatchPolicy):
+    name = "largest-prefix"
+
+    def select(self, queue: Sequence[Request], ctx: SelectContext) -> Selection:
+        prefixes = [c for c in candidates(queue, ctx) if c.skip == 0]
+        if not prefixes:
+            return Selection()
+        return _maybe_wait(queue, max(prefixes, key=lambda c: c.count), ctx)
+
+
+class SkipHeads(BatchPolicy):
+    name = "skip-heads"
+
+    def select(self, queue: Sequence[Request], ctx: SelectContext) -> Selection:
+        cands = candidates(queue, ctx)
+        if not cands:
+            return Selection()
+        return _maybe_wait(queue, max(cands, key=lambda c: (c.count, -c.skip)), ctx)
+
+
+class Adaptive(BatchPolicy):
+    name = "adaptive"
+
+    def select(self, queue: Sequence[Request], ctx: SelectContext) -> Selection:
+        cands = candidates(queue, ctx)
+        if not cands:
+            return Selection()
+        biggest = max(c.rows for c in cands)
+        enough = min(ctx.needed_batch, biggest)
+        best = min((c for c in cands if c.rows >= enough), key=lambda c: (c.skip, -c.count))
+        return _maybe_wait(queue, best, ctx)
+
+
+POLICIES: dict[str, type[BatchPolicy]] = {
+    p.name: p for p in (TakeAll, LargestPrefix, SkipHeads, Adaptive)
+}
+
+
+def get_policy(name: str) -> BatchPolicy:
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise KeyError(f"unknown batch policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None

@@ -1,0 +1,70 @@
+"""Scheduler configuration, validated at the edge (pydantic): every knob is bounded and says
+what it does. Inside the core the validated object is only read."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class SchedulerConfig(BaseModel):
+    """How the EDF scheduler forms batches, waits, admits and rejects."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: str = Field(
+        default="adaptive",
+        min_length=1,
+        description="batch-selection policy, a key of gateway.policy.batching.POLICIES",
+    )
+    quantile: Literal["p50", "p99"] = Field(
+        default="p99", description="profile latency quantile used to predict batch completion"
+    )
+    admission: bool = Field(
+        default=True,
+        description="reject at submit requests predicted to miss their deadline (deadline-aware policies)",
+    )
+    wait: bool = Field(
+        default=True,
+        description="let a free replica wait for a larger batch when the observed arrival rate "
+        "needs it and the earliest deadline leaves slack (deadline-aware policies)",
+    )
+    headroom: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=2.0,
+        description="fraction above the observed arrival rate the chosen batch size must sustain",
+    )
+    rate_window_s: float = Field(
+        default=1.0, gt=0.0, le=60.0, description="seconds of submits the arrival-rate estimate looks back"
+    )
+    min_retry_after_s: float = Field(
+        default=0.01, ge=0.0, le=60.0, description="least Retry-After given with an infeasible/shed reject"
+    )
+    no_replica_retry_after_s: float = Field(
+        default=1.0, ge=0.0, le=600.0, description="Retry-After given when no healthy replica serves the model"
+    )
+    max_queue_delay_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=10.0,
+        description="triton policy only: wait up to this long after the oldest request arrives "
+        "for a full batch (Triton's max_queue_delay_microseconds)",
+    )
+    queue_timeout_s: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=600.0,
+        description="triton policy only: reject requests queued longer than this "
+        "(Triton's queue policy default_timeout_microseconds with REJECT); None keeps them",
+    )
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        from gateway.policy.batching import POLICIES
+
+        if v not in POLICIES:
+            raise ValueError(f"unknown policy {v!r}; known: {', '.join(sorted(POLICIES))}")
+        return v

@@ -1,0 +1,58 @@
+"""An earliest-deadline-first queue of requests: sorted by (deadline, arrival order)."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Iterator
+
+from gateway.policy.types import Request
+
+
+class EdfQueue:
+    """Requests in EDF order. Ties keep submit order. Indexing follows that order."""
+
+    def __init__(self) -> None:
+        self._keys: list[tuple[float, int]] = []
+        self._items: list[Request] = []
+        self._seq = 0
+        self.rows = 0  # total rows queued
+
+    def push(self, request: Request) -> None:
+        key = (request.deadline, self._seq)
+        self._seq += 1
+        i = bisect.bisect_right(self._keys, key)
+        self._keys.insert(i, key)
+        self._items.insert(i, request)
+        self.rows += request.size
+
+    def deadlines(self) -> list[float]:
+        return [k[0] for k in self._keys]
+
+    def rows_before(self, deadline: float) -> int:
+        """Rows of queued requests whose deadline is at or before ``deadline``."""
+        i = bisect.bisect_right(self._keys, (deadline, float("inf")))
+        return sum(r.size for r in self._items[:i])
+
+    def remove_indices(self, indices: Iterable[int]) -> list[Request]:
+        drop = set(indices)
+        if not drop:
+            return []
+        taken = [self._items[i] for i in sorted(drop)]
+        self._keys = [k for i, k in enumerate(self._keys) if i not in drop]
+        self._items = [r for i, r in enumerate(self._items) if i not in drop]
+        self.rows -= sum(r.size for r in taken)
+        return taken
+
+    def clear(self) -> list[Request]:
+        out = self._items
+        self._keys, self._items, self.rows = [], [], 0
+        return out
+
+    def __getitem__(self, i: int) -> Request:
+        return self._items[i]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._items)

@@ -1,0 +1,341 @@
+"""The EDF scheduler: one synchronous state machine per gateway (or simulation).
+
+Per served model it keeps two EDF queues (guaranteed and best-effort), an arrival-rate
+estimate and its replicas with their in-flight batches. Drivers call ``submit``, ``poll``,
+``on_complete`` and the replica methods with ``now``; it never reads a clock.
+
+Rules (each one is tested):
+- Accounting: every submitted request is answered exactly once: by a reject from ``submit``
+  or ``poll``, by completing in a batch (``on_complete`` without it in ``retry``), or by
+  being handed back from ``remove_replica``.
+- Admission (deadline-aware policies): a request is rejected at submit only if no healthy
+  replica serves its model ("no_replica"), its rows exceed every replica's max batch, or its
+  finish predicted by :func:`gateway.policy.admission.predict_finish` (rows ahead of it in
+  EDF order in full batches) is past its deadline ("infeasible"; "shed" for best-effort).
+- Expiry: a queued request no replica can still finish alone in time is answered at the
+  next poll ("expired"; "failed" after a failed batch; "shed" for best-effort).
+- Batches follow the EDF shape of :mod:`gateway.policy.batching`; a batch is never larger
+  than the replica's max batch, and best-effort rows only fill a batch when no guaranteed
+  request is left queued for the model.
+- A replica executes its in-flight batches one after another: a new batch is predicted to
+  start when the last one in flight is predicted to finish.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.policy.admission import Lane, predict_finish
+from gateway.policy.batching import SelectContext, get_policy
+from gateway.policy.config import SchedulerConfig
+from gateway.policy.edf import EdfQueue
+from gateway.policy.rate import RateEstimator
+from gateway.policy.types import (
+    Batch,
+    Decision,
+    Priority,
+    Reject,
+    RejectReason,
+    ReplicaInfo,
+    ReplicaState,
+    Request,
+)
+
+_EPS = 1e-6  # a wake-up lands this long after the instant a request turns infeasible
+
+
+@dataclass
+class _Replica:
+    info: ReplicaInfo
+    healthy: bool = True
+    inflight: list[Batch] = field(default_factory=list)
+
+    def start(self, now: float) -> float:
+        """When a new batch would begin executing."""
+        return max([now] + [b.predicted_finish for b in self.inflight])
+
+    def has_slot(self) -> bool:
+        return self.healthy and len(self.inflight) < self.info.max_inflight
+
+
+@dataclass
+class _Model:
+    name: str
+    rate: RateEstimator
+    guaranteed: EdfQueue = field(default_factory=EdfQueue)
+    best_effort: EdfQueue = field(default_factory=EdfQueue)
+    replicas: list[str] = field(default_factory=list)
+
+
+class EdfScheduler:
+    """Deadline-aware batching core implementing :class:`gateway.policy.types.SchedulerCore`."""
+
+    def __init__(self, config: SchedulerConfig | None = None) -> None:
+        self.config = config or SchedulerConfig()
+        self.policy = get_policy(self.config.policy)
+        self._replicas: dict[str, _Replica] = {}
+        self._models: dict[str, _Model] = {}
+        self._pending: dict[int, Request] = {}  # admitted and not yet answered
+        self._retried: set[int] = set()
+
+    # ------------------------------------------------------------------ replicas
+
+    def add_replica(self, info: ReplicaInfo, now: float) -> None:
+        if info.id in self._replicas:
+            raise ValueError(f"replica {info.id!r} already added")
+        if info.max_batch < 1 or info.max_inflight < 1:
+            raise ValueError(
+                f"replica {info.id!r}: max_batch ({info.max_batch}) and max_inflight "
+                f"({info.max_inflight}) must be >= 1"
+            )
+        if info.max_batch > info.profile.max_batch:
+            raise ValueError(
+                f"replica {info.id!r}: max_batch ({info.max_batch}) exceeds profile max "
+                f"({info.profile.max_batch}) for {info.profile.name}"
+            )
+        self._replicas[info.id] = _Replica(info)
+        self._model(info.model).replicas.append(info.id)
+
+    def remove_replica(self, replica_id: str, now: float) -> tuple[Request, ...]:
+        """Forget a replica. Returns the requests the driver now owns and must answer: those
+        in flight on it, and those queued for its model when no replica is left."""
+        rep = self._replicas.pop(replica_id, None)
+        if rep is None:
+            return ()
+        model = self._models[rep.info.model]
+        model.replicas.remove(replica_id)
+        out = [r for b in rep.inflight for r in b.requests]
+        if not model.replicas:
+            out += model.guaranteed.clear() + model.best_effort.clear()
+        for r in out:
+            self._forget(r)
+        return tuple(out)
+
+    def set_healthy(self, replica_id: str, healthy: bool, now: float) -> None:
+        rep = self._replicas.get(replica_id)
+        if rep is None:
+            raise KeyError(f"unknown replica {replica_id!r}")
+        rep.healthy = healthy
+
+    def replicas(self) -> tuple[ReplicaState, ...]:
+        return tuple(ReplicaState(r.info, r.healthy, tuple(r.inflight)) for r in self._replicas.values())
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(self, request: Request, now: float) -> Reject | None:
+        if request.id in self._pending:
+            raise ValueError(f"request id {request.id} is already pending")
+        model = self._model(request.model)
+        model.rate.observe(now, request.size)
+        healthy = self._healthy(model)
+        if not healthy:
+            return self._reject(request, RejectReason.NO_REPLICA, self.config.no_replica_retry_after_s,
+                                f"no healthy replica serves model {request.model!r}")
+        if request.size > max(r.info.max_batch for r in healthy):
+            return self._reject(
+                request, RejectReason.INFEASIBLE, self.config.min_retry_after_s,
+                f"request rows ({request.size}) exceed the largest max batch "
+                f"({max(r.info.max_batch for r in healthy)}) of model {request.model!r}")
+        best_effort = request.priority == Priority.BEST_EFFORT
+        if self.policy.deadline_aware and self.config.admission:
+            ahead = model.guaranteed.rows_before(request.deadline)
+            if best_effort:
+                ahead = model.guaranteed.rows + model.best_effort.rows_before(request.deadline)
+            finish = predict_finish(self._lanes(healthy, now), ahead, request.size)
+            if finish > request.deadline:
+                reason = RejectReason.SHED if best_effort else RejectReason.INFEASIBLE
+                return self._reject(
+                    request, reason, max(self.config.min_retry_after_s, finish - request.deadline),
+                    f"predicted finish {(finish - now) * 1e3:.1f} ms from now is past the deadline "
+                    f"{(request.deadline - now) * 1e3:.1f} ms from now")
+        (model.best_effort if best_effort else model.guaranteed).push(request)
+        self._pending[request.id] = request
+        return None
+
+    def on_complete(self, batch: Batch, now: float, retry: tuple[Request, ...] = ()) -> None:
+        """A dispatched batch finished. Requests in ``retry`` go back to the queue (they are
+        answered "failed" if no replica can still finish them in time); the rest are done."""
+        rep = self._replicas.get(batch.replica)
+        if rep is not None:
+            for i, b in enumerate(rep.inflight):
+                if b is batch or b == batch:
+                    del rep.inflight[i]
+                    break
+        retry_ids = {r.id for r in retry}
+        for r in batch.requests:
+            if r.id not in self._pending:
+                continue  # already handed back by remove_replica
+            if r.id in retry_ids and r.model in self._models:
+                model = self._models[r.model]
+                (model.best_effort if r.priority == Priority.BEST_EFFORT else model.guaranteed).push(r)
+                self._retried.add(r.id)
+            else:
+                self._forget(r)
+
+    def poll(self, now: float) -> Decision:
+        batches: list[Batch] = []
+        rejects: list[Reject] = []
+        wake = float("inf")
+        for model in self._models.values():
+            healthy = self._healthy(model)
+            if not healthy:
+                for r in model.guaranteed.clear() + model.best_effort.clear():
+                    rejects.append(self._reject(
+                        r, RejectReason.NO_REPLICA, self.config.no_replica_retry_after_s,
+                        f"no healthy replica serves model {r.model!r}"))
+                continue
+            rejects += self._expire(model, healthy, now)
+            for rep in sorted(healthy, key=lambda r: r.info.profile.latency(1, self.config.quantile)):
+                while rep.has_slot():
+                    batch, w = self._select(model, rep, healthy, now)
+                    if w is not None:
+                        wake = min(wake, w)
+                    if batch is None:
+                        break
+                    rep.inflight.append(batch)
+                    batches.append(batch)
+            rejects += self._expire(model, healthy, now)
+            wake = min(wake, self._next_expiry(model, healthy, now))
+        return Decision(tuple(batches), tuple(rejects), wake if wake < float("inf") else None)
+
+    def queued(self, model: str | None = None) -> int:
+        """Requests waiting in queues (of one model, or all)."""
+        ms = [self._models[model]] if model in self._models else [] if model else self._models.values()
+        return sum(len(m.guaranteed) + len(m.best_effort) for m in ms)
+
+    @property
+    def pending(self) -> int:
+        """Requests admitted and not yet answered (queued or in flight)."""
+        return len(self._pending)
+
+    # ------------------------------------------------------------------ internals
+
+    def _model(self, name: str) -> _Model:
+        if name not in self._models:
+            self._models[name] = _Model(name, RateEstimator(self.config.rate_window_s))
+        return self._models[name]
+
+    def _healthy(self, model: _Model) -> list[_Replica]:
+        return [self._replicas[i] for i in model.replicas if self._replicas[i].healthy]
+
+    def _latency(self, rep: _Replica):
+        profile, q = rep.info.profile, self.config.quantile
+        return lambda rows: profile.latency(rows, q)
+
+    def _lanes(self, reps: list[_Replica], now: float) -> list[Lane]:
+        return [Lane(r.start(now), self._latency(r), r.info.max_batch) for r in reps]
+
+    def _forget(self, r: Request) -> None:
+        self._pending.pop(r.id, None)
+        self._retried.discard(r.id)
+
+    def _reject(self, r: Request, reason: str, retry_after: float, message: str) -> Reject:
+        self._forget(r)
+        return Reject(r, reason, retry_after, message)
+
+    def _needed_batch(self, healthy: list[_Replica], rate: float) -> int:
+        """Smallest batch (rows) at which the healthy replicas together keep up with ``rate``."""
+        top = max(r.info.max_batch for r in healthy)
+        want = rate * (1.0 + self.config.headroom)
+        for b in range(1, top + 1):
+            cap = sum(min(b, r.info.max_batch) / r.info.profile.latency(min(b, r.info.max_batch),
+                                                                          self.config.quantile)
+                      for r in healthy)
+            if cap >= want:
+                return b
+        return top
+
+    def _select(self, model: _Model, rep: _Replica, healthy: list[_Replica],
+                now: float) -> tuple[Batch | None, float | None]:
+        rate = model.rate.rate(now)
+        ctx = SelectContext(
+            now=now, start=rep.start(now), latency=self._latency(rep), max_batch=rep.info.max_batch,
+            needed_batch=self._needed_batch(healthy, rate), rate=rate, wait=self.config.wait,
+            max_queue_delay=self.config.max_queue_delay_s,
+        )
+        chosen: list[Request] = []
+        wake = None
+        if len(model.guaranteed):
+            sel = self.policy.select(model.guaranteed, ctx)
+            wake = sel.wakeup
+            chosen = model.guaranteed.remove_indices(sel.take)
+            if not chosen or len(model.guaranteed):
+                return self._batch(rep, chosen, now, ctx.start), wake
+        # only capacity guaranteed traffic leaves: nothing guaranteed remains queued
+        if len(model.best_effort):
+            used = sum(r.size for r in chosen)
+            room = rep.info.max_batch - used
+            limit = min((r.deadline for r in chosen), default=float("inf"))
+            lat = ctx.latency
+            be_ctx = SelectContext(
+                now=now, start=ctx.start, max_batch=room, needed_batch=max(1, ctx.needed_batch - len(chosen)),
+                rate=rate, wait=self.config.wait and not chosen, max_queue_delay=ctx.max_queue_delay,
+                latency=(lambda rows: lat(rows + used)),
+            )
+            if room > 0:
+                sel = self.policy.select(model.best_effort, be_ctx)
+                extra_rows = sum(model.best_effort[i].size for i in sel.take)
+                if sel.take and ctx.start + lat(used + extra_rows) <= limit:
+                    chosen += model.best_effort.remove_indices(sel.take)
+                elif not chosen and sel.wakeup is not None:
+                    wake = sel.wakeup if wake is None else min(wake, sel.wakeup)
+        return self._batch(rep, chosen, now, ctx.start), wake
+
+    def _batch(self, rep: _Replica, chosen: list[Request], now: float, start: float) -> Batch | None:
+        if not chosen:
+            return None
+        rows = sum(r.size for r in chosen)
+        finish = start + rep.info.profile.latency(rows, self.config.quantile)
+        return Batch(rep.info.id, rep.info.variant, tuple(chosen), now, finish)
+
+    def _best_alone(self, healthy: list[_Replica], now: float):
+        starts = [(r.start(now), r) for r in healthy]
+        cache: dict[int, float] = {}
+
+        def finish(size: int) -> float:
+            if size not in cache:
+                cache[size] = min(
+                    (s + r.info.profile.latency(size, self.config.quantile) for s, r in starts
+                     if r.info.max_batch >= size), default=float("inf"))
+            return cache[size]
+
+        return finish
+
+    def _expire(self, model: _Model, healthy: list[_Replica], now: float) -> list[Reject]:
+        out: list[Reject] = []
+        if not self.policy.deadline_aware:
+            if self.config.queue_timeout_s is not None:
+                for q in (model.guaranteed, model.best_effort):
+                    late = [i for i, r in enumerate(q) if now - r.arrival > self.config.queue_timeout_s]
+                    for r in q.remove_indices(late):
+                        out.append(self._reject(r, RejectReason.EXPIRED, self.config.min_retry_after_s,
+                                                "queued longer than the queue timeout"))
+            return out
+        finish = self._best_alone(healthy, now)
+        for q, be in ((model.guaranteed, False), (model.best_effort, True)):
+            gone = [i for i, r in enumerate(q) if finish(r.size) > r.deadline]
+            for r in q.remove_indices(gone):
+                reason = (RejectReason.SHED if be else
+                          RejectReason.FAILED if r.id in self._retried else RejectReason.EXPIRED)
+                out.append(self._reject(
+                    r, reason, self.config.min_retry_after_s,
+                    f"no replica can finish it by its deadline ({(r.deadline - now) * 1e3:.1f} ms from now)"))
+        return out
+
+    def _next_expiry(self, model: _Model, healthy: list[_Replica], now: float) -> float:
+        """Earliest time a queued request turns infeasible if nothing else happens."""
+        if not self.policy.deadline_aware:
+            if self.config.queue_timeout_s is None:
+                return float("inf")
+            oldest = min((r.arrival for q in (model.guaranteed, model.best_effort) for r in q),
+                         default=float("inf"))
+            return oldest + self.config.queue_timeout_s + _EPS
+        best = float("inf")
+        q = self.config.quantile
+        for queue in (model.guaranteed, model.best_effort):
+            for r in queue:
+                last_start = max((r.deadline - rep.info.profile.latency(r.size, q) for rep in healthy
+                                  if rep.info.max_batch >= r.size), default=now)
+                if last_start >= now:
+                    best = min(best, last_start + _EPS)
+        return best
