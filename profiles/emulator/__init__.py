@@ -1,0 +1,8 @@
+"""The emulated GPU: a Triton python-backend model that takes as long as its profile says,
+and one arbiter process per emulated physical GPU that applies the sharing rules."""
+
+from profiles.emulator.client import ArbiterClient, ArbiterError
+from profiles.emulator.gpu import EmulatedGpu
+from profiles.emulator.repository import write_emulated_model
+
+__all__ = ["ArbiterClient", "ArbiterError", "EmulatedGpu", "write_emulated_model"]

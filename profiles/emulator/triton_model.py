@@ -1,0 +1,72 @@
+"""Triton python-backend model of an emulated GPU slice (copied into a repository as model.py).
+
+``execute`` sums the rows of every request Triton hands it, takes the profile's latency for that
+batch (p50, or seeded jitter toward p99), runs that work on the emulated GPU (through the
+arbiter when one is given, else alone on its slice) and answers OUTPUT = INPUT + 1 per request.
+Settings come from the model config ``parameters`` written by ``write_emulated_model``.
+"""
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import triton_python_backend_utils as pb_utils
+
+from profiles.emulator.client import ArbiterClient, ArbiterError
+from profiles.emulator.timing import wait_until
+from profiles.profile import load_profiles
+from profiles.sharing import ActiveJob, progress_rates
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        cfg = json.loads(args["model_config"])
+        p = {k: v["string_value"] for k, v in cfg.get("parameters", {}).items()}
+        self.profile = load_profiles(Path(__file__).parent / "profile.yaml")[0]
+        self.job = ActiveJob(
+            slice_id=p["slice_id"], client=p["client"], mode=p["mode"],
+            share=float(p["share"]), interference=float(p["interference"]),
+        )
+        self.overhead = float(p.get("overhead_ms", "0")) / 1e3
+        self.jitter = p.get("jitter", "false") == "true"
+        self.rng = random.Random(f"{p.get('seed', '0')}/{args['model_instance_name']}")
+        self.arbiter = ArbiterClient(p["arbiter"]) if p.get("arbiter") else None
+        self.solo_rate = progress_rates([self.job])[0]
+        self.in_name = cfg["input"][0]["name"]
+        self.out_name = cfg["output"][0]["name"]
+        self.out_dtype = pb_utils.triton_string_to_numpy(cfg["output"][0]["data_type"])
+
+    def _latency(self, rows):
+        lat = self.profile.latency(rows, "p50")
+        if self.jitter:
+            # half the batches take p50; the tail is exponential and reaches p99 at the 99th
+            # percentile: P(extra > x * (p99 - p50)) = 0.5 * 50**-x
+            u = self.rng.random()
+            if u > 0.5:
+                x = math.log(0.5 / (1.0 - u)) / math.log(50.0)
+                lat += x * (self.profile.latency(rows, "p99") - lat)
+        return lat
+
+    def execute(self, requests):
+        t0 = time.monotonic()
+        arrays = [pb_utils.get_input_tensor_by_name(r, self.in_name).as_numpy() for r in requests]
+        rows = sum(int(a.shape[0]) for a in arrays)
+        try:
+            work = max(0.0, self._latency(rows) - self.overhead)
+            if self.arbiter is not None:
+                self.arbiter.run(self.job, work)
+            else:
+                wait_until(t0 + work / self.solo_rate)
+        except (ArbiterError, ValueError) as e:
+            err = pb_utils.TritonError(f"emulated GPU {self.job.slice_id}: {e}")
+            return [pb_utils.InferenceResponse(output_tensors=[], error=err) for _ in requests]
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor(self.out_name, (a + 1).astype(self.out_dtype))])
+            for a in arrays
+        ]
+
+    def finalize(self):
+        if self.arbiter is not None:
+            self.arbiter.close()
