@@ -1,0 +1,59 @@
+"""``headrace serve --config FILE``: run the gateway until SIGTERM/SIGINT, then drain."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from gateway.config import ConfigError, load_config, resolve
+from gateway.errors import GatewayError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="run the SLO-aware gateway (KServe v2 HTTP + gRPC) in front of Triton replicas",
+        description="Run the gateway. SIGTERM stops accepting requests, drains in-flight ones "
+        "(up to drain_timeout_s) and exits.",
+    )
+    p.add_argument("--config", required=True, help="gateway YAML (models -> Triton replicas, SLO, profile)")
+    p.add_argument("--http-port", type=int, default=None, help="override listen.http_port")
+    p.add_argument("--grpc-port", type=int, default=None, help="override listen.grpc_port")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.set_defaults(func=run)
+
+
+async def serve(args: argparse.Namespace) -> int:
+    from gateway.app import Gateway
+
+    cfg = load_config(args.config)
+    if args.http_port is not None:
+        cfg.listen.http_port = args.http_port
+    if args.grpc_port is not None:
+        cfg.listen.grpc_port = args.grpc_port
+    resolve(cfg)  # profile errors before any port is opened
+    gw = Gateway(cfg)
+    await gw.start()
+    print(f"headrace gateway: http {gw.http_url}  grpc {gw.grpc_url}  models "
+          f"{', '.join(m.name for m in cfg.models)}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    print(f"headrace gateway: draining (up to {cfg.drain_timeout_s:g}s)", flush=True)
+    await gw.stop(drain_timeout=cfg.drain_timeout_s)
+    print("headrace gateway: stopped", flush=True)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(serve(args))
+    except (ConfigError, GatewayError, OSError) as e:
+        print(f"headrace serve: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,447 @@
+"""Tensors on the wire: KServe v2 JSON, the binary tensor extension and gRPC raw contents.
+
+Inside the gateway a tensor is its name, datatype, shape and little-endian row-major bytes
+(:class:`Tensor`). Batching is byte concatenation along the batch dimension and splitting is
+slicing, so a request's data is never converted to numbers unless it came in (or must go
+out) as JSON. Every decoding error raises :class:`~gateway.errors.InvalidRequest` naming the
+tensor and the offending value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from gateway.errors import InvalidRequest
+
+# bytes per element; BYTES elements are length-prefixed (4-byte little-endian) strings
+DTYPE_SIZE: dict[str, int] = {
+    "BOOL": 1, "UINT8": 1, "UINT16": 2, "UINT32": 4, "UINT64": 8,
+    "INT8": 1, "INT16": 2, "INT32": 4, "INT64": 8,
+    "FP16": 2, "FP32": 4, "FP64": 8, "BF16": 2, "BYTES": 0,
+}
+NP_DTYPE: dict[str, str] = {
+    "BOOL": "?", "UINT8": "<u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8",
+    "INT8": "<i1", "INT16": "<i2", "INT32": "<i4", "INT64": "<i8",
+    "FP16": "<f2", "FP32": "<f4", "FP64": "<f8",
+}
+# InferTensorContents field holding each datatype in gRPC requests that do not use raw contents
+_GRPC_CONTENTS: dict[str, str] = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
+    "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
+    "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
+    "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+_LEN = struct.Struct("<I")
+
+
+@dataclass(slots=True)
+class Tensor:
+    name: str
+    datatype: str
+    shape: list[int]
+    raw: bytes | memoryview
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    name: str
+    binary: bool | None = None  # HTTP only: None = follow the request-level default
+
+
+@dataclass(slots=True)
+class InferInput:
+    """One decoded inference request, protocol-neutral."""
+
+    inputs: list[Tensor]
+    outputs: list[RequestedOutput] = field(default_factory=list)  # empty = all outputs
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSig:
+    name: str
+    datatype: str
+    dims: tuple[int, ...]  # without the batch dimension; -1 = variable
+
+
+@dataclass(frozen=True)
+class Signature:
+    """A model's inputs and outputs as its Triton backend declares them."""
+
+    inputs: dict[str, TensorSig]
+    outputs: dict[str, TensorSig]
+    max_batch_size: int  # 0: the model takes no batch dimension
+
+    @property
+    def batched(self) -> bool:
+        return self.max_batch_size > 0
+
+
+# --------------------------------------------------------------------------- shapes and bytes
+
+
+def _element_count(shape: list[int]) -> int:
+    return math.prod(shape)
+
+
+def check_size(t: Tensor) -> None:
+    """The byte length must match the shape (fixed-size types) or parse (BYTES)."""
+    n = _element_count(t.shape)
+    size = DTYPE_SIZE[t.datatype]
+    if size:
+        if len(t.raw) != n * size:
+            raise InvalidRequest(
+                f"input '{t.name}': {len(t.raw)} bytes do not match shape {t.shape} of "
+                f"{t.datatype} ({n * size} bytes expected)"
+            )
+    elif _bytes_elements(t.raw, t.name) != n:
+        raise InvalidRequest(f"input '{t.name}': BYTES data does not hold {n} elements for shape {t.shape}")
+
+
+def _bytes_elements(raw: bytes | memoryview, name: str) -> int:
+    off, count, end = 0, 0, len(raw)
+    while off < end:
+        if off + 4 > end:
+            raise InvalidRequest(f"input '{name}': truncated BYTES element length at offset {off}")
+        (n,) = _LEN.unpack_from(raw, off)
+        off += 4 + n
+        count += 1
+    if off != end:
+        raise InvalidRequest(f"input '{name}': BYTES element overruns the data")
+    return count
+
+
+def _bytes_offsets(raw: bytes | memoryview) -> list[int]:
+    """Start offset of every BYTES element, plus the end."""
+    out, off, end = [], 0, len(raw)
+    while off < end:
+        out.append(off)
+        off += 4 + _LEN.unpack_from(raw, off)[0]
+    out.append(end)
+    return out
+
+
+def concat(parts: list[Tensor]) -> Tensor:
+    """One tensor holding ``parts`` stacked along the batch dimension."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    rows = sum(p.shape[0] for p in parts)
+    return Tensor(first.name, first.datatype, [rows, *first.shape[1:]], b"".join(p.raw for p in parts))
+
+
+def split(t: Tensor, rows: list[int]) -> list[Tensor]:
+    """Cut ``t`` along the batch dimension into pieces of ``rows`` rows each."""
+    if len(rows) == 1:
+        return [t]
+    view = memoryview(t.raw) if not isinstance(t.raw, memoryview) else t.raw
+    per_row = _element_count(t.shape[1:])
+    size = DTYPE_SIZE[t.datatype]
+    out: list[Tensor] = []
+    if size:
+        stride, off = per_row * size, 0
+        for r in rows:
+            out.append(Tensor(t.name, t.datatype, [r, *t.shape[1:]], view[off : off + r * stride]))
+            off += r * stride
+        return out
+    offsets, i = _bytes_offsets(view), 0
+    for r in rows:
+        j = i + r * per_row
+        out.append(Tensor(t.name, t.datatype, [r, *t.shape[1:]], view[offsets[i] : offsets[j]]))
+        i = j
+    return out
+
+
+# --------------------------------------------------------------------------- JSON <-> bytes
+
+
+def _flatten(data: Any) -> list:
+    if isinstance(data, list) and data and isinstance(data[0], list):
+        out: list = []
+        for d in data:
+            out.extend(_flatten(d))
+        return out
+    return data if isinstance(data, list) else [data]
+
+
+def json_to_raw(name: str, datatype: str, shape: list[int], data: Any) -> bytes:
+    if data is None:
+        raise InvalidRequest(f"input '{name}': needs 'data' or parameters.binary_data_size")
+    if datatype == "BYTES":
+        out = bytearray()
+        for el in _flatten(data):
+            if isinstance(el, str):
+                b = el.encode()
+            elif isinstance(el, (int, float, bool)):
+                b = str(el).encode()
+            else:
+                raise InvalidRequest(f"input '{name}': BYTES element {el!r} is not a string")
+            out += _LEN.pack(len(b)) + b
+        return bytes(out)
+    if datatype not in NP_DTYPE:
+        raise InvalidRequest(f"input '{name}': datatype {datatype} cannot be sent as JSON; use binary data")
+    flat = _flatten(data)
+    for el in flat[:1]:  # cheap type guard; numpy checks the rest
+        if isinstance(el, (str, dict, list)) or el is None:
+            raise InvalidRequest(f"input '{name}': element {el!r} is not a {datatype} value")
+    try:
+        arr = np.asarray(flat, dtype=NP_DTYPE[datatype])
+    except (ValueError, TypeError, OverflowError) as e:
+        raise InvalidRequest(f"input '{name}': data is not {datatype}: {e}") from None
+    if arr.ndim != 1 or arr.size != _element_count(shape):
+        raise InvalidRequest(
+            f"input '{name}': {arr.size if arr.ndim == 1 else 'ragged'} elements do not match "
+            f"shape {shape} ({_element_count(shape)} expected)"
+        )
+    return arr.tobytes()
+
+
+def raw_to_json(t: Tensor) -> list:
+    if t.datatype == "BYTES":
+        offsets = _bytes_offsets(t.raw)
+        raw = bytes(t.raw)
+        out = []
+        for a, b in zip(offsets, offsets[1:], strict=False):
+            s = raw[a + 4 : b]
+            try:
+                out.append(s.decode())
+            except UnicodeDecodeError:
+                out.append(s.decode("latin-1"))
+        return out
+    if t.datatype not in NP_DTYPE:
+        raise InvalidRequest(f"output '{t.name}': datatype {t.datatype} needs binary_data output")
+    return np.frombuffer(t.raw, dtype=NP_DTYPE[t.datatype]).tolist()
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+def _shape(name: str, shape: Any) -> list[int]:
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise InvalidRequest(f"input '{name}': shape {shape!r} must be a list of non-negative integers")
+    return shape
+
+
+def parse_http_infer(body: bytes, header_length: str | None) -> InferInput:
+    """Decode a KServe v2 infer body (JSON, or JSON + binary tensors when
+    ``Inference-Header-Content-Length`` is given)."""
+    binary: memoryview = memoryview(b"")
+    if header_length is not None:
+        try:
+            hl = int(header_length)
+        except ValueError:
+            raise InvalidRequest(f"Inference-Header-Content-Length {header_length!r} is not an integer") from None
+        if not 0 < hl <= len(body):
+            raise InvalidRequest(
+                f"Inference-Header-Content-Length ({hl}) must be in 1..{len(body)} (the body length)"
+            )
+        binary = memoryview(body)[hl:]
+        body = body[:hl]
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidRequest(f"malformed JSON request: {e}") from None
+    if not isinstance(doc, dict):
+        raise InvalidRequest(f"request must be a JSON object, got {type(doc).__name__}")
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise InvalidRequest("request needs a non-empty 'inputs' list")
+    out: list[Tensor] = []
+    offset = 0
+    for i, inp in enumerate(inputs):
+        if not isinstance(inp, dict) or not isinstance(inp.get("name"), str):
+            raise InvalidRequest(f"inputs[{i}] must be an object with a string 'name'")
+        name = inp["name"]
+        dt = inp.get("datatype")
+        if dt not in DTYPE_SIZE:
+            raise InvalidRequest(f"input '{name}': unknown datatype {dt!r}; known: {sorted(DTYPE_SIZE)}")
+        shape = _shape(name, inp.get("shape"))
+        params = inp.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise InvalidRequest(f"input '{name}': parameters must be an object")
+        bds = params.get("binary_data_size")
+        if bds is not None:
+            if not isinstance(bds, int) or isinstance(bds, bool) or bds < 0:
+                raise InvalidRequest(f"input '{name}': binary_data_size {bds!r} must be a non-negative integer")
+            if offset + bds > len(binary):
+                raise InvalidRequest(
+                    f"input '{name}': binary_data_size ({bds}) runs past the body "
+                    f"({len(binary) - offset} binary bytes left)"
+                )
+            raw: bytes | memoryview = binary[offset : offset + bds]
+            offset += bds
+        else:
+            raw = json_to_raw(name, dt, shape, inp.get("data"))
+        t = Tensor(name, dt, shape, raw)
+        check_size(t)
+        out.append(t)
+    if offset != len(binary):
+        raise InvalidRequest(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
+    outputs = []
+    for i, o in enumerate(doc.get("outputs") or []):
+        if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+            raise InvalidRequest(f"outputs[{i}] must be an object with a string 'name'")
+        p = o.get("parameters") or {}
+        b = p.get("binary_data") if isinstance(p, dict) else None
+        outputs.append(RequestedOutput(o["name"], None if b is None else bool(b)))
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise InvalidRequest("request parameters must be an object")
+    rid = doc.get("id", "")
+    return InferInput(out, outputs, rid if isinstance(rid, str) else str(rid), params)
+
+
+def encode_http_response(
+    model: str, version: str, req: InferInput, outputs: list[Tensor], parameters: dict[str, Any]
+) -> tuple[bytes, int | None]:
+    """The response body and, when any output is binary, the JSON header length."""
+    default_binary = bool(req.parameters.get("binary_data_output", False))
+    wanted = {o.name: o for o in req.outputs}
+    items, blobs = [], []
+    for t in outputs:
+        if wanted and t.name not in wanted:
+            continue
+        o = wanted.get(t.name)
+        binary = default_binary if o is None or o.binary is None else o.binary
+        item: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": t.shape}
+        if binary:
+            item["parameters"] = {"binary_data_size": len(t.raw)}
+            blobs.append(t.raw)
+        else:
+            item["data"] = raw_to_json(t)
+        items.append(item)
+    doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": items}
+    if req.id:
+        doc["id"] = req.id
+    if parameters:
+        doc["parameters"] = parameters
+    head = json.dumps(doc, separators=(",", ":")).encode()
+    if not blobs:
+        return head, None
+    return b"".join([head, *blobs]), len(head)
+
+
+# --------------------------------------------------------------------------- gRPC
+
+
+def parse_grpc_infer(req: pb.ModelInferRequest) -> InferInput:
+    raws = req.raw_input_contents
+    if raws and len(raws) != len(req.inputs):
+        raise InvalidRequest(f"{len(raws)} raw_input_contents for {len(req.inputs)} inputs")
+    if not req.inputs:
+        raise InvalidRequest("request has no inputs")
+    out: list[Tensor] = []
+    for i, inp in enumerate(req.inputs):
+        dt = inp.datatype
+        if dt not in DTYPE_SIZE:
+            raise InvalidRequest(f"input '{inp.name}': unknown datatype {dt!r}; known: {sorted(DTYPE_SIZE)}")
+        shape = list(inp.shape)
+        if any(d < 0 for d in shape):
+            raise InvalidRequest(f"input '{inp.name}': shape {shape} has a negative dimension")
+        if raws:
+            raw: bytes = raws[i]
+        else:
+            raw = _grpc_contents(inp, dt, shape)
+        t = Tensor(inp.name, dt, shape, raw)
+        check_size(t)
+        out.append(t)
+    outputs = [RequestedOutput(o.name) for o in req.outputs]
+    params = {k: _param_value(v) for k, v in req.parameters.items()}
+    return InferInput(out, outputs, req.id, params)
+
+
+def _grpc_contents(inp: pb.ModelInferRequest.InferInputTensor, dt: str, shape: list[int]) -> bytes:
+    fld = _GRPC_CONTENTS.get(dt)
+    if fld is None:
+        raise InvalidRequest(f"input '{inp.name}': {dt} must be sent in raw_input_contents")
+    values = list(getattr(inp.contents, fld))
+    if dt == "BYTES":
+        return b"".join(_LEN.pack(len(v)) + v for v in values)
+    if len(values) != _element_count(shape):
+        raise InvalidRequest(
+            f"input '{inp.name}': {len(values)} values do not match shape {shape}"
+        )
+    try:
+        return np.asarray(values, dtype=NP_DTYPE[dt]).tobytes()
+    except (ValueError, OverflowError) as e:
+        raise InvalidRequest(f"input '{inp.name}': values are not {dt}: {e}") from None
+
+
+def _param_value(p: pb.InferParameter) -> Any:
+    kind = p.WhichOneof("parameter_choice")
+    return getattr(p, kind) if kind else None
+
+
+def set_grpc_param(params: Any, key: str, value: Any) -> None:
+    """Set one entry of a protobuf ``map<string, InferParameter>``."""
+    if isinstance(value, bool):
+        params[key].bool_param = value
+    elif isinstance(value, int):
+        params[key].int64_param = value
+    elif isinstance(value, float):
+        params[key].double_param = value
+    else:
+        params[key].string_param = str(value)
+
+
+def encode_grpc_response(
+    model: str, version: str, req: InferInput, outputs: list[Tensor], parameters: dict[str, Any]
+) -> pb.ModelInferResponse:
+    wanted = {o.name for o in req.outputs}
+    resp = pb.ModelInferResponse(model_name=model, model_version=version, id=req.id)
+    for t in outputs:
+        if wanted and t.name not in wanted:
+            continue
+        resp.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
+        resp.raw_output_contents.append(bytes(t.raw))
+    for k, v in parameters.items():
+        set_grpc_param(resp.parameters, k, v)
+    return resp
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate(sig: Signature, model: str, req: InferInput) -> int:
+    """Check ``req`` against the model's signature; return its rows along the batch dimension."""
+    seen = set()
+    rows = None
+    for t in req.inputs:
+        s = sig.inputs.get(t.name)
+        if s is None:
+            raise InvalidRequest(f"model '{model}' has no input '{t.name}'; inputs: {sorted(sig.inputs)}")
+        if t.name in seen:
+            raise InvalidRequest(f"input '{t.name}' is given twice")
+        seen.add(t.name)
+        if t.datatype != s.datatype:
+            raise InvalidRequest(f"input '{t.name}': datatype {t.datatype} does not match the model's {s.datatype}")
+        dims = t.shape[1:] if sig.batched else t.shape
+        if len(dims) != len(s.dims) or any(d != e and e != -1 for d, e in zip(dims, s.dims, strict=True)):
+            want = ([-1] if sig.batched else []) + list(s.dims)
+            raise InvalidRequest(f"input '{t.name}': shape {t.shape} does not match the model's {want}")
+        if sig.batched:
+            r = t.shape[0] if t.shape else 0
+            if rows is not None and r != rows:
+                raise InvalidRequest(f"input '{t.name}': batch size {r} differs from other inputs ({rows})")
+            rows = r
+    missing = set(sig.inputs) - seen
+    if missing:
+        raise InvalidRequest(f"model '{model}' needs inputs {sorted(missing)}")
+    for o in req.outputs:
+        if o.name not in sig.outputs:
+            raise InvalidRequest(f"model '{model}' has no output '{o.name}'; outputs: {sorted(sig.outputs)}")
+    if not sig.batched:
+        return 1
+    if not rows or rows < 1:
+        raise InvalidRequest(f"batch size must be at least 1, got {rows}")
+    if rows > sig.max_batch_size:
+        raise InvalidRequest(f"batch size {rows} exceeds the model's max_batch_size ({sig.max_batch_size})")
+    return rows

@@ -1,0 +1,187 @@
+"""The gateway's YAML config (``headrace serve --config FILE``), validated by pydantic.
+
+Minimal shape::
+
+    listen: {host: 127.0.0.1, http_port: 8000, grpc_port: 8001}
+    models:
+      - name: resnet50            # the name clients address
+        slo_ms: 100
+        max_batch: 32
+        priority: guaranteed      # or best-effort
+        replicas:
+          - url: 127.0.0.1:9001   # a Triton server's gRPC endpoint
+            variant: resnet50     # the Triton model name on that server
+            profile: resnet50@A100-80GB/1g.10gb   # reference profile, or a profile YAML path
+
+Errors name the field and the value (:class:`ConfigError`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gateway.policy.types import Priority
+from profiles.profile import Profile, ProfileError, ProfileSet, load_profiles
+
+
+class ConfigError(ValueError):
+    """The gateway config is invalid; the message names the field and the value."""
+
+
+class ListenConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    host: str = Field(default="127.0.0.1", min_length=1, description="address the gateway binds")
+    http_port: int = Field(default=8000, ge=0, le=65535, description="KServe v2 HTTP port (0: any free)")
+    grpc_port: int = Field(default=8001, ge=0, le=65535, description="KServe v2 gRPC port (0: any free)")
+
+
+class ReplicaConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str = Field(min_length=3, description="host:port of the Triton server's gRPC endpoint")
+    protocol: Literal["grpc"] = Field(default="grpc", description="how the gateway talks to Triton")
+    variant: str = Field(min_length=1, description="Triton model name of the variant on that server")
+    profile: str = Field(
+        min_length=1,
+        description="latency profile: 'variant@gpu/slice' from the reference set, or a profile YAML path",
+    )
+    max_inflight: int = Field(default=1, ge=1, le=64, description="batches the replica runs at once")
+    id: str | None = Field(default=None, description="replica id (default: variant@url)")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        v = v.removeprefix("grpc://")
+        host, _, port = v.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"url {v!r} must be host:port")
+        return v
+
+
+class ModelConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200, description="served model name clients address")
+    slo_ms: float = Field(default=100.0, gt=0, le=3_600_000, description="default latency SLO, ms")
+    max_batch: int = Field(default=32, ge=1, le=4096, description="largest batch the gateway forms")
+    priority: Literal["guaranteed", "best-effort"] = Field(
+        default="guaranteed", description="default priority class of the model's requests"
+    )
+    replicas: list[ReplicaConfig] = Field(min_length=1, description="where the model runs")
+
+
+class GatewayConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    listen: ListenConfig = Field(default_factory=ListenConfig)
+    models: list[ModelConfig] = Field(min_length=1, description="served models")
+    health_interval_s: float = Field(default=0.5, gt=0, le=60, description="replica ready-probe period")
+    startup_timeout_s: float = Field(default=30.0, gt=0, le=600, description="wait for replicas' metadata")
+    drain_timeout_s: float = Field(default=30.0, ge=0, le=600, description="SIGTERM: wait for in-flight")
+    max_message_bytes: int = Field(
+        default=64 << 20, ge=1024, le=2**31 - 1, description="largest request/response body"
+    )
+    scheduler: dict[str, Any] = Field(default_factory=dict, description="policy core settings")
+    base_dir: Path | None = Field(default=None, exclude=True, description="resolves relative profile paths")
+
+    @model_validator(mode="after")
+    def _unique(self) -> GatewayConfig:
+        names = [m.name for m in self.models]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"model names must be unique; repeated: {sorted(dup)}")
+        ids = [r.id or f"{r.variant}@{r.url}" for m in self.models for r in m.replicas]
+        dup = {i for i in ids if ids.count(i) > 1}
+        if dup:
+            raise ValueError(f"replica ids must be unique; repeated: {sorted(dup)}")
+        return self
+
+
+def _format(err: ValidationError, where: str) -> str:
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top)"
+        parts.append(f"{loc}: {e['msg']} (got {e.get('input')!r})")
+    return f"{where}: " + "; ".join(parts)
+
+
+def parse_config(doc: Any, where: str = "gateway config", base_dir: Path | None = None) -> GatewayConfig:
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(doc).__name__}")
+    try:
+        cfg = GatewayConfig.model_validate(doc)
+    except ValidationError as e:
+        raise ConfigError(_format(e, where)) from None
+    cfg.base_dir = base_dir
+    return cfg
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    path = Path(path)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    return parse_config(doc, str(path), path.parent)
+
+
+# --------------------------------------------------------------------------- resolved form
+
+
+@dataclass(frozen=True)
+class ServedReplica:
+    id: str
+    url: str
+    variant: str
+    profile: Profile
+    max_inflight: int
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str
+    slo: float  # seconds
+    max_batch: int
+    priority: Priority
+    replicas: tuple[ServedReplica, ...]
+
+
+def resolve_profile(ref: str, max_batch: int, base_dir: Path | None = None,
+                    reference: ProfileSet | None = None) -> Profile:
+    """A profile from ``variant@gpu/slice`` (reference set) or a YAML file, capped at ``max_batch``."""
+    path = Path(ref)
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        profiles = load_profiles(path)
+        if len(profiles) != 1:
+            raise ProfileError(f"{path}: expected one profile, found {len(profiles)}")
+        p = profiles[0]
+    else:
+        variant, at, rest = ref.partition("@")
+        gpu, slash, slc = rest.partition("/")
+        if not (at and slash and variant and gpu and slc):
+            raise ProfileError(f"profile {ref!r} is neither 'variant@gpu/slice' nor an existing YAML file")
+        p = (reference or ProfileSet.reference()).get(variant, gpu, slc)
+    return p.with_max_batch(max_batch)
+
+
+def resolve(cfg: GatewayConfig) -> list[ServedModel]:
+    """Profiles loaded and ids assigned; raises :class:`ConfigError` naming the bad reference."""
+    reference = ProfileSet.reference()
+    out = []
+    for i, m in enumerate(cfg.models):
+        replicas = []
+        for j, r in enumerate(m.replicas):
+            try:
+                prof = resolve_profile(r.profile, m.max_batch, cfg.base_dir, reference)
+            except ProfileError as e:
+                raise ConfigError(f"models.{i}.replicas.{j}.profile: {e}") from None
+            replicas.append(ServedReplica(r.id or f"{r.variant}@{r.url}", r.url, r.variant, prof, r.max_inflight))
+        prio = Priority.GUARANTEED if m.priority == "guaranteed" else Priority.BEST_EFFORT
+        out.append(ServedModel(m.name, m.slo_ms / 1e3, m.max_batch, prio, tuple(replicas)))
+    return out

@@ -1,0 +1,407 @@
+"""The asyncio driver around the sans-IO policy core.
+
+On every event (a request arrives, a batch completes, a probe flips a replica, the armed
+timer fires) the driver calls ``core.poll(now)`` and acts on the :class:`Decision`: it sends
+each batch to its replica, answers each reject at once and arms a single timer at
+``Decision.wakeup``. Time comes from the injected ``clock`` (default ``time.monotonic``).
+
+Invariant: every admitted request's future is resolved exactly once: with its outputs, with
+a reject from the core, or with a definite error (failed batch, shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.backend import ModelInfo, TritonReplica
+from gateway.codec import InferInput, Tensor, concat, split, validate
+from gateway.config import ServedModel
+from gateway.errors import (
+    BackendError,
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    Rejected,
+    Unavailable,
+)
+from gateway.metrics import GatewayMetrics
+from gateway.policy.types import Batch, Priority, ReplicaInfo, Request, SchedulerCore
+
+log = logging.getLogger("headrace.gateway")
+
+SLO_HEADER = "x-headrace-slo-ms"
+VARIANT_PARAM = "headrace_variant"
+
+
+@dataclass(slots=True)
+class InferResult:
+    outputs: list[Tensor]
+    variant: str
+    met_deadline: bool
+
+
+@dataclass(slots=True)
+class _Pending:
+    request: Request
+    input: InferInput
+    future: asyncio.Future
+
+
+@dataclass
+class _Replica:
+    id: str
+    model: str
+    variant: str
+    client: TritonReplica
+    healthy: bool = True
+    inflight: int = 0
+
+
+@dataclass
+class _Model:
+    served: ServedModel
+    info: ModelInfo | None = None
+
+
+def deadline_of(inp: InferInput, slo_header: str | None, default_slo: float, now: float) -> float:
+    """Triton's ``timeout`` parameter (µs) first, then the SLO header (ms), then the model's SLO."""
+    t = inp.parameters.get("timeout")
+    if t is not None:
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+            raise InvalidRequest(f"parameter timeout {t!r} must be a non-negative integer (microseconds)")
+        if t > 0:
+            return now + t / 1e6
+    if slo_header:
+        try:
+            ms = float(slo_header)
+        except ValueError:
+            raise InvalidRequest(f"{SLO_HEADER} {slo_header!r} is not a number of milliseconds") from None
+        if not 0 < ms <= 3_600_000:
+            raise InvalidRequest(f"{SLO_HEADER} ({ms:g}) must be in (0, 3600000] milliseconds")
+        return now + ms / 1e3
+    return now + default_slo
+
+
+def priority_of(inp: InferInput, default: Priority) -> Priority:
+    """Triton's ``priority``: 0 (default) and 1 are guaranteed, 2 and above best-effort."""
+    p = inp.parameters.get("priority")
+    if p is None:
+        return default
+    if not isinstance(p, int) or isinstance(p, bool) or p < 0:
+        raise InvalidRequest(f"parameter priority {p!r} must be a non-negative integer")
+    if p == 0:
+        return default
+    return Priority.GUARANTEED if p == 1 else Priority.BEST_EFFORT
+
+
+class Driver:
+    """Feeds requests to the core, sends its batches, answers its rejects."""
+
+    def __init__(
+        self,
+        models: list[ServedModel],
+        core: SchedulerCore,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        metrics: GatewayMetrics | None = None,
+        health_interval: float = 0.5,
+        max_message_bytes: int = 64 << 20,
+        replica_factory: Callable[[str], Any] | None = None,
+    ) -> None:
+        self.core = core
+        self.clock = clock
+        self.metrics = metrics or GatewayMetrics()
+        self.health_interval = health_interval
+        self.models = {m.name: _Model(m) for m in models}
+        make = replica_factory or (lambda url: TritonReplica(url, max_message_bytes))
+        clients: dict[str, Any] = {}
+        self.replicas: dict[str, _Replica] = {}
+        for m in models:
+            for r in m.replicas:
+                if r.url not in clients:
+                    clients[r.url] = make(r.url)
+                self.replicas[r.id] = _Replica(r.id, m.name, r.variant, clients[r.url])
+        self._clients = list(clients.values())
+        self._pending: dict[int, _Pending] = {}
+        self._ids = itertools.count(1)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._health_task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.draining = False
+        self.started = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, startup_timeout: float = 30.0) -> None:
+        """Fetch each model's signature from a replica, register replicas, start probing."""
+        self._loop = asyncio.get_running_loop()
+        deadline = self.clock() + startup_timeout
+        for name, m in self.models.items():
+            last: Exception | None = None
+            while m.info is None:
+                for r in m.served.replicas:
+                    try:
+                        m.info = await self.replicas[r.id].client.model_info(r.variant)
+                        break
+                    except BackendError as e:
+                        last = e
+                if m.info is None:
+                    if self.clock() >= deadline:
+                        raise Unavailable(f"model '{name}': no replica answered metadata: {last}")
+                    await asyncio.sleep(0.2)
+        now = self.clock()
+        for m in self.models.values():
+            sig = m.info.signature  # type: ignore[union-attr]
+            for r in m.served.replicas:
+                max_batch = min(m.served.max_batch, sig.max_batch_size) if sig.batched else 1
+                self.core.add_replica(
+                    ReplicaInfo(r.id, m.served.name, r.variant, r.profile, max_batch, r.max_inflight), now
+                )
+                self.metrics.healthy.labels(m.served.name, r.id).set(1)
+                self.metrics.inflight.labels(m.served.name, r.id).set(0)
+        self._health_task = asyncio.create_task(self._health_loop())
+        self.started = True
+
+    async def drain(self, timeout: float) -> bool:
+        """Refuse new requests and wait for admitted ones; True when none is left."""
+        self.draining = True
+        end = self.clock() + timeout
+        while self._pending and self.clock() < end:
+            await asyncio.sleep(0.01)
+        return not self._pending
+
+    async def stop(self) -> None:
+        self.draining = True
+        if self._health_task:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+        if self._timer:
+            self._timer.cancel()
+        for p in list(self._pending.values()):
+            if not p.future.done():
+                p.future.set_exception(Unavailable("gateway is shutting down"))
+        self._pending.clear()
+        for t in list(self._tasks):
+            t.cancel()
+        for c in self._clients:
+            await c.close()
+
+    # ------------------------------------------------------------------ requests
+
+    def model(self, name: str) -> _Model:
+        m = self.models.get(name)
+        if m is None:
+            raise ModelNotFound(f"unknown model '{name}'; served: {sorted(self.models)}")
+        return m
+
+    def ready(self) -> bool:
+        return self.started and not self.draining and any(r.healthy for r in self.replicas.values())
+
+    def model_ready(self, name: str) -> bool:
+        return self.started and not self.draining and any(
+            r.healthy for r in self.replicas.values() if r.model == name
+        )
+
+    async def infer(self, name: str, inp: InferInput, slo_header: str | None = None) -> InferResult:
+        """Admit, queue and run one request; raises a :class:`GatewayError` when it cannot."""
+        m = self.model(name)
+        if self.draining:
+            raise Unavailable("gateway is draining")
+        if m.info is None:
+            raise Unavailable(f"model '{name}' is not ready")
+        rows = validate(m.info.signature, name, inp)
+        now = self.clock()
+        served = m.served
+        req = Request(
+            next(self._ids), name, now, deadline_of(inp, slo_header, served.slo, now),
+            priority_of(inp, served.priority), rows,
+        )
+        reject = self.core.submit(req, now)
+        if reject is not None:
+            self.metrics.rejections.labels(name, reject.reason).inc()
+            raise Rejected(reject.message or f"request rejected: {reject.reason}", reject.reason, reject.retry_after)
+        fut = self._loop.create_future()  # type: ignore[union-attr]
+        self._pending[req.id] = _Pending(req, inp, fut)
+        self._poll()
+        return await fut
+
+    # ------------------------------------------------------------------ the loop
+
+    def _poll(self) -> None:
+        now = self.clock()
+        try:
+            d = self.core.poll(now)
+        except Exception:  # the core must never strand requests: fail them all loudly
+            log.exception("policy core failed in poll")
+            self._fail_all(Unavailable("gateway scheduler error"))
+            return
+        for rj in d.rejects:
+            p = self._pending.pop(rj.request.id, None)
+            if p is None:
+                continue
+            self.metrics.rejections.labels(rj.request.model, rj.reason).inc()
+            if not p.future.done():
+                p.future.set_exception(
+                    Rejected(rj.message or f"request rejected: {rj.reason}", rj.reason, rj.retry_after)
+                )
+        for b in d.batches:
+            t = self._loop.create_task(self._run(b))  # type: ignore[union-attr]
+            self._tasks.add(t)
+            t.add_done_callback(self._tasks.discard)
+        self._arm(d.wakeup, now)
+
+    def _arm(self, wakeup: float | None, now: float) -> None:
+        if wakeup == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = wakeup
+        if wakeup is not None:
+            self._timer = self._loop.call_later(max(0.0, wakeup - now), self._on_timer)  # type: ignore[union-attr]
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self._poll()
+
+    def _fail_all(self, err: GatewayError) -> None:
+        for p in self._pending.values():
+            if not p.future.done():
+                p.future.set_exception(err)
+        self._pending.clear()
+
+    async def _run(self, b: Batch) -> None:
+        rep = self.replicas[b.replica]
+        model = b.requests[0].model
+        entries = [self._pending.get(r.id) for r in b.requests]
+        live = [p for p in entries if p is not None]
+        rep.inflight += 1
+        self.metrics.inflight.labels(model, rep.id).set(rep.inflight)
+        now = self.clock()
+        for p in live:
+            self.metrics.queue.labels(model).observe(now - p.request.arrival)
+        self.metrics.batch_size.labels(model, b.variant).observe(b.rows)
+        try:
+            results = await self._send(rep, b, live)
+        except Exception as e:  # noqa: BLE001  (every failure is answered below)
+            rep.inflight -= 1
+            self.metrics.inflight.labels(model, rep.id).set(rep.inflight)
+            self._on_failure(rep, b, live, e)
+            return
+        rep.inflight -= 1
+        self.metrics.inflight.labels(model, rep.id).set(rep.inflight)
+        now = self.clock()
+        try:
+            self.core.on_complete(b, now)
+        except Exception:
+            log.exception("policy core failed in on_complete")
+        for p, outs in zip(live, results, strict=True):
+            self._pending.pop(p.request.id, None)
+            met = now <= p.request.deadline
+            (self.metrics.goodput if met else self.metrics.missed).labels(model).inc()
+            self.metrics.latency.labels(model).observe(now - p.request.arrival)
+            self.metrics.by_variant.labels(model, b.variant).inc()
+            if not p.future.done():
+                p.future.set_result(InferResult(outs, b.variant, met))
+        self._poll()
+
+    async def _send(self, rep: _Replica, b: Batch, live: list[_Pending]) -> list[list[Tensor]]:
+        """One Triton request per group of requests whose non-batch shapes agree."""
+        if not live:
+            return []
+        groups: dict[tuple, list[int]] = {}
+        for i, p in enumerate(live):
+            key = tuple((t.name, tuple(t.shape[1:])) for t in sorted(p.input.inputs, key=lambda t: t.name))
+            groups.setdefault(key, []).append(i)
+        remaining = max(0.0, max(p.request.deadline for p in live) - self.clock())
+        timeout = remaining + 2.0  # late answers are still answers; a hung replica is not
+        batched = self.models[live[0].request.model].info.signature.batched  # type: ignore[union-attr]
+        results: list[list[Tensor]] = [[] for _ in live]
+
+        async def one(idx: list[int]) -> None:
+            members = [live[i] for i in idx]
+            names = [t.name for t in members[0].input.inputs]
+            inputs = [concat([_by_name(p.input.inputs, n) for p in members]) for n in names]
+            rows = [p.request.size for p in members]
+            outs = await rep.client.infer(b.variant, inputs, sum(rows) if batched else 0, timeout)
+            parts = [split(o, rows) for o in outs] if batched else [[o] for o in outs]
+            for k, i in enumerate(idx):
+                results[i] = [ps[k] for ps in parts]
+
+        if len(groups) == 1:
+            await one(next(iter(groups.values())))
+        else:
+            await asyncio.gather(*(one(idx) for idx in groups.values()))
+        return results
+
+    def _on_failure(self, rep: _Replica, b: Batch, live: list[_Pending], e: Exception) -> None:
+        now = self.clock()
+        retryable = isinstance(e, BackendError) and e.retryable
+        model = b.requests[0].model
+        if retryable:
+            log.warning("batch on %s failed, retrying elsewhere: %s", rep.id, e)
+            self._set_health(rep, False, now)
+            retry = tuple(p.request for p in live if not p.future.done())
+        else:
+            retry = ()
+        try:
+            self.core.on_complete(b, now, retry=retry)
+        except Exception:
+            log.exception("policy core failed in on_complete")
+            retry = ()
+        retried = {r.id for r in retry}
+        err = e if isinstance(e, GatewayError) else Unavailable(f"batch failed on {rep.id}: {e}")
+        for p in live:
+            if p.request.id in retried:
+                continue
+            self._pending.pop(p.request.id, None)
+            self.metrics.failures.labels(model).inc()
+            if not p.future.done():
+                p.future.set_exception(err)
+        self._poll()
+
+    # ------------------------------------------------------------------ health
+
+    def _set_health(self, rep: _Replica, healthy: bool, now: float) -> None:
+        if rep.healthy == healthy:
+            return
+        rep.healthy = healthy
+        log.info("replica %s is %s", rep.id, "healthy" if healthy else "unhealthy")
+        self.metrics.healthy.labels(rep.model, rep.id).set(int(healthy))
+        self.core.set_healthy(rep.id, healthy, now)
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval)
+            reps = list(self.replicas.values())
+            oks = await asyncio.gather(
+                *(r.client.ready(r.variant, timeout=min(1.0, self.health_interval * 2)) for r in reps),
+                return_exceptions=True,
+            )
+            now = self.clock()
+            changed = False
+            for r, ok in zip(reps, oks, strict=True):
+                ok = ok is True
+                if ok != r.healthy:
+                    self._set_health(r, ok, now)
+                    changed = True
+            if changed:
+                self._poll()
+
+
+def _by_name(tensors: list[Tensor], name: str) -> Tensor:
+    for t in tensors:
+        if t.name == name:
+            return t
+    raise InvalidRequest(f"input '{name}' is missing")

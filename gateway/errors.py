@@ -1,0 +1,64 @@
+"""Domain errors of the gateway. Handlers map them to HTTP statuses / gRPC codes at the edge,
+and only there (see :func:`http_status` and :func:`grpc_code`)."""
+
+from __future__ import annotations
+
+import grpc
+
+
+class GatewayError(Exception):
+    """Base class; ``str(err)`` is the message returned to the client."""
+
+    http_status = 500
+    grpc_code = grpc.StatusCode.INTERNAL
+
+
+class InvalidRequest(GatewayError):
+    """The request is malformed or does not match the model's inputs."""
+
+    http_status = 400
+    grpc_code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class ModelNotFound(GatewayError):
+    http_status = 404
+    grpc_code = grpc.StatusCode.NOT_FOUND
+
+
+class Rejected(GatewayError):
+    """Answered early: the request cannot finish within its deadline (or was shed)."""
+
+    http_status = 429
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, message: str, reason: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class Unavailable(GatewayError):
+    """No replica could serve the request (all down, failed batch, or the gateway drains)."""
+
+    http_status = 503
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+
+
+class BackendError(GatewayError):
+    """A replica answered with an error that retrying elsewhere would not fix."""
+
+    def __init__(self, message: str, code: grpc.StatusCode, retryable: bool) -> None:
+        super().__init__(message)
+        self.grpc_code = code
+        self.retryable = retryable
+        self.http_status = _HTTP_OF_GRPC.get(code, 500)
+
+
+_HTTP_OF_GRPC = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+}

@@ -1,0 +1,177 @@
+"""KServe v2 / Triton gRPC front door (``inference.GRPCInferenceService`` on grpc.aio).
+
+Requests arrive as raw bytes and are parsed here, so a malformed protobuf is answered with
+INVALID_ARGUMENT instead of grpc's generic deserialization error. Domain errors become
+status codes here, at the handler edge, and only here. RPCs not listed (shared memory,
+model load/unload, trace, logging) answer UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2 as pb
+
+from gateway.codec import encode_grpc_response, parse_grpc_infer
+from gateway.driver import SLO_HEADER, VARIANT_PARAM, Driver
+from gateway.errors import GatewayError, InvalidRequest, Rejected
+from gateway.stats import (
+    SERVER_NAME,
+    SERVER_VERSION,
+    ServerInfo,
+    model_config_pb,
+    model_metadata_pb,
+)
+
+SERVICE = "inference.GRPCInferenceService"
+
+
+def _parse(cls: type, raw: bytes) -> Any:
+    try:
+        return cls.FromString(raw)
+    except (DecodeError, RuntimeWarning) as e:
+        raise InvalidRequest(f"malformed {cls.__name__}: {e}") from None
+
+
+def _slo_header(context: grpc.aio.ServicerContext) -> str | None:
+    for k, v in context.invocation_metadata() or ():
+        if k == SLO_HEADER:
+            return v if isinstance(v, str) else v.decode()
+    return None
+
+
+async def _abort(context: grpc.aio.ServicerContext, e: GatewayError) -> None:
+    if isinstance(e, Rejected):
+        context.set_trailing_metadata((("retry-after", str(max(1, math.ceil(e.retry_after)))),))
+    await context.abort(e.grpc_code, str(e))
+
+
+class InferenceServicer:
+    def __init__(self, driver: Driver, info: ServerInfo) -> None:
+        self.driver = driver
+        self.info = info
+
+    async def _infer(self, req: pb.ModelInferRequest, slo: str | None) -> pb.ModelInferResponse:
+        name = req.model_name
+        self.driver.model(name)
+        inp = parse_grpc_infer(req)
+        start = self.info.clock()
+        try:
+            res = await self.driver.infer(name, inp, slo)
+        except GatewayError:
+            self.info.record(name, start, ok=False)
+            raise
+        self.info.record(name, start, ok=True)
+        return encode_grpc_response(name, req.model_version or "1", inp, res.outputs, {VARIANT_PARAM: res.variant})
+
+    async def ModelInfer(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
+        return await self._infer(_parse(pb.ModelInferRequest, raw), _slo_header(context))
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        slo = _slo_header(context)
+        out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        tasks: set[asyncio.Task] = set()
+
+        async def one(raw: bytes) -> None:
+            rid = ""
+            try:
+                req = _parse(pb.ModelInferRequest, raw)
+                rid = req.id
+                msg = pb.ModelStreamInferResponse(infer_response=await self._infer(req, slo))
+            except GatewayError as e:
+                msg = pb.ModelStreamInferResponse(error_message=str(e), infer_response=pb.ModelInferResponse(id=rid))
+            await out.put(msg)
+
+        async def reader() -> None:
+            try:
+                async for raw in requests:
+                    t = asyncio.create_task(one(raw))
+                    tasks.add(t)
+                    t.add_done_callback(tasks.discard)
+                if tasks:
+                    await asyncio.gather(*list(tasks), return_exceptions=True)
+            finally:
+                await out.put(None)
+
+        rt = asyncio.create_task(reader())
+        try:
+            while (msg := await out.get()) is not None:
+                yield msg
+        finally:
+            rt.cancel()
+
+    async def ServerLive(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.driver.ready())
+
+    async def ModelReady(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ModelReadyResponse:
+        req = _parse(pb.ModelReadyRequest, raw)
+        self.driver.model(req.name)
+        return pb.ModelReadyResponse(ready=self.driver.model_ready(req.name))
+
+    async def ServerMetadata(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ServerMetadataResponse:
+        md = self.info.server_metadata()
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=md["extensions"])
+
+    async def ModelMetadata(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ModelMetadataResponse:
+        req = _parse(pb.ModelMetadataRequest, raw)
+        return model_metadata_pb(self.driver.model(req.name), req.name)
+
+    async def ModelConfig(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ModelConfigResponse:
+        req = _parse(pb.ModelConfigRequest, raw)
+        return pb.ModelConfigResponse(config=model_config_pb(self.driver.model(req.name), req.name))
+
+    async def ModelStatistics(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ModelStatisticsResponse:
+        req = _parse(pb.ModelStatisticsRequest, raw)
+        if req.name:
+            self.driver.model(req.name)
+        return self.info.statistics(req.name or None)
+
+    async def RepositoryIndex(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.RepositoryIndexResponse:
+        resp = pb.RepositoryIndexResponse()
+        for m in self.info.repository_index():
+            resp.models.add(name=m["name"], version=m["version"], state=m["state"])
+        return resp
+
+
+def _unary(fn: Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Any]]) -> grpc.RpcMethodHandler:
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await fn(raw, context)
+        except GatewayError as e:
+            await _abort(context, e)
+
+    return grpc.unary_unary_rpc_method_handler(handler, response_serializer=_serialize)
+
+
+def _serialize(msg: Any) -> bytes:
+    return msg.SerializeToString()
+
+
+def generic_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
+    names = ["ModelInfer", "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
+             "ModelConfig", "ModelStatistics", "RepositoryIndex"]
+    handlers = {n: _unary(getattr(servicer, n)) for n in names}
+    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+        servicer.ModelStreamInfer, response_serializer=_serialize
+    )
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
+def create_server(driver: Driver, info: ServerInfo, max_message_bytes: int = 64 << 20) -> grpc.aio.Server:
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ])
+    server.add_generic_rpc_handlers((generic_handler(InferenceServicer(driver, info)),))
+    return server

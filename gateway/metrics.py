@@ -1,0 +1,55 @@
+"""Prometheus metrics of the gateway (prefix ``headrace_``, base units, histograms by model).
+
+Goodput is ``rate(headrace_goodput_total[1m])``: successful answers within their deadline.
+Triton has no deadline notion, so met/missed, early rejections and the batch sizes the
+gateway forms are exported here. Each gateway owns its registry (no global state).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
+    0.75, 1.0, 2.0, 5.0, 10.0,
+)
+BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.latency = Histogram(
+            "headrace_request_duration_seconds", "End-to-end time from arrival to answer, successful requests",
+            ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram(
+            "headrace_queue_duration_seconds", "Time from arrival until the request's batch was dispatched",
+            ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram(
+            "headrace_batch_size", "Rows per batch sent to a replica", ["model", "variant"],
+            buckets=BATCH_BUCKETS, registry=r)
+        self.goodput = Counter(
+            "headrace_goodput", "Successful answers within their deadline (rate() of it is goodput)",
+            ["model"], registry=r)
+        self.missed = Counter(
+            "headrace_deadline_missed", "Successful answers that came after their deadline",
+            ["model"], registry=r)
+        self.rejections = Counter(
+            "headrace_rejections", "Requests answered early without running (429/RESOURCE_EXHAUSTED)",
+            ["model", "reason"], registry=r)
+        self.failures = Counter(
+            "headrace_failures", "Requests answered with an error after admission (backend failure)",
+            ["model"], registry=r)
+        self.by_variant = Counter(
+            "headrace_variant_requests", "Successful answers by the variant that served them",
+            ["model", "variant"], registry=r)
+        self.inflight = Gauge(
+            "headrace_replica_inflight_batches", "Batches running on a replica", ["model", "replica"],
+            registry=r)
+        self.healthy = Gauge(
+            "headrace_replica_healthy", "1 when the replica passes its ready probe", ["model", "replica"],
+            registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
