@@ -1,0 +1,350 @@
+"""KServe v2 transports for the drivers: each sends one pre-built request for a model and
+returns ``(outcome, variant)``, where outcome is ``stats.OK``, ``stats.REJECTED`` (HTTP 429 /
+gRPC RESOURCE_EXHAUSTED) or an error kind (``http_503``, ``grpc_unavailable``, ``timeout``,
+``connection``).
+
+- :class:`RawHttpClient`: a keep-alive pool of asyncio protocols writing pre-built HTTP/1.1
+  requests; the cheapest per request, so one process keeps the tightest schedule.
+- :class:`AiohttpClient`: the same over aiohttp's client.
+- :class:`GrpcClient`: grpc.aio with pre-serialized ``ModelInferRequest`` bytes.
+Also the probes run before a test: reachability and model metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+from typing import Any, Protocol
+
+from loadgen.payload import HttpBody, variant_from_grpc, variant_from_http
+from loadgen.stats import OK, REJECTED
+
+GRPC_METHOD = "/inference.GRPCInferenceService/ModelInfer"
+GRPC_MAX_MESSAGE = 256 * 1024 * 1024
+
+
+class LoadError(RuntimeError):
+    """The test cannot run (unreachable target, unknown model, bad input); one-line message."""
+
+
+class Client(Protocol):
+    async def infer(self, model_idx: int) -> tuple[str, str | None]: ...
+    async def close(self) -> None: ...
+
+
+def http_outcome(status: int) -> str:
+    if status == 200:
+        return OK
+    if status == 429:
+        return REJECTED
+    return f"http_{status}"
+
+
+# ---- raw HTTP/1.1 keep-alive pool -------------------------------------------------------------
+
+
+class _Conn(asyncio.Protocol):
+    __slots__ = ("transport", "buf", "fut", "closed")
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.fut: asyncio.Future | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.fut is not None and not self.fut.done():
+            self.fut.set_exception(ConnectionError("connection closed by the server"))
+        self.fut = None
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        fut = self.fut
+        if fut is None:
+            return
+        buf = self.buf
+        hend = buf.find(b"\r\n\r\n")
+        if hend < 0:
+            return
+        head = bytes(buf[:hend]).lower()
+        clen = _header_int(head, b"\r\ncontent-length:")
+        if clen is None:
+            if not fut.done():
+                fut.set_exception(ConnectionError("response without content-length"))
+            self.fut = None
+            self.closed = True
+            if self.transport:
+                self.transport.close()
+            return
+        end = hend + 4 + clen
+        if len(buf) < end:
+            return
+        body = bytes(buf[hend + 4 : end])
+        del buf[:end]
+        self.fut = None
+        if b"\r\nconnection: close" in head:
+            self.closed = True
+        if not fut.done():
+            status = int(head[9:12])
+            fut.set_result(
+                (status, body, _header_int(head, b"\r\ninference-header-content-length:"))
+            )
+
+
+def _header_int(head: bytes, name: bytes) -> int | None:
+    i = head.find(name)
+    if i < 0:
+        return None
+    j = head.find(b"\r\n", i + len(name))
+    return int(head[i + len(name) : j if j >= 0 else len(head)])
+
+
+class RawHttpClient:
+    def __init__(
+        self, host: str, port: int, bodies: list[HttpBody], connections: int, timeout_s: float
+    ) -> None:
+        self.host, self.port, self.limit, self.timeout_s = host, port, connections, timeout_s
+        self.requests = [_raw_request(host, port, b) for b in bodies]
+        self.idle: collections.deque[_Conn] = collections.deque()
+        self.waiters: collections.deque[asyncio.Future] = collections.deque()
+        self.open = 0
+        self.all: set[_Conn] = set()
+
+    async def _acquire(self) -> _Conn:
+        while self.idle:
+            c = self.idle.pop()
+            if not c.closed:
+                return c
+            self._forget(c)
+        if self.open < self.limit:
+            self.open += 1
+            try:
+                loop = asyncio.get_running_loop()
+                _, c = await loop.create_connection(_Conn, self.host, self.port)
+            except BaseException:
+                self.open -= 1
+                raise
+            self.all.add(c)
+            return c
+        w = asyncio.get_running_loop().create_future()
+        self.waiters.append(w)
+        return await w
+
+    def _forget(self, c: _Conn) -> None:
+        if c in self.all:
+            self.all.discard(c)
+            self.open -= 1
+
+    def _release(self, c: _Conn) -> None:
+        if c.closed:
+            self._forget(c)
+            if self.waiters and self.open < self.limit:  # let a waiter open a fresh one
+                w = self.waiters.popleft()
+                if not w.done():
+                    w.set_exception(_Retry())
+            return
+        while self.waiters:
+            w = self.waiters.popleft()
+            if not w.done():
+                w.set_result(c)
+                return
+        self.idle.append(c)
+
+    async def infer(self, model_idx: int) -> tuple[str, str | None]:
+        try:
+            c = await self._acquire()
+        except _Retry:
+            return await self.infer(model_idx)
+        except OSError:
+            return "connection", None
+        loop = asyncio.get_running_loop()
+        fut = c.fut = loop.create_future()
+        c.transport.write(self.requests[model_idx])  # type: ignore[union-attr]
+        timer = loop.call_later(self.timeout_s, _expire, c, fut)
+        try:
+            status, body, hlen = await fut
+        except TimeoutError:
+            return "timeout", None
+        except (ConnectionError, OSError):
+            return "connection", None
+        finally:
+            timer.cancel()
+            self._release(c)
+        if status == 200:
+            return OK, variant_from_http(body, hlen)
+        return http_outcome(status), None
+
+    async def close(self) -> None:
+        for c in list(self.all):
+            if c.transport is not None:
+                c.transport.close()
+        self.all.clear()
+        self.idle.clear()
+
+
+class _Retry(Exception):
+    pass
+
+
+def _expire(c: _Conn, fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
+    c.fut = None
+    c.closed = True
+    if c.transport is not None:
+        c.transport.close()
+
+
+def _raw_request(host: str, port: int, b: HttpBody) -> bytes:
+    lines = [f"POST {b.path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(b.body)}"]
+    lines += [f"{k}: {v}" for k, v in b.headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + b.body
+
+
+# ---- aiohttp ----------------------------------------------------------------------------------
+
+
+class AiohttpClient:
+    def __init__(
+        self, host: str, port: int, bodies: list[HttpBody], connections: int, timeout_s: float
+    ) -> None:
+        import aiohttp
+
+        self.base = f"http://{host}:{port}"
+        self.bodies = [(self.base + b.path, b.body, dict(b.headers)) for b in bodies]
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=connections),
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+        )
+
+    async def infer(self, model_idx: int) -> tuple[str, str | None]:
+        import aiohttp
+
+        url, body, headers = self.bodies[model_idx]
+        try:
+            async with self.session.post(url, data=body, headers=headers) as resp:
+                data = await resp.read()
+                if resp.status != 200:
+                    return http_outcome(resp.status), None
+                h = resp.headers.get("Inference-Header-Content-Length")
+                return OK, variant_from_http(data, int(h) if h else None)
+        except TimeoutError:
+            return "timeout", None
+        except (aiohttp.ClientError, OSError):
+            return "connection", None
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+# ---- gRPC -------------------------------------------------------------------------------------
+
+
+class GrpcClient:
+    def __init__(self, host: str, port: int, requests: list[bytes], timeout_s: float) -> None:
+        import grpc
+
+        self.grpc = grpc
+        self.channel = grpc.aio.insecure_channel(
+            f"{host}:{port}",
+            options=[
+                ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
+                ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
+            ],
+        )
+        # NOTE: requests are serialized once; the identity (de)serializers pass bytes through
+        self.call = self.channel.unary_unary(GRPC_METHOD)
+        self.requests = requests
+        self.timeout_s = timeout_s
+
+    async def infer(self, model_idx: int) -> tuple[str, str | None]:
+        grpc = self.grpc
+        try:
+            raw = await self.call(self.requests[model_idx], timeout=self.timeout_s)
+        except grpc.aio.AioRpcError as e:
+            code = e.code()
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                return REJECTED, None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                return "timeout", None
+            return f"grpc_{code.name.lower()}", None
+        return OK, variant_from_grpc(raw)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+# ---- probes -----------------------------------------------------------------------------------
+
+
+async def probe_http(host: str, port: int, models: tuple[str, ...], timeout_s: float = 5.0) -> dict:
+    """Check the server is ready and return ``{model: metadata}``; raise LoadError if not."""
+    import aiohttp
+
+    base = f"http://{host}:{port}"
+    out: dict[str, Any] = {}
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
+            async with s.get(base + "/v2/health/ready") as r:
+                if r.status != 200:
+                    raise LoadError(
+                        f"target {base} is not ready (GET /v2/health/ready: {r.status})"
+                    )
+            for m in models:
+                async with s.get(f"{base}/v2/models/{m}") as r:
+                    text = await r.text()
+                    if r.status != 200:
+                        raise LoadError(
+                            f"model {m!r} unavailable at {base} ({r.status}: {_err(text)})"
+                        )
+                    out[m] = json.loads(text) if text else {}
+    except (aiohttp.ClientConnectionError, OSError) as e:
+        raise LoadError(f"cannot reach {base}: {_reason(e)}") from None
+    except TimeoutError:
+        raise LoadError(f"cannot reach {base}: no answer within {timeout_s:g} s") from None
+    return out
+
+
+async def probe_grpc(host: str, port: int, models: tuple[str, ...], timeout_s: float = 5.0) -> dict:
+    import grpc
+    from google.protobuf import json_format
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as pbg
+
+    target = f"grpc://{host}:{port}"
+    out: dict[str, Any] = {}
+    async with grpc.aio.insecure_channel(f"{host}:{port}") as ch:
+        stub = pbg.GRPCInferenceServiceStub(ch)
+        try:
+            r = await stub.ServerReady(pb.ServerReadyRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError as e:
+            raise LoadError(f"cannot reach {target}: {e.code().name}: {e.details()}") from None
+        if not r.ready:
+            raise LoadError(f"target {target} is not ready")
+        for m in models:
+            try:
+                md = await stub.ModelMetadata(pb.ModelMetadataRequest(name=m), timeout=timeout_s)
+            except grpc.aio.AioRpcError as e:
+                raise LoadError(f"model {m!r} unavailable at {target} ({e.details()})") from None
+            d = json_format.MessageToDict(md, preserving_proto_field_name=True)
+            for t in d.get("inputs", []):
+                t["shape"] = [int(x) for x in t.get("shape", [])]
+            out[m] = d
+    return out
+
+
+def _err(text: str) -> str:
+    try:
+        return str(json.loads(text).get("error", text))[:200]
+    except (ValueError, AttributeError):
+        return text[:200]
+
+
+def _reason(e: BaseException) -> str:
+    cause = getattr(e, "os_error", None) or e
+    return getattr(cause, "strerror", None) or str(cause) or type(e).__name__

@@ -1,0 +1,314 @@
+"""Run one load test from a :class:`~loadgen.spec.LoadSpec`: probe the target, build the
+requests, drive the open or closed loop in this process or in worker processes (each with an
+interleaved share of the schedule; their recorders merge exactly), and summarize.
+
+In-process API::
+
+    result = await run_load(LoadSpec(target="grpc://127.0.0.1:8001", model="m", rate=500))
+    result.summary["attainment"], result.summary["latency_ms"]["p99"]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from loadgen import payload
+from loadgen.arrivals import Schedule
+from loadgen.clients import (
+    AiohttpClient,
+    Client,
+    GrpcClient,
+    LoadError,
+    RawHttpClient,
+    probe_grpc,
+    probe_http,
+)
+from loadgen.drivers import CLOSED_LOOP_NOTE, Progress, closed_loop, open_loop
+from loadgen.spec import LoadSpec, parse_target
+from loadgen.stats import Recorder
+
+ProgressFn = Callable[[int, int, int | None], None]  # sent, done, total (None: unknown)
+START_DELAY_S = 0.05  # between computing t0 and the first send (single process)
+WORKER_START_DELAY_S = 0.3
+
+
+@dataclass
+class Prepared:
+    """What every process needs to send: one encoded request per model."""
+
+    scheme: str
+    host: str
+    port: int
+    models: tuple[str, ...]
+    http: list[payload.HttpBody] = field(default_factory=list)
+    grpc: list[bytes] = field(default_factory=list)
+
+
+@dataclass
+class LoadResult:
+    spec: LoadSpec
+    summary: dict[str, Any]
+    recorder: Recorder
+    duration_s: float  # measured period
+    elapsed_s: float  # wall time of the whole run
+    warnings: list[str]
+
+    @property
+    def fell_behind(self) -> bool:
+        return bool(self.summary["fell_behind"])
+
+
+async def prepare(spec: LoadSpec) -> Prepared:
+    scheme, host, port = parse_target(spec.target)
+    models = spec.models
+    need_meta = spec.inputs is None and spec.input_file is None
+    probe = probe_http if scheme == "http" else probe_grpc
+    meta = await probe(host, port, models if need_meta else ())
+    rng = np.random.default_rng(spec.seed)
+    prep = Prepared(scheme, host, port, models)
+    params = payload.parameters(spec.slo_ms, spec.priority, spec.send_timeout)
+    for m in models:
+        if spec.input_file is not None:
+            tensors = payload.read_input_file(spec.input_file)
+        else:
+            inputs = spec.inputs or payload.inputs_from_metadata(meta[m], m)
+            tensors = payload.synthesize(inputs, spec.batch, rng)
+        if scheme == "http":
+            prep.http.append(payload.http_body(m, tensors, params, spec.protocol == "binary"))
+        else:
+            prep.grpc.append(payload.grpc_request(m, tensors, params))
+    return prep
+
+
+def make_client(spec: LoadSpec, prep: Prepared) -> Client:
+    if prep.scheme == "grpc":
+        return GrpcClient(prep.host, prep.port, prep.grpc, spec.request_timeout_s)
+    cls = RawHttpClient if spec.http_client == "raw" else AiohttpClient
+    return cls(prep.host, prep.port, prep.http, spec.connections, spec.request_timeout_s)
+
+
+def _picker(spec: LoadSpec, worker: int) -> Callable[[], int]:
+    if not spec.mix:
+        return lambda: 0
+    from loadgen.arrivals import parse_mix
+
+    w = np.array([w for _, w in parse_mix(spec.mix)])
+    rng = np.random.default_rng([spec.seed, worker])
+    p = w / w.sum()
+    return lambda: int(rng.choice(len(p), p=p))
+
+
+async def _drive(
+    spec: LoadSpec,
+    prep: Prepared,
+    share: Schedule | None,
+    worker: int,
+    workers: int,
+    t0: float,
+    rec: Recorder,
+    prog: Progress,
+) -> float:
+    """One process's part of the run; returns the measured duration (closed loop)."""
+    client = make_client(spec, prep)
+    slo_s = spec.slo_ms / 1e3 if spec.slo_ms else None
+    try:
+        if spec.mode == "open":
+            assert share is not None
+            await open_loop(client, share, t0, spec.warmup_s, slo_s, rec, prog)
+            return 0.0
+        conc = spec.concurrency // workers + (1 if worker < spec.concurrency % workers else 0)
+        reqs = None
+        if spec.requests is not None:
+            reqs = spec.requests // workers + (1 if worker < spec.requests % workers else 0)
+        end = None if reqs is not None else spec.warmup_s + spec.duration_s
+        return await closed_loop(
+            client, conc, prep.models, _picker(spec, worker), t0, spec.warmup_s, end, reqs,
+            slo_s, rec, prog,
+        )  # fmt: skip
+    finally:
+        await client.close()
+
+
+async def run_load(spec: LoadSpec, on_progress: ProgressFn | None = None) -> LoadResult:
+    """Run the test described by ``spec``. Raises :class:`LoadError` when it cannot start."""
+    started = time.monotonic()
+    prep = await prepare(spec)
+    sched, duration = (None, spec.duration_s)
+    total: int | None = None
+    if spec.mode == "open":
+        sched, duration = spec.measured(spec.schedule())
+        if not len(sched):
+            raise LoadError("the arrival schedule is empty: raise the rate or the duration")
+        total = len(sched)
+    elif spec.requests is not None:
+        total = None
+    rec = Recorder(spec.window_s)
+    if spec.processes == 1:
+        duration = await _single(spec, prep, sched, rec, duration, total, on_progress)
+    else:
+        duration = await _multi(spec, prep, sched, rec, duration, total, on_progress)
+    return _result(spec, rec, duration, time.monotonic() - started)
+
+
+async def _single(spec, prep, sched, rec, duration, total, on_progress) -> float:
+    loop = asyncio.get_running_loop()
+    prog = Progress()
+    t0 = loop.time() + START_DELAY_S
+    ticker = None
+    if on_progress is not None:
+
+        async def tick() -> None:
+            while True:
+                on_progress(prog.sent, prog.done, total)
+                await asyncio.sleep(0.25)
+
+        ticker = loop.create_task(tick())
+    try:
+        closed = await _drive(spec, prep, sched, 0, 1, t0, rec, prog)
+    finally:
+        if ticker is not None:
+            ticker.cancel()
+            on_progress(prog.sent, prog.done, total)
+    return duration if spec.mode == "open" else closed
+
+
+def _worker(spec_json: str, prep: Prepared, share, worker, workers, conn, counters) -> None:
+    """Worker process: report ready, receive t0, run, send back the encoded recorder."""
+    try:
+        spec = LoadSpec.model_validate_json(spec_json)
+        rec = Recorder(spec.window_s)
+        prog = Progress()
+
+        async def main() -> float:
+            loop = asyncio.get_running_loop()
+            conn.send(("ready", None))
+            t0 = await loop.run_in_executor(None, conn.recv)
+
+            async def publish() -> None:
+                while True:
+                    counters[2 * worker] = prog.sent
+                    counters[2 * worker + 1] = prog.done
+                    await asyncio.sleep(0.1)
+
+            pub = loop.create_task(publish())
+            try:
+                return await _drive(spec, prep, share, worker, workers, t0, rec, prog)
+            finally:
+                pub.cancel()
+                counters[2 * worker] = prog.sent
+                counters[2 * worker + 1] = prog.done
+
+        measured = asyncio.run(main())
+        conn.send(("done", (rec.encode(), measured)))
+    except BaseException as e:  # the parent turns this into a LoadError
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        conn.close()
+
+
+async def _multi(spec, prep, sched, rec, duration, total, on_progress) -> float:
+    n = spec.processes
+    ctx = mp.get_context("spawn")  # grpc and asyncio state do not survive fork
+    counters = ctx.RawArray("q", 2 * n)
+    procs, pipes = [], []
+    try:
+        for i in range(n):
+            parent, child = ctx.Pipe()
+            share = sched.share(i, n) if sched is not None else None
+            p = ctx.Process(
+                target=_worker,
+                args=(spec.model_dump_json(), prep, share, i, n, child, counters),
+                daemon=True,
+            )
+            p.start()
+            child.close()
+            procs.append(p)
+            pipes.append(parent)
+        for i, c in enumerate(pipes):
+            kind, val = await _recv(c, procs[i], 60.0)
+            if kind != "ready":
+                raise LoadError(f"worker {i} failed to start: {val}")
+        t0 = time.monotonic() + WORKER_START_DELAY_S
+        for c in pipes:
+            c.send(t0)
+        measured = []
+        for i, c in enumerate(pipes):
+            while not c.poll():
+                if on_progress is not None:
+                    on_progress(sum(counters[0::2]), sum(counters[1::2]), total)
+                if not procs[i].is_alive() and not c.poll():
+                    raise LoadError(f"worker {i} died (exit code {procs[i].exitcode})")
+                await asyncio.sleep(0.25)
+            kind, val = c.recv()
+            if kind != "done":
+                raise LoadError(f"worker {i} failed: {val}")
+            rec.merge(val[0])
+            measured.append(val[1])
+        if on_progress is not None:
+            on_progress(sum(counters[0::2]), sum(counters[1::2]), total)
+        return duration if spec.mode == "open" else max(measured)
+    finally:
+        for p in procs:
+            p.join(timeout=2.0)
+            if p.is_alive():
+                p.terminate()  # by its own PID
+                p.join(timeout=2.0)
+
+
+async def _recv(conn, proc, timeout: float):
+    deadline = time.monotonic() + timeout
+    while not conn.poll():
+        if not proc.is_alive():
+            return "error", f"exit code {proc.exitcode}"
+        if time.monotonic() > deadline:
+            return "error", f"no answer within {timeout:g} s"
+        await asyncio.sleep(0.05)
+    return conn.recv()
+
+
+def _result(spec: LoadSpec, rec: Recorder, duration: float, elapsed: float) -> LoadResult:
+    slo_s = spec.slo_ms / 1e3 if spec.slo_ms else None
+    summary = rec.summary(duration, slo_s)
+    warnings: list[str] = []
+    lag = summary["send_lag_ms"]["p99"] or 0.0
+    behind = spec.mode == "open" and lag > spec.lag_warn_ms
+    if behind:
+        warnings.append(
+            f"the load generator fell behind its schedule: p99 send lag {lag:.2f} ms > "
+            f"{spec.lag_warn_ms:g} ms (latencies still count from the schedule); "
+            f"use more --processes or a lower rate"
+        )
+    if summary["error_count"]:
+        kinds = ", ".join(f"{k} x{v}" for k, v in summary["errors"].items())
+        warnings.append(f"{summary['error_count']} requests failed: {kinds}")
+    if summary["offered"] == 0:
+        warnings.append("no request was measured (is the duration shorter than one arrival gap?)")
+    if spec.mode == "closed":
+        warnings.append(CLOSED_LOOP_NOTE)
+    summary.update(
+        {
+            "target": spec.target,
+            "mode": spec.mode,
+            "arrival": spec.arrival if spec.mode == "open" else None,
+            "rate": spec.rate if spec.mode == "open" and spec.arrival not in ("trace",) else None,
+            "concurrency": spec.concurrency if spec.mode == "closed" else None,
+            "processes": spec.processes,
+            "duration_s": duration,
+            "elapsed_s": elapsed,
+            "fell_behind": behind,
+            "warnings": warnings,
+        }
+    )
+    return LoadResult(spec, summary, rec, duration, elapsed, warnings)
+
+
+def run_load_sync(spec: LoadSpec, on_progress: ProgressFn | None = None) -> LoadResult:
+    """``run_load`` for callers without an event loop."""
+    return asyncio.run(run_load(spec, on_progress))

@@ -1,0 +1,240 @@
+"""What a load test does, validated at the edge: :class:`LoadSpec` (pydantic).
+
+The CLI and in-process callers (benchmarks) build one ``LoadSpec`` and hand it to
+``loadgen.run.run_load``. Cross-field errors quote the values.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from loadgen import arrivals
+
+DATATYPES = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "BYTES": np.object_,
+}
+
+
+class InputSpec(BaseModel):
+    """One input tensor to synthesize (seeded random values)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, description="input tensor name, as the model declares it")
+    shape: tuple[int, ...] = Field(
+        min_length=1, max_length=8, description="tensor shape; -1 dims are sent as 1"
+    )
+    datatype: str = Field(default="FP32", description="KServe v2 datatype, e.g. FP32, INT64")
+
+    @field_validator("datatype")
+    @classmethod
+    def _known_datatype(cls, v: str) -> str:
+        v = v.upper()
+        if v not in DATATYPES:
+            raise ValueError(f"unknown datatype {v!r}; known: {', '.join(DATATYPES)}")
+        return v
+
+    @field_validator("shape")
+    @classmethod
+    def _dims(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(d == 0 or d < -1 for d in v):
+            raise ValueError(f"shape {list(v)} has a dim that is 0 or below -1")
+        if int(np.prod([max(d, 1) for d in v])) > 64_000_000:
+            raise ValueError(f"shape {list(v)} exceeds 64M elements")
+        return v
+
+
+def parse_target(url: str) -> tuple[str, str, int]:
+    """``http://host:port`` or ``grpc://host:port`` -> (scheme, host, port)."""
+    if "://" not in url:
+        raise ValueError(f"target {url!r} needs a scheme: http://host:port or grpc://host:port")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "grpc"):
+        raise ValueError(f"target {url!r}: scheme must be http or grpc, not {parts.scheme!r}")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"target {url!r}: bad port") from None
+    if not parts.hostname:
+        raise ValueError(f"target {url!r}: missing host")
+    if parts.path not in ("", "/"):
+        raise ValueError(f"target {url!r}: give only scheme://host:port, no path")
+    return parts.scheme, parts.hostname, port or (8000 if parts.scheme == "http" else 8001)
+
+
+class LoadSpec(BaseModel):
+    """One load test. Open loop sends at scheduled times and measures latency from them;
+    closed loop keeps ``concurrency`` requests in flight."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: str = Field(description="http://host:port or grpc://host:port (KServe v2)")
+    model: str = Field(default="", description="model to address (unless mix or trace names it)")
+    mix: str | None = Field(
+        default=None, description="weighted models, e.g. 'resnet:3,bert:1' (overrides model)"
+    )
+    mode: Literal["open", "closed"] = Field(default="open", description="open or closed loop")
+    arrival: Literal["constant", "poisson", "gamma", "trace", "timestamps"] = Field(
+        default="poisson", description="arrival process of the open loop"
+    )
+    rate: float = Field(default=100.0, gt=0, le=1e7, description="mean requests per second")
+    cv: float = Field(default=1.0, gt=0, le=100, description="gamma coefficient of variation")
+    trace: Path | None = Field(default=None, description="Azure Functions 2019 per-minute CSV")
+    trace_models: tuple[str, ...] = Field(
+        default=(), description="models the trace's functions map onto, round-robin"
+    )
+    time_scale: float = Field(default=60.0, gt=0, le=1e6, description="trace minutes per second")
+    rate_scale: float = Field(default=1.0, gt=0, le=1e6, description="multiplies trace counts")
+    trace_start_minute: int = Field(default=0, ge=0, le=100_000, description="first trace minute")
+    timestamps: Path | None = Field(default=None, description="file of send times (s), one a line")
+    intervals_us: bool = Field(default=False, description="timestamps file holds gaps in µs")
+    duration_s: float = Field(default=10.0, gt=0, le=7 * 86400, description="measured seconds")
+    requests: int | None = Field(
+        default=None, ge=1, le=10**9, description="measure this many requests instead"
+    )
+    warmup_s: float = Field(default=1.0, ge=0, le=3600, description="unmeasured warm-up seconds")
+    slo_ms: float | None = Field(
+        default=None, gt=0, le=3.6e6, description="per-request SLO; sent as Triton timeout (µs)"
+    )
+    send_timeout: bool = Field(default=True, description="send the SLO as the timeout parameter")
+    priority: int | None = Field(
+        default=None, ge=0, le=2**31, description="Triton priority (1 = highest, 0 = default)"
+    )
+    inputs: tuple[InputSpec, ...] | None = Field(
+        default=None, description="inputs to synthesize; default: read the model's metadata"
+    )
+    input_file: Path | None = Field(
+        default=None, description="JSON file with real v2 inputs ({'inputs': [...]})"
+    )
+    batch: int = Field(default=1, ge=1, le=65536, description="size sent for -1 (batch) dims")
+    protocol: Literal["binary", "json"] = Field(
+        default="binary", description="HTTP tensor encoding"
+    )
+    http_client: Literal["raw", "aiohttp"] = Field(
+        default="raw", description="HTTP client: raw asyncio keep-alive pool, or aiohttp"
+    )
+    concurrency: int = Field(default=8, ge=1, le=100_000, description="closed-loop in flight")
+    connections: int = Field(
+        default=64, ge=1, le=10_000, description="HTTP connections (gRPC channels) per process"
+    )
+    processes: int = Field(default=1, ge=1, le=256, description="worker processes")
+    seed: int = Field(default=0, ge=0, description="seed of arrivals and payloads")
+    request_timeout_s: float = Field(
+        default=30.0, gt=0, le=3600, description="client gives up (error 'timeout') after this"
+    )
+    window_s: float = Field(default=1.0, gt=0, le=3600, description="timeline window")
+    lag_warn_ms: float = Field(
+        default=1.0, gt=0, le=60_000, description="warn when p99 send lag exceeds this"
+    )
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str) -> str:
+        parse_target(v)
+        return v.rstrip("/")
+
+    @model_validator(mode="after")
+    def _cross(self) -> LoadSpec:
+        if self.mix:
+            arrivals.parse_mix(self.mix)
+        if self.arrival == "trace":
+            if self.trace is None:
+                raise ValueError("arrival 'trace' needs trace (an Azure Functions 2019 CSV)")
+            if not self.trace_models and not self.model and not self.mix:
+                raise ValueError("arrival 'trace' needs trace_models (or model) to map onto")
+        elif self.arrival == "timestamps" and self.timestamps is None:
+            raise ValueError("arrival 'timestamps' needs a timestamps file")
+        if not (self.model or self.mix or self.trace_models):
+            raise ValueError("name a model (model, mix or trace_models)")
+        if self.mode == "closed" and self.arrival in ("trace", "timestamps"):
+            raise ValueError(f"closed loop ignores arrivals; arrival {self.arrival!r} needs open")
+        if self.inputs is not None and self.input_file is not None:
+            raise ValueError("give inputs or input_file, not both")
+        if self.mode == "closed" and self.concurrency < self.processes:
+            raise ValueError(
+                f"concurrency ({self.concurrency}) is below processes ({self.processes})"
+            )
+        return self
+
+    @property
+    def scheme(self) -> str:
+        return parse_target(self.target)[0]
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        if self.arrival == "trace":
+            return self.trace_models or (
+                tuple(m for m, _ in arrivals.parse_mix(self.mix)) if self.mix else (self.model,)
+            )
+        if self.mix:
+            return tuple(m for m, _ in arrivals.parse_mix(self.mix))
+        return (self.model,)
+
+    def schedule(self) -> arrivals.Schedule:
+        """The whole open-loop schedule: warm-up then measured period."""
+        rng = np.random.default_rng(self.seed)
+        if self.arrival == "trace":
+            funcs = arrivals.read_azure_trace(self.trace)  # type: ignore[arg-type]
+            horizon = self.warmup_s + self.duration_s
+            minutes = int(np.ceil(horizon * self.time_scale / 60.0)) + 1
+            replay = arrivals.AzureReplay(
+                tuple(funcs),
+                self.models,
+                time_scale=self.time_scale,
+                rate_scale=self.rate_scale,
+                cv=self.cv,
+                start_minute=self.trace_start_minute,
+                minutes=minutes,
+            )
+            sched = replay.schedule(rng)
+            return sched if self.requests else sched.window(0.0, horizon)
+        if self.arrival == "timestamps":
+            t = arrivals.read_timestamps(self.timestamps, self.intervals_us)  # type: ignore[arg-type]
+            idx = self._pick_models(len(t), rng)
+            sched = arrivals.Schedule(t, idx, self.models)
+            return sched if self.requests else sched.window(0.0, self.warmup_s + self.duration_s)
+        proc = arrivals.make_process(self.arrival, self.rate, self.cv)
+        if self.requests:
+            horizon = self.warmup_s + 1.2 * self.requests / self.rate + 10.0
+        else:
+            horizon = self.warmup_s + self.duration_s
+        if self.mix:
+            sched = arrivals.Mix(proc, arrivals.parse_mix(self.mix)).schedule(horizon, rng)
+        else:
+            sched = arrivals.single(self.model, proc, horizon, rng)
+        return sched
+
+    def _pick_models(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        if not self.mix:
+            return np.zeros(n, dtype=np.int32)
+        w = np.array([w for _, w in arrivals.parse_mix(self.mix)])
+        return rng.choice(len(w), size=n, p=w / w.sum()).astype(np.int32)
+
+    def measured(self, sched: arrivals.Schedule) -> tuple[arrivals.Schedule, float]:
+        """The schedule cut to warm-up + measured part, and the measured duration (s)."""
+        if self.requests:
+            warm = sched.window(0.0, self.warmup_s)
+            rest = sched.window(self.warmup_s, np.inf).first(self.requests)
+            cut = sched.first(len(warm) + len(rest))
+            end = float(rest.times[-1]) if len(rest) else self.warmup_s
+            if len(rest) > 1:  # the measured span, extended by one mean gap
+                end += (end - float(rest.times[0])) / (len(rest) - 1)
+            return cut, max(end - self.warmup_s, 1e-6)
+        return sched, self.duration_s
