@@ -1,0 +1,299 @@
+"""The frozen ``Plan``: GPU -> layout -> slices -> MPS shares -> replicas, and its verifier.
+
+``Plan.verify()`` re-derives everything from the catalogue and the profiles, trusting none of
+the numbers the solver stored: placements legal and disjoint, memory, MPS shares and client
+limits, variants allowed, and capacity >= demand x headroom per model. It raises
+:class:`PlanError` naming the GPU, the slices and the rule of the first violation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from placement.capacity import fits_memory, replica_capacity
+from placement.catalogue import WHOLE, CatalogueError, Instance, gpu_model, overlap_reason
+from profiles.profile import Profile, ProfileError, ProfileSet
+
+API_VERSION = "headrace.dev/v1"
+Objective = Literal["gpus", "cost"]
+EPS = 1e-9
+
+
+class PlanError(ValueError):
+    """A plan breaks a rule. ``rule`` is a short code; the message names GPU, slices, rule."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(f"[{rule}] {message}")
+        self.rule = rule
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What one served model needs (the solver's input, validated at the YAML edge)."""
+
+    model: str  # the model family clients address (Profile.model)
+    rate: float  # expected requests per second
+    slo: float  # seconds
+    variants: tuple[str, ...] = ()  # allowed variants; empty = every variant of the model
+    accuracy_floor: float | None = None
+    priority: Literal["guaranteed", "best-effort"] = "guaranteed"
+    headroom: float = 1.0  # plan capacity >= rate x headroom
+
+    @property
+    def required(self) -> float:
+        return self.rate * self.headroom
+
+    def allows(self, p: Profile) -> bool:
+        if p.model != self.model or (self.variants and p.variant not in self.variants):
+            return False
+        return self.accuracy_floor is None or (p.accuracy is not None and p.accuracy >= self.accuracy_floor)
+
+
+@dataclass(frozen=True)
+class GpuClass:
+    """Interchangeable GPUs of one model with the same price and sharing permissions."""
+
+    gpu: str
+    ids: tuple[str, ...]
+    cost_per_hour: float = 1.0
+    mig: bool = True
+    mps: bool = True
+
+    @property
+    def key(self) -> str:
+        return f"{self.gpu}[mig={int(self.mig)},mps={int(self.mps)},${self.cost_per_hour:g}]"
+
+
+@dataclass(frozen=True)
+class Inventory:
+    classes: tuple[GpuClass, ...]
+    objective: Objective = "gpus"
+
+    def by_id(self) -> dict[str, GpuClass]:
+        return {i: c for c in self.classes for i in c.ids}
+
+    def weight(self, c: GpuClass) -> float:
+        """What one GPU of class ``c`` costs under the objective."""
+        return 1.0 if self.objective == "gpus" else c.cost_per_hour
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One Triton server (an MPS client when share < 1) serving one variant."""
+
+    model: str
+    variant: str
+    share: float  # MPS active-thread fraction; 1 = the slice to itself
+    max_batch: int
+    capacity: float  # predicted req/s at the model's SLO (as the solver computed it)
+
+
+@dataclass(frozen=True)
+class SlicePlan:
+    profile: str  # MIG profile name, or "gpu" for a whole GPU without MIG
+    start: int | None  # placement start in memory slices (None for a whole GPU)
+    mps: bool
+    replicas: tuple[Replica, ...]
+
+    @property
+    def label(self) -> str:
+        return WHOLE if self.start is None else f"{self.profile}@{self.start}"
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    id: str
+    gpu: str  # GPU model name
+    mig: bool
+    slices: tuple[SlicePlan, ...]
+
+    @property
+    def layout(self) -> str:
+        return "+".join(s.label for s in self.slices) if self.mig else WHOLE
+
+
+@dataclass(frozen=True)
+class Plan:
+    gpus: tuple[GpuPlan, ...]
+    demands: tuple[Demand, ...]
+    inventory: Inventory
+    method: str = ""
+    lower_bound: float = 0.0  # objective lower bound (LP relaxation); 0 if unknown
+    solve_seconds: float = 0.0
+    profiles: ProfileSet = field(default_factory=ProfileSet, compare=False, repr=False)
+
+    # ------------------------------------------------------------------ summaries
+    def used(self) -> tuple[GpuPlan, ...]:
+        return tuple(g for g in self.gpus if any(s.replicas for s in g.slices))
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.used())
+
+    @property
+    def cost_per_hour(self) -> float:
+        by_id = self.inventory.by_id()
+        return sum(by_id[g.id].cost_per_hour for g in self.used() if g.id in by_id)
+
+    @property
+    def objective(self) -> float:
+        return self.gpu_count if self.inventory.objective == "gpus" else self.cost_per_hour
+
+    @property
+    def gap(self) -> float:
+        """Relative distance to the lower bound (0 = provably optimal; inf if no bound)."""
+        if self.lower_bound <= 0:
+            return 0.0 if self.objective == 0 else float("inf")
+        return self.objective / self.lower_bound - 1.0
+
+    def replicas(self) -> list[tuple[GpuPlan, SlicePlan, Replica]]:
+        return [(g, s, r) for g in self.gpus for s in g.slices for r in s.replicas]
+
+    def capacity(self, model: str) -> float:
+        return sum(r.capacity for _, _, r in self.replicas() if r.model == model)
+
+    def headroom(self, model: str) -> float:
+        d = next(d for d in self.demands if d.model == model)
+        return self.capacity(model) / d.rate if d.rate > 0 else float("inf")
+
+    # ------------------------------------------------------------------ verification
+    def violations(self) -> list[PlanError]:
+        """Every rule the plan breaks, checked from the catalogue and profiles alone."""
+        out: list[PlanError] = []
+        by_id = self.inventory.by_id()
+        seen: set[str] = set()
+        demands = {d.model: d for d in self.demands}
+        served: dict[str, float] = {m: 0.0 for m in demands}
+        where: dict[str, list[str]] = {m: [] for m in demands}
+        for g in self.gpus:
+            out += self._check_gpu(g, by_id, seen)
+            try:
+                gm = gpu_model(g.gpu)
+            except CatalogueError as e:
+                out.append(PlanError("inventory", f"GPU {g.id}: {e}"))
+                continue
+            for s in g.slices:
+                out += self._check_slice(g, s, gm, demands, served, where)
+        for m, d in demands.items():
+            if served[m] + EPS < d.required:
+                on = ", ".join(where[m]) or "no replicas"
+                out.append(PlanError(
+                    "capacity",
+                    f"model {m}: predicted capacity {served[m]:.1f} req/s < demand {d.rate:g} x headroom "
+                    f"{d.headroom:g} = {d.required:.1f} req/s at SLO {d.slo * 1e3:g} ms ({on})"))
+        return out
+
+    def verify(self) -> None:
+        """Raise :class:`PlanError` explaining the first violation; return None if legal."""
+        v = self.violations()
+        if v:
+            raise v[0]
+
+    def _check_gpu(self, g: GpuPlan, by_id: dict, seen: set[str]) -> list[PlanError]:
+        out = []
+        if g.id in seen:
+            out.append(PlanError("inventory", f"GPU {g.id} appears twice in the plan"))
+        seen.add(g.id)
+        c = by_id.get(g.id)
+        if c is None:
+            return [*out, PlanError("inventory", f"GPU {g.id} is not in the pool")]
+        if c.gpu != g.gpu:
+            out.append(PlanError("inventory", f"GPU {g.id} is a {c.gpu} in the pool, not a {g.gpu}"))
+        if g.mig and not c.mig:
+            out.append(PlanError("mig-allowed", f"GPU {g.id}: layout {g.layout} uses MIG, which its pool forbids"))
+        if any(s.mps for s in g.slices) and not c.mps:
+            labels = ", ".join(s.label for s in g.slices if s.mps)
+            out.append(PlanError("mps-allowed", f"GPU {g.id}: slices {labels} use MPS, which its pool forbids"))
+        if not g.mig:
+            if len(g.slices) != 1 or g.slices[0].profile != WHOLE:
+                labels = ", ".join(s.label for s in g.slices)
+                out.append(PlanError("placement", f"GPU {g.id}: without MIG a GPU is one slice 'gpu', got {labels}"))
+            return out
+        bad = [s.label for s in g.slices if s.start is None or s.profile == WHOLE]
+        if bad:
+            return [*out, PlanError("placement", f"GPU {g.id}: MIG slices {', '.join(bad)} need a profile and a start")]
+        try:
+            reason = overlap_reason(gpu_model(g.gpu), tuple(Instance(s.start, s.profile) for s in g.slices))
+        except CatalogueError as e:
+            reason = str(e)
+        if reason:
+            out.append(PlanError("placement", f"GPU {g.id} ({g.gpu}): slices {g.layout}: {reason}"))
+        return out
+
+    def _check_slice(self, g: GpuPlan, s: SlicePlan, gm, demands: dict[str, Demand],
+                     served: dict[str, float], where: dict[str, list[str]]) -> list[PlanError]:
+        out = []
+        at = f"GPU {g.id} slice {s.label}"
+        try:
+            mem_gb = gm.slice_memory_gb(s.profile)
+        except CatalogueError as e:
+            return [PlanError("placement", f"{at}: {e}")]
+        if not s.mps and len(s.replicas) > 1:
+            out.append(PlanError("mps-share", f"{at}: {len(s.replicas)} replicas share the slice without MPS"))
+        if not s.mps and any(r.share != 1.0 for r in s.replicas):
+            out.append(PlanError("mps-share", f"{at}: shares below 100% need MPS"))
+        total = sum(r.share for r in s.replicas)
+        if total > 1.0 + EPS or any(r.share <= 0 for r in s.replicas):
+            shares = " + ".join(f"{r.share:.0%}" for r in s.replicas)
+            out.append(PlanError("mps-share", f"{at}: MPS shares {shares} = {total:.0%} exceed 100%"))
+        limit = gm.mps_client_limit(s.profile)
+        if s.mps and len(s.replicas) > limit:
+            out.append(PlanError("mps-clients", f"{at}: {len(s.replicas)} MPS clients exceed the limit of {limit}"))
+        mem = 0.0
+        for r in s.replicas:
+            d = demands.get(r.model)
+            if d is None:
+                out.append(PlanError("demand", f"{at}: replica of {r.model} which has no demand"))
+                continue
+            try:
+                p = self.profiles.get(r.variant, g.gpu, s.profile)
+            except ProfileError as e:
+                out.append(PlanError("profile", f"{at}: {e}"))
+                continue
+            if not d.allows(p):
+                out.append(PlanError("variant", f"{at}: variant {r.variant} is not allowed for {r.model} "
+                                                f"(variants {list(d.variants) or 'any'}, accuracy floor {d.accuracy_floor})"))
+            if r.max_batch > p.max_batch or r.max_batch < 1:
+                out.append(PlanError("profile", f"{at}: max_batch ({r.max_batch}) outside 1..{p.max_batch} for {p.name}"))
+                continue
+            mem += p.memory_mb
+            if s.mps and not fits_memory(p, gm, s.profile, r.share):
+                out.append(PlanError("memory", f"{at}: {r.variant} needs {p.memory_mb:g} MB, more than its "
+                                               f"{r.share:.0%} MPS share of {mem_gb:g} GiB"))
+            cap = replica_capacity(p, d.slo, r.share, r.max_batch)
+            if cap is not None:
+                served[r.model] += cap.rate
+                where[r.model].append(f"{g.id} {s.label} {cap.rate:.0f} req/s")
+            else:
+                where[r.model].append(f"{g.id} {s.label} cannot meet the SLO")
+        if mem > mem_gb * 1024.0 + EPS:
+            out.append(PlanError("memory", f"{at}: replicas need {mem:g} MB, the slice has {mem_gb:g} GiB"))
+        return out
+
+    # ------------------------------------------------------------------ output
+    def to_dict(self) -> dict:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "Plan",
+            "metadata": {"method": self.method},
+            "spec": {"gpus": [
+                {"id": g.id, "gpu": g.gpu, "mig": g.mig, "layout": g.layout, "slices": [
+                    {"profile": s.profile, "start": s.start, "mps": s.mps, "replicas": [
+                        {"model": r.model, "variant": r.variant, "share": r.share,
+                         "max_batch": r.max_batch, "capacity_rps": round(r.capacity, 1)}
+                        for r in s.replicas]}
+                    for s in g.slices]}
+                for g in self.used()]},
+            "status": {
+                "gpus": self.gpu_count,
+                "cost_per_hour": round(self.cost_per_hour, 4),
+                "objective": self.inventory.objective,
+                "lower_bound": round(self.lower_bound, 4),
+                "gap": None if self.gap == float("inf") else round(self.gap, 4),
+                "solve_seconds": round(self.solve_seconds, 3),
+                "models": [{"model": d.model, "rate": d.rate, "slo_ms": d.slo * 1e3,
+                            "capacity_rps": round(self.capacity(d.model), 1),
+                            "headroom": round(self.headroom(d.model), 3)} for d in self.demands],
+            },
+        }

@@ -1,0 +1,369 @@
+"""The placement solver: a pure function from (demand, profiles, inventory) to a frozen Plan.
+
+The problem, per GPU class ``c`` (interchangeable GPUs), slice kind ``k`` and candidate ``j``
+(one variant of one model at one MPS share on one slice kind, with its capacity at the SLO):
+
+    minimise   sum_c,L  w_c * y[c,L]                        (GPUs or cost; accuracy breaks ties)
+    such that  sum_L y[c,L] <= N_c                           (inventory)
+               sum_j:(c,k) share_j * x_j <= sum_L n[L,k] * y[c,L]   (slices of kind k)
+               sum_j:m cap_j * x_j >= rate_m * headroom_m    (capacity)
+
+with ``y[c,L]`` the GPUs of class c in layout L (every maximal MIG layout, or whole) and ``x_j``
+the replicas. Shares come from a power-of-two grid, so the share constraint packs exactly into
+slices (first-fit decreasing); the integer program is therefore exact for that grid.
+
+Methods: ``greedy`` picks replicas per model by capacity per GPU-fraction and then covers the
+slices it needs with the fewest layouts (a tiny exact cover); ``milp`` solves the program with
+HiGHS under a time limit. Both report the LP relaxation as a lower bound, hence a gap.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from placement.capacity import Capacity, fits_memory, legal_shares, replica_capacity
+from placement.catalogue import WHOLE, Instance, Layout, gpu_model, layouts
+from placement.plan import Demand, GpuClass, GpuPlan, Inventory, Plan, Replica, SlicePlan
+from profiles.profile import Profile, ProfileSet
+
+METHODS = ("greedy", "milp")
+
+
+class SolverError(ValueError):
+    """No plan exists (or none was found in time); the message says which model or GPU class."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    model: int  # index into demands
+    profile: Profile
+    cls: int  # index into inventory.classes
+    slice: str
+    share: float
+    cap: Capacity
+    gpu_fraction: float  # share x the slice's fraction of its GPU
+
+    @property
+    def accuracy(self) -> float:
+        return self.profile.accuracy if self.profile.accuracy is not None else -1.0
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a solve may use (the baselines switch features off)."""
+
+    mig: bool = True
+    mps: bool = True
+    whole: bool = True  # whole GPUs without MIG
+
+
+@dataclass(frozen=True)
+class LayoutOption:
+    layout: Layout  # () for a whole GPU
+    counts: tuple[tuple[str, int], ...]  # slice kind -> count
+
+
+def layout_options(c: GpuClass, opts: Options) -> list[LayoutOption]:
+    """Distinct slice-count vectors a GPU of class c can take (one representative layout each)."""
+    out: dict[tuple, LayoutOption] = {}
+    if opts.whole or not (c.mig and opts.mig):
+        out[((WHOLE, 1),)] = LayoutOption((), ((WHOLE, 1),))
+    if c.mig and opts.mig:
+        for lay in layouts(c.gpu, with_double_memory_1g=True):
+            cnt: dict[str, int] = defaultdict(int)
+            for inst in lay:
+                cnt[inst.profile] += 1
+            key = tuple(sorted(cnt.items()))
+            out.setdefault(key, LayoutOption(lay, key))
+    return list(out.values())
+
+
+def _slice_kinds(c: GpuClass, opts: Options) -> tuple[str, ...]:
+    g = gpu_model(c.gpu)
+    kinds = [WHOLE] if opts.whole or not (c.mig and opts.mig) else []
+    if c.mig and opts.mig:
+        kinds += [p.name for p in g.profiles]
+    return tuple(kinds)
+
+
+def candidates(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventory,
+               opts: Options = Options()) -> list[Candidate]:
+    """Every useful (model, variant, class, slice kind, share), dominated variants pruned:
+    per (model, class, slice, share) a variant is kept only if no kept one has both more
+    capacity and at least its accuracy."""
+    cache: dict[tuple, Capacity | None] = {}
+    out: list[Candidate] = []
+    by_model_gpu: dict[tuple[str, str], list[Profile]] = defaultdict(list)
+    for p in profiles:
+        by_model_gpu[(p.model, p.gpu)].append(p)
+    for mi, d in enumerate(demands):
+        for ci, c in enumerate(inv.classes):
+            g = gpu_model(c.gpu)
+            profs = [p for p in by_model_gpu[(d.model, c.gpu)] if d.allows(p)]
+            for k in _slice_kinds(c, opts):
+                for share in legal_shares(g, k, c.mps and opts.mps):
+                    group: list[Candidate] = []
+                    for p in profs:
+                        if p.slice != k or not fits_memory(p, g, k, share):
+                            continue
+                        key = (p.key, d.slo, share)
+                        if key not in cache:
+                            cache[key] = replica_capacity(p, d.slo, share)
+                        cap = cache[key]
+                        if cap is not None:
+                            group.append(Candidate(mi, p, ci, k, share, cap, share * g.slice_fraction(k)))
+                    group.sort(key=lambda x: (-x.cap.rate, -x.accuracy))
+                    best_acc = -2.0
+                    for cand in group:
+                        if cand.accuracy > best_acc:
+                            out.append(cand)
+                            best_acc = cand.accuracy
+    return out
+
+
+def _check_coverable(demands: Sequence[Demand], cands: list[Candidate]) -> None:
+    have = {c.model for c in cands}
+    for mi, d in enumerate(demands):
+        if mi not in have and d.required > 0:
+            raise SolverError(
+                f"model {d.model}: no allowed variant meets SLO {d.slo * 1e3:g} ms on any slice of the "
+                f"pool (variants {list(d.variants) or 'any'}, accuracy floor {d.accuracy_floor})")
+
+
+# --------------------------------------------------------------------------- packing
+
+
+def pack(demands: Sequence[Demand], inv: Inventory, profiles: ProfileSet,
+         chosen: dict[int, int], cands: list[Candidate],
+         gpu_layouts: dict[int, list[LayoutOption]]) -> tuple[GpuPlan, ...]:
+    """Turn replica counts (candidate index -> count) and layouts per class into GPUs with
+    slices at explicit placements, MPS shares packed first-fit decreasing."""
+    gpus: list[GpuPlan] = []
+    for ci, c in enumerate(inv.classes):
+        opts = gpu_layouts.get(ci, [])
+        if len(opts) > len(c.ids):
+            raise SolverError(f"class {c.key}: plan needs {len(opts)} GPUs, the pool has {len(c.ids)}")
+        # bins: every slice of every GPU of this class, grouped by kind
+        bins: dict[str, list[list]] = defaultdict(list)  # kind -> [gpu_idx, instance, fill, replicas]
+        for gi, lo in enumerate(opts):
+            insts = lo.layout or (Instance(-1, WHOLE),)
+            for inst in insts:
+                bins[inst.profile].append([gi, inst, 0.0, []])
+        items = sorted(((cands[j], n) for j, n in chosen.items() if cands[j].cls == ci and n > 0),
+                       key=lambda t: (-t[0].share, demands[t[0].model].model, t[0].profile.variant))
+        for cand, n in items:
+            for _ in range(n):
+                slot = next((b for b in bins[cand.slice] if b[2] + cand.share <= 1.0 + 1e-9), None)
+                if slot is None:
+                    raise SolverError(f"class {c.key}: no room left on a {cand.slice} slice for "
+                                      f"{cand.profile.variant} at {cand.share:.0%}")
+                slot[2] += cand.share
+                slot[3].append(Replica(demands[cand.model].model, cand.profile.variant, cand.share,
+                                       cand.cap.batch, cand.cap.rate))
+        per_gpu: dict[int, list[SlicePlan]] = defaultdict(list)
+        for kind_bins in bins.values():
+            for gi, inst, _fill, reps in kind_bins:
+                if reps:
+                    mps = len(reps) > 1 or reps[0].share < 1.0
+                    start = None if inst.profile == WHOLE else inst.start
+                    per_gpu[gi].append(SlicePlan(inst.profile, start, mps, tuple(reps)))
+        for gi, lo in enumerate(opts):
+            if per_gpu.get(gi):
+                sl = tuple(sorted(per_gpu[gi], key=lambda s: (s.start or 0)))
+                gpus.append(GpuPlan(c.ids[gi], c.gpu, bool(lo.layout), sl))
+    return tuple(gpus)
+
+
+def cover_layouts(c: GpuClass, need: dict[str, int], opts: Options, weight: float) -> list[LayoutOption]:
+    """Fewest GPUs (layouts, with repetition) providing at least ``need[k]`` slices of each kind."""
+    need = {k: n for k, n in need.items() if n > 0}
+    if not need:
+        return []
+    los = [lo for lo in layout_options(c, opts) if any(k in need for k, _ in lo.counts)]
+    kinds = sorted(need)
+    a = np.array([[dict(lo.counts).get(k, 0) for lo in los] for k in kinds], dtype=float)
+    res = milp(np.full(len(los), weight), constraints=LinearConstraint(a, [need[k] for k in kinds], np.inf),
+               integrality=np.ones(len(los)), bounds=Bounds(0, len(c.ids)), options={"time_limit": 5.0})
+    if res.x is None:
+        raise SolverError(f"class {c.key}: cannot cover slices {need} with {len(c.ids)} GPUs")
+    out: list[LayoutOption] = []
+    for lo, y in zip(los, res.x, strict=True):
+        out += [lo] * int(round(y))
+    return out
+
+
+def _slices_needed(items: list[tuple[Candidate, int]]) -> dict[str, int]:
+    """Slices per kind that first-fit decreasing needs for power-of-two shares."""
+    share_sum: dict[str, float] = defaultdict(float)
+    for cand, n in items:
+        share_sum[cand.slice] += cand.share * n
+    return {k: math.ceil(v - 1e-9) for k, v in share_sum.items()}
+
+
+# --------------------------------------------------------------------------- greedy
+
+
+def _greedy_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate]) -> dict[int, int]:
+    by_model: dict[int, list[int]] = defaultdict(list)
+    for j, c in enumerate(cands):
+        by_model[c.model].append(j)
+    budget = {ci: float(len(c.ids)) for ci, c in enumerate(inv.classes)}
+    chosen: dict[int, int] = defaultdict(int)
+
+    def cost(c: Candidate) -> float:
+        return inv.weight(inv.classes[c.cls]) * c.gpu_fraction
+
+    order = sorted(range(len(demands)), key=lambda i: (demands[i].priority != "guaranteed", -demands[i].required))
+    for mi in order:
+        r = demands[mi].required
+        while r > 1e-9:
+            pool = [j for j in by_model[mi] if budget[cands[j].cls] >= cands[j].gpu_fraction]
+            if not pool:
+                raise SolverError(f"model {demands[mi].model}: the pool ran out of GPUs "
+                                  f"({r:.0f} req/s still unplaced)")
+            # most capacity per unit cost; accuracy breaks near-ties (within 2%)
+            top = max(cands[j].cap.rate / cost(cands[j]) for j in pool)
+            best = max((j for j in pool if cands[j].cap.rate / cost(cands[j]) >= 0.98 * top),
+                       key=lambda j: (cands[j].accuracy, cands[j].cap.rate / cost(cands[j])))
+            b = cands[best]
+            if b.cap.rate <= r:
+                n = max(1, min(int(r // b.cap.rate), int(budget[b.cls] // b.gpu_fraction)))
+                chosen[best] += n
+                budget[b.cls] -= n * b.gpu_fraction
+                r -= n * b.cap.rate
+                continue
+            # the remainder: the cheapest single replica that covers it
+            cover = [j for j in pool if cands[j].cap.rate >= r]
+            j = min(cover, key=lambda j: (cost(cands[j]), -cands[j].accuracy))
+            chosen[j] += 1
+            budget[cands[j].cls] -= cands[j].gpu_fraction
+            r = 0.0
+    return dict(chosen)
+
+
+def _layouts_for(inv: Inventory, chosen: dict[int, int], cands: list[Candidate],
+                 opts: Options) -> dict[int, list[LayoutOption]]:
+    out = {}
+    for ci, c in enumerate(inv.classes):
+        items = [(cands[j], n) for j, n in chosen.items() if cands[j].cls == ci]
+        out[ci] = cover_layouts(c, _slices_needed(items), opts, inv.weight(c))
+    return out
+
+
+# --------------------------------------------------------------------------- MILP / LP
+
+
+@dataclass
+class _Program:
+    c: np.ndarray
+    a: np.ndarray | object
+    lo: np.ndarray
+    hi: np.ndarray
+    ub: np.ndarray
+    n_x: int
+    y_index: list[tuple[int, LayoutOption]]
+
+
+def _program(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
+             tie_break: bool) -> _Program:
+    from scipy.sparse import lil_matrix
+
+    y_index = [(ci, lo) for ci, c in enumerate(inv.classes) for lo in layout_options(c, opts)]
+    n_x, n = len(cands), len(cands) + len(y_index)
+    kinds = sorted({(c.cls, c.slice) for c in cands})
+    kind_row = {k: i for i, k in enumerate(kinds)}
+    rows = len(inv.classes) + len(kinds) + len(demands)
+    a = lil_matrix((rows, n))
+    lo, hi = np.full(rows, -np.inf), np.zeros(rows)
+    for yi, (ci, lay) in enumerate(y_index):
+        a[ci, n_x + yi] = 1.0
+        for k, cnt in lay.counts:
+            if (ci, k) in kind_row:
+                a[len(inv.classes) + kind_row[(ci, k)], n_x + yi] = -cnt
+    for ci, c in enumerate(inv.classes):
+        hi[ci] = len(c.ids)
+    base = len(inv.classes) + len(kinds)
+    for j, cand in enumerate(cands):
+        a[len(inv.classes) + kind_row[(cand.cls, cand.slice)], j] = cand.share
+        a[base + cand.model, j] = cand.cap.rate
+    for mi, d in enumerate(demands):
+        lo[base + mi], hi[base + mi] = d.required, np.inf
+    cost = np.zeros(n)
+    for yi, (ci, _) in enumerate(y_index):
+        cost[n_x + yi] = inv.weight(inv.classes[ci])
+    ub = np.zeros(n)
+    for j, cand in enumerate(cands):
+        ub[j] = math.ceil(demands[cand.model].required / cand.cap.rate)
+    for yi, (ci, _) in enumerate(y_index):
+        ub[n_x + yi] = len(inv.classes[ci].ids)
+    if tie_break:
+        # lower accuracy and idle share cost a little, never as much as one GPU in total
+        wmin = min(inv.weight(c) for c in inv.classes)
+        best_acc: dict[int, float] = defaultdict(lambda: -1.0)
+        for cand in cands:
+            best_acc[cand.model] = max(best_acc[cand.model], cand.accuracy)
+        per = 0.5 * wmin / max(1.0, float(ub[:n_x].sum()))
+        for j, cand in enumerate(cands):
+            cost[j] = per * (0.5 * min(1.0, best_acc[cand.model] - cand.accuracy) + 0.5 * cand.gpu_fraction)
+    return _Program(cost, a.tocsr(), lo, hi, ub, n_x, y_index)
+
+
+def lower_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options) -> float:
+    """The LP relaxation's optimum: no plan on this candidate grid costs less."""
+    if not cands:
+        return 0.0
+    p = _program(demands, inv, cands, opts, tie_break=False)
+    res = milp(p.c, constraints=LinearConstraint(p.a, p.lo, p.hi), bounds=Bounds(0, p.ub),
+               options={"time_limit": 60.0})
+    if res.status != 0 or res.fun is None:
+        return 0.0
+    # with the GPU count as objective the optimum is an integer
+    return float(math.ceil(res.fun - 1e-6)) if inv.objective == "gpus" else float(res.fun)
+
+
+def _milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
+                 time_limit: float) -> tuple[dict[int, int], dict[int, list[LayoutOption]]]:
+    p = _program(demands, inv, cands, opts, tie_break=True)
+    res = milp(p.c, constraints=LinearConstraint(p.a, p.lo, p.hi), integrality=np.ones(len(p.c)),
+               bounds=Bounds(0, p.ub), options={"time_limit": time_limit, "mip_rel_gap": 1e-4})
+    if res.x is None:
+        raise SolverError(f"MILP found no feasible plan within {time_limit:g} s ({res.message})")
+    x = np.round(res.x).astype(int)
+    chosen = {j: int(x[j]) for j in range(p.n_x) if x[j] > 0}
+    lay: dict[int, list[LayoutOption]] = defaultdict(list)
+    for yi, (ci, lo) in enumerate(p.y_index):
+        lay[ci] += [lo] * int(x[p.n_x + yi])
+    return chosen, dict(lay)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory, method: str = "greedy",
+          *, time_limit: float = 10.0, options: Options = Options(), bound: bool = True) -> Plan:
+    """Plan ``demands`` on ``inventory`` from ``profiles``. Pure: same input, same plan."""
+    if method not in METHODS:
+        raise SolverError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
+    names = [d.model for d in demands]
+    if len(set(names)) != len(names):
+        raise SolverError(f"models must be unique, got duplicates {sorted({n for n in names if names.count(n) > 1})}")
+    t0 = time.perf_counter()
+    cands = candidates(demands, profiles, inventory, options)
+    _check_coverable(demands, cands)
+    if method == "greedy":
+        chosen = _greedy_choice(demands, inventory, cands)
+        lay = _layouts_for(inventory, chosen, cands, options)
+    else:
+        chosen, lay = _milp_choice(demands, inventory, cands, options, time_limit)
+    gpus = pack(demands, inventory, profiles, chosen, cands, lay)
+    lb = lower_bound(demands, inventory, cands, options) if bound else 0.0
+    label = method if options == Options() else f"{method}[mig={int(options.mig)},mps={int(options.mps)}]"
+    return Plan(gpus, tuple(demands), inventory, label, lb, time.perf_counter() - t0, profiles)
+
