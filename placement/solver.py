@@ -64,6 +64,9 @@ class Options:
     whole: bool = True  # whole GPUs without MIG
 
 
+DEFAULT = Options()
+
+
 @dataclass(frozen=True)
 class LayoutOption:
     layout: Layout  # () for a whole GPU
@@ -94,7 +97,7 @@ def _slice_kinds(c: GpuClass, opts: Options) -> tuple[str, ...]:
 
 
 def candidates(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventory,
-               opts: Options = Options()) -> list[Candidate]:
+               opts: Options = DEFAULT) -> list[Candidate]:
     """Every useful (model, variant, class, slice kind, share), dominated variants pruned:
     per (model, class, slice, share) a variant is kept only if no kept one has both more
     capacity and at least its accuracy."""
@@ -347,7 +350,7 @@ def _milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidat
 
 
 def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory, method: str = "greedy",
-          *, time_limit: float = 10.0, options: Options = Options(), bound: bool = True) -> Plan:
+          *, time_limit: float = 10.0, options: Options = DEFAULT, bound: bool = True) -> Plan:
     """Plan ``demands`` on ``inventory`` from ``profiles``. Pure: same input, same plan."""
     if method not in METHODS:
         raise SolverError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
@@ -364,6 +367,6 @@ def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
         chosen, lay = _milp_choice(demands, inventory, cands, options, time_limit)
     gpus = pack(demands, inventory, profiles, chosen, cands, lay)
     lb = lower_bound(demands, inventory, cands, options) if bound else 0.0
-    label = method if options == Options() else f"{method}[mig={int(options.mig)},mps={int(options.mps)}]"
+    label = method if options == DEFAULT else f"{method}[mig={int(options.mig)},mps={int(options.mps)}]"
     return Plan(gpus, tuple(demands), inventory, label, lb, time.perf_counter() - t0, profiles)
 
