@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import os
 from typing import Any, Protocol
 
 from loadgen.payload import HttpBody, variant_from_grpc, variant_from_http
@@ -323,7 +324,8 @@ async def probe_grpc(host: str, port: int, models: tuple[str, ...], timeout_s: f
         try:
             r = await stub.ServerReady(pb.ServerReadyRequest(), timeout=timeout_s)
         except grpc.aio.AioRpcError as e:
-            raise LoadError(f"cannot reach {target}: {e.code().name}: {e.details()}") from None
+            why = (e.details() or "").split(";")[0]
+            raise LoadError(f"cannot reach {target}: {e.code().name} ({why})") from None
         if not r.ready:
             raise LoadError(f"target {target} is not ready")
         for m in models:
@@ -347,4 +349,7 @@ def _err(text: str) -> str:
 
 def _reason(e: BaseException) -> str:
     cause = getattr(e, "os_error", None) or e
-    return getattr(cause, "strerror", None) or str(cause) or type(e).__name__
+    errno = getattr(cause, "errno", None)
+    if errno:
+        return os.strerror(errno).lower()
+    return str(cause) or type(e).__name__

@@ -11,7 +11,10 @@ In-process API::
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
+import os
+import pickle
+import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -139,16 +142,14 @@ async def _drive(
 async def run_load(spec: LoadSpec, on_progress: ProgressFn | None = None) -> LoadResult:
     """Run the test described by ``spec``. Raises :class:`LoadError` when it cannot start."""
     started = time.monotonic()
-    prep = await prepare(spec)
     sched, duration = (None, spec.duration_s)
     total: int | None = None
-    if spec.mode == "open":
+    if spec.mode == "open":  # before touching the target: bad traces fail fast
         sched, duration = spec.measured(spec.schedule())
         if not len(sched):
             raise LoadError("the arrival schedule is empty: raise the rate or the duration")
         total = len(sched)
-    elif spec.requests is not None:
-        total = None
+    prep = await prepare(spec)
     rec = Recorder(spec.window_s)
     if spec.processes == 1:
         duration = await _single(spec, prep, sched, rec, duration, total, on_progress)
@@ -179,98 +180,123 @@ async def _single(spec, prep, sched, rec, duration, total, on_progress) -> float
     return duration if spec.mode == "open" else closed
 
 
-def _worker(spec_json: str, prep: Prepared, share, worker, workers, conn, counters) -> None:
-    """Worker process: report ready, receive t0, run, send back the encoded recorder."""
+def _frame(kind: bytes, obj: Any) -> bytes:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return kind + len(data).to_bytes(8, "little") + data
+
+
+async def _read_frame(stream: asyncio.StreamReader) -> tuple[bytes, Any]:
+    head = await stream.readexactly(9)
+    return head[:1], pickle.loads(await stream.readexactly(int.from_bytes(head[1:], "little")))
+
+
+def worker_main() -> None:
+    """Worker process (``python -m loadgen.run``): read its job from stdin, say ready, read
+    t0, run, and write progress and the encoded recorder as frames on stdout."""
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints go to stderr, never into the frames
+    sys.stdout = sys.stderr
+    inp = sys.stdin.buffer
+
+    def send(kind: bytes, obj: Any) -> None:
+        out.write(_frame(kind, obj))
+        out.flush()
+
+    def recv() -> Any:
+        n = int.from_bytes(inp.read(8), "little")
+        return pickle.loads(inp.read(n))
+
     try:
+        spec_json, prep, share, worker, workers = recv()
         spec = LoadSpec.model_validate_json(spec_json)
         rec = Recorder(spec.window_s)
         prog = Progress()
 
         async def main() -> float:
             loop = asyncio.get_running_loop()
-            conn.send(("ready", None))
-            t0 = await loop.run_in_executor(None, conn.recv)
+            send(b"R", None)
+            t0 = await loop.run_in_executor(None, recv)
 
             async def publish() -> None:
                 while True:
-                    counters[2 * worker] = prog.sent
-                    counters[2 * worker + 1] = prog.done
-                    await asyncio.sleep(0.1)
+                    send(b"P", (prog.sent, prog.done))
+                    await asyncio.sleep(0.2)
 
             pub = loop.create_task(publish())
             try:
                 return await _drive(spec, prep, share, worker, workers, t0, rec, prog)
             finally:
                 pub.cancel()
-                counters[2 * worker] = prog.sent
-                counters[2 * worker + 1] = prog.done
+                send(b"P", (prog.sent, prog.done))
 
         measured = asyncio.run(main())
-        conn.send(("done", (rec.encode(), measured)))
+        send(b"D", (rec.encode(), measured))
     except BaseException as e:  # the parent turns this into a LoadError
-        conn.send(("error", f"{type(e).__name__}: {e}"))
-    finally:
-        conn.close()
+        send(b"E", f"{type(e).__name__}: {e}")
+
+
+def _to_worker(obj: Any) -> bytes:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return len(data).to_bytes(8, "little") + data
 
 
 async def _multi(spec, prep, sched, rec, duration, total, on_progress) -> float:
     n = spec.processes
-    ctx = mp.get_context("spawn")  # grpc and asyncio state do not survive fork
-    counters = ctx.RawArray("q", 2 * n)
-    procs, pipes = [], []
+    procs: list[asyncio.subprocess.Process] = []
+    counts = [[0, 0] for _ in range(n)]
+
+    def report() -> None:
+        if on_progress is not None:
+            on_progress(sum(c[0] for c in counts), sum(c[1] for c in counts), total)
+
+    async def next_frame(i: int, timeout: float | None = None) -> tuple[bytes, Any]:
+        while True:
+            try:
+                kind, val = await asyncio.wait_for(_read_frame(procs[i].stdout), timeout)
+            except asyncio.IncompleteReadError:
+                code = await procs[i].wait()
+                raise LoadError(f"worker {i} died (exit code {code})") from None
+            except TimeoutError:
+                raise LoadError(f"worker {i} did not answer within {timeout:g} s") from None
+            if kind == b"P":
+                counts[i] = list(val)
+                report()
+                continue
+            if kind == b"E":
+                raise LoadError(f"worker {i} failed: {val}")
+            return kind, val
+
     try:
         for i in range(n):
-            parent, child = ctx.Pipe()
-            share = sched.share(i, n) if sched is not None else None
-            p = ctx.Process(
-                target=_worker,
-                args=(spec.model_dump_json(), prep, share, i, n, child, counters),
-                daemon=True,
-            )
-            p.start()
-            child.close()
+            p = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "loadgen.run",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )  # fmt: skip
             procs.append(p)
-            pipes.append(parent)
-        for i, c in enumerate(pipes):
-            kind, val = await _recv(c, procs[i], 60.0)
-            if kind != "ready":
-                raise LoadError(f"worker {i} failed to start: {val}")
+            share = sched.share(i, n) if sched is not None else None
+            p.stdin.write(_to_worker((spec.model_dump_json(), prep, share, i, n)))
+        for i in range(n):
+            await next_frame(i, 60.0)  # ready
         t0 = time.monotonic() + WORKER_START_DELAY_S
-        for c in pipes:
-            c.send(t0)
+        for p in procs:
+            p.stdin.write(_to_worker(t0))
+            await p.stdin.drain()
+        results = await asyncio.gather(*(next_frame(i) for i in range(n)))
         measured = []
-        for i, c in enumerate(pipes):
-            while not c.poll():
-                if on_progress is not None:
-                    on_progress(sum(counters[0::2]), sum(counters[1::2]), total)
-                if not procs[i].is_alive() and not c.poll():
-                    raise LoadError(f"worker {i} died (exit code {procs[i].exitcode})")
-                await asyncio.sleep(0.25)
-            kind, val = c.recv()
-            if kind != "done":
-                raise LoadError(f"worker {i} failed: {val}")
-            rec.merge(val[0])
-            measured.append(val[1])
-        if on_progress is not None:
-            on_progress(sum(counters[0::2]), sum(counters[1::2]), total)
+        for _, (encoded, m) in results:
+            rec.merge(encoded)
+            measured.append(m)
+        report()
         return duration if spec.mode == "open" else max(measured)
     finally:
         for p in procs:
-            p.join(timeout=2.0)
-            if p.is_alive():
-                p.terminate()  # by its own PID
-                p.join(timeout=2.0)
-
-
-async def _recv(conn, proc, timeout: float):
-    deadline = time.monotonic() + timeout
-    while not conn.poll():
-        if not proc.is_alive():
-            return "error", f"exit code {proc.exitcode}"
-        if time.monotonic() > deadline:
-            return "error", f"no answer within {timeout:g} s"
-        await asyncio.sleep(0.05)
-    return conn.recv()
+            if p.returncode is None:
+                try:
+                    await asyncio.wait_for(p.wait(), 2.0)
+                except TimeoutError:
+                    os.killpg(p.pid, signal.SIGKILL)  # its own process group, by PID
+                    await p.wait()
 
 
 def _result(spec: LoadSpec, rec: Recorder, duration: float, elapsed: float) -> LoadResult:
@@ -312,3 +338,7 @@ def _result(spec: LoadSpec, rec: Recorder, duration: float, elapsed: float) -> L
 def run_load_sync(spec: LoadSpec, on_progress: ProgressFn | None = None) -> LoadResult:
     """``run_load`` for callers without an event loop."""
     return asyncio.run(run_load(spec, on_progress))
+
+
+if __name__ == "__main__":
+    worker_main()

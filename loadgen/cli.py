@@ -1,0 +1,306 @@
+"""``headrace load``: drive a KServe v2 target (the gateway, Triton, any v2 server) with open-
+or closed-loop load and report SLO attainment, goodput and latency percentiles."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from loadgen import report
+from loadgen.arrivals import TraceError
+from loadgen.clients import LoadError
+from loadgen.payload import PayloadError
+from loadgen.run import LoadResult, run_load
+from loadgen.spec import InputSpec, LoadSpec
+from loadgen.sweep import find_max_rate, parse_range, sweep_rates
+
+DESCRIPTION = """\
+Load-test a KServe v2 endpoint with per-request deadlines and report what an SLO cares about.
+
+Open loop (default) sends every request at its scheduled time, whatever the server does, and
+measures latency from that scheduled time (as wrk2 does), so a stall shows up in every request
+that should have been sent during it. Closed loop (--mode closed) keeps --concurrency requests
+in flight, like perf_analyzer --concurrency-range or Locust; it hides stalls (coordinated
+omission) and is for throughput, not SLO numbers.
+
+Each request carries its SLO as Triton's `timeout` parameter (µs) and --priority as
+`priority`. SLO attainment = answered OK within the SLO / offered; goodput = the same per
+second. 429 / RESOURCE_EXHAUSTED answers count as rejections, other failures as errors by kind.
+"""
+
+EPILOG = """\
+examples:
+  # 500 req/s of bursty (gamma, cv 4) traffic for 30 s against Triton over gRPC, SLO 100 ms
+  headrace load --target grpc://127.0.0.1:8001 --model resnet50 --rate 500 \\
+      --duration 30 --arrival gamma --cv 4 --slo-ms 100
+
+  # two models 3:1, report to JSON/CSV and plots
+  headrace load --target http://127.0.0.1:8000 --mix resnet50:3,bert:1 --rate 200 \\
+      --slo-ms 150 --json out.json --csv out.csv --plot out
+
+  # replay the Azure Functions 2019 trace shape, one trace minute per second
+  headrace load --target http://127.0.0.1:8000 --arrival trace \\
+      --trace loadgen/data/azure_sample.csv --trace-models resnet50,bert --time-scale 60
+
+  # sweep rates, then find the highest rate holding 99% within SLO
+  headrace load --target http://127.0.0.1:8000 --model m --slo-ms 50 --rate-range 100:1000:100
+  headrace load --target http://127.0.0.1:8000 --model m --slo-ms 50 --find-max-rate \\
+      --search-range 50:2000 --target-attainment 0.99
+
+Inputs come from the model's metadata (-1 dims sent as --batch) unless --input or
+--input-file say otherwise. If one process cannot keep the schedule, the report says so
+(send lag); add --processes.
+"""
+
+FLAGS = {  # LoadSpec field -> CLI flag, for error messages
+    "duration_s": "--duration",
+    "warmup_s": "--warmup",
+    "request_timeout_s": "--request-timeout",
+    "window_s": "--window",
+    "trace_models": "--trace-models",
+    "time_scale": "--time-scale",
+    "rate_scale": "--rate-scale",
+    "trace_start_minute": "--trace-start-minute",
+    "input_file": "--input-file",
+    "http_client": "--http-client",
+    "slo_ms": "--slo-ms",
+    "lag_warn_ms": "--lag-warn-ms",
+}
+
+
+def parse_input(text: str) -> InputSpec:
+    """``NAME:SHAPE[:DTYPE]`` with SHAPE like ``-1x4`` or ``1,3,224,224``."""
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not parts[0]:
+        raise argparse.ArgumentTypeError(f"bad --input {text!r}: want NAME:SHAPE[:DTYPE]")
+    try:
+        shape = tuple(int(d) for d in parts[1].replace("x", ",").split(",") if d)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad shape in --input {text!r}") from None
+    try:
+        return InputSpec(
+            name=parts[0], shape=shape, datatype=parts[2] if len(parts) == 3 else "FP32"
+        )
+    except ValidationError as e:
+        raise argparse.ArgumentTypeError(f"bad --input {text!r}: {_pydantic_msg(e)}") from None
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "load",
+        help="load-test a v2 endpoint: open/closed loop, SLO attainment, goodput",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = p.add_argument_group("target")
+    g.add_argument("--target", required=True, help="http://HOST:PORT or grpc://HOST:PORT")
+    g.add_argument("--model", default="", help="model name to address")
+    g.add_argument("--mix", help="weighted models instead of --model, e.g. resnet50:3,bert:1")
+
+    g = p.add_argument_group("load shape")
+    g.add_argument("--mode", choices=("open", "closed"), default="open",
+                   help="open loop at --rate (default) or closed loop at --concurrency")  # fmt: skip
+    g.add_argument("--rate", type=float, default=100.0, help="mean requests/s (default 100)")
+    g.add_argument("--arrival", default="poisson",
+                   choices=("constant", "poisson", "gamma", "trace", "timestamps"),
+                   help="arrival process (default poisson)")  # fmt: skip
+    g.add_argument("--cv", type=float, default=1.0,
+                   help="gamma coefficient of variation; >1 is bursty (also used in trace minutes)")  # fmt: skip
+    g.add_argument("--concurrency", type=int, default=8, help="closed loop: requests in flight")
+    g.add_argument("--duration", type=float, default=10.0, help="measured seconds (default 10)")
+    g.add_argument("--requests", type=int, help="measure this many requests instead of --duration")
+    g.add_argument("--warmup", type=float, default=1.0, help="unmeasured warm-up seconds (1)")
+    g.add_argument("--seed", type=int, default=0, help="seed of arrivals and payloads")
+
+    g = p.add_argument_group("traces")
+    g.add_argument("--trace", type=Path, help="Azure Functions 2019 per-minute CSV")
+    g.add_argument("--trace-models", default="", help="models the functions map to, comma list")
+    g.add_argument("--time-scale", type=float, default=60.0,
+                   help="trace minutes per second of replay (default 60: a minute per second)")  # fmt: skip
+    g.add_argument("--rate-scale", type=float, default=1.0, help="multiply trace counts")
+    g.add_argument("--trace-start-minute", type=int, default=0, help="first trace minute")
+    g.add_argument("--timestamps", type=Path, help="file of send times in seconds, one a line")
+    g.add_argument("--intervals-us", action="store_true",
+                   help="--timestamps holds gaps in µs (perf_analyzer --request-intervals)")  # fmt: skip
+
+    g = p.add_argument_group("requests")
+    g.add_argument("--slo-ms", type=float, help="per-request SLO in ms (sent as timeout)")
+    g.add_argument("--no-timeout-param", action="store_true",
+                   help="measure against --slo-ms but do not send it as Triton's timeout")  # fmt: skip
+    g.add_argument("--priority", type=int, help="Triton priority parameter (1 = highest)")
+    g.add_argument("--input", action="append", type=parse_input, metavar="NAME:SHAPE[:DTYPE]",
+                   help="input to synthesize, repeatable, e.g. INPUT0:-1x4:FP32")  # fmt: skip
+    g.add_argument("--input-file", type=Path, help="JSON with real v2 inputs {'inputs': [...]}")
+    g.add_argument("--batch", type=int, default=1, help="size sent for -1 dims (1)")
+    g.add_argument("--protocol", choices=("binary", "json"), default="binary",
+                   help="HTTP tensor encoding (default binary)")  # fmt: skip
+    g.add_argument("--http-client", choices=("raw", "aiohttp"), default="raw",
+                   help="raw keep-alive asyncio pool (fastest, default) or aiohttp")  # fmt: skip
+    g.add_argument("--connections", type=int, default=64, help="HTTP connections per process")
+    g.add_argument("--request-timeout", type=float, default=30.0, help="client gives up after")
+    g.add_argument("--processes", type=int, default=1,
+                   help="worker processes sharing the schedule (when one falls behind)")  # fmt: skip
+
+    g = p.add_argument_group("sweeps")
+    g.add_argument("--rate-range", help="open-loop rates START:END[:STEP], one run each")
+    g.add_argument("--find-max-rate", action="store_true",
+                   help="search the highest rate holding --target-attainment")  # fmt: skip
+    g.add_argument("--search-range", default="10:1000", help="LO:HI for --find-max-rate")
+    g.add_argument("--target-attainment", type=float, default=0.99, help="e.g. 0.99")
+    g.add_argument("--stability", type=float, default=10.0,
+                   help="%% the last 3 windows may differ in throughput and p99 (10)")  # fmt: skip
+
+    g = p.add_argument_group("output")
+    g.add_argument("--window", type=float, help="timeline / measurement window s (1; search 5)")
+    g.add_argument("--json", type=Path, help="write the summary (or sweep) as JSON")
+    g.add_argument("--csv", type=Path, help="write perf_analyzer-style CSV")
+    g.add_argument("--plot", type=Path, metavar="PREFIX",
+                   help="write PREFIX_cdf.png and PREFIX_timeline.png")  # fmt: skip
+    g.add_argument("--lag-warn-ms", type=float, default=1.0, help="warn above this p99 send lag")
+    g.add_argument("--quiet", action="store_true", help="no progress bar or table: one line")
+    p.set_defaults(func=main)
+
+
+def spec_from_args(a: argparse.Namespace) -> LoadSpec:
+    fields: dict[str, Any] = dict(
+        target=a.target, model=a.model, mix=a.mix, mode=a.mode, arrival=a.arrival, rate=a.rate,
+        cv=a.cv, trace=a.trace,
+        trace_models=tuple(m for m in a.trace_models.split(",") if m),
+        time_scale=a.time_scale, rate_scale=a.rate_scale,
+        trace_start_minute=a.trace_start_minute, timestamps=a.timestamps,
+        intervals_us=a.intervals_us, duration_s=a.duration, requests=a.requests,
+        warmup_s=a.warmup, slo_ms=a.slo_ms, send_timeout=not a.no_timeout_param,
+        priority=a.priority, inputs=tuple(a.input) if a.input else None,
+        input_file=a.input_file, batch=a.batch, protocol=a.protocol,
+        http_client=a.http_client, concurrency=a.concurrency, connections=a.connections,
+        processes=a.processes, seed=a.seed, request_timeout_s=a.request_timeout,
+        lag_warn_ms=a.lag_warn_ms,
+    )  # fmt: skip
+    if a.window is not None:
+        fields["window_s"] = a.window
+    return LoadSpec(**fields)
+
+
+def _pydantic_msg(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"])
+        flag = FLAGS.get(loc, "--" + loc.replace("_", "-")) if loc else ""
+        msg = err["msg"].removeprefix("Value error, ")
+        val = f" = {err['input']!r}" if loc and not isinstance(err["input"], dict) else ""
+        parts.append(f"{flag}{val}: {msg}" if flag else msg)
+    return "; ".join(parts)
+
+
+def _fail(msg: str, code: int) -> int:
+    print(f"headrace load: error: {msg}", file=sys.stderr)
+    return code
+
+
+def main(a: argparse.Namespace) -> int:
+    try:
+        spec = spec_from_args(a)
+        if a.find_max_rate and a.rate_range:
+            raise ValueError("give --rate-range or --find-max-rate, not both")
+        if (a.find_max_rate or a.rate_range) and spec.mode != "open":
+            raise ValueError("rate sweeps need --mode open")
+        return asyncio.run(_run(spec, a))
+    except ValidationError as e:
+        return _fail(_pydantic_msg(e), 2)
+    except (TraceError, PayloadError) as e:
+        return _fail(str(e), 2)
+    except LoadError as e:
+        return _fail(str(e), 1)
+    except ValueError as e:
+        return _fail(str(e), 2)
+
+
+async def _run(spec: LoadSpec, a: argparse.Namespace) -> int:
+    console = Console()
+    err = Console(stderr=True)
+    if a.find_max_rate:
+        lo, hi = parse_range(a.search_range)[0], float(a.search_range.split(":")[1])
+        res = await find_max_rate(
+            spec, lo, hi, target=a.target_attainment, window_s=a.window or 5.0,
+            tolerance=a.stability / 100.0,
+            on_trial=None if a.quiet else lambda s: err.print(
+                f"rate {s['rate']:.1f}/s: {report.compact(s)} "
+                f"[{'stable' if s['stable'] else 'unstable'}, {'pass' if s['passed'] else 'fail'}]"
+            ),
+        )  # fmt: skip
+        rows = sorted(res.trials, key=lambda s: s["rate"])
+        if not a.quiet:
+            console.print(report.sweep_table(rows, "headrace load: max-rate search"))
+        _write(rows, a)
+        if res.best_rate is None:
+            console.print(f"no rate in {a.search_range} holds {a.target_attainment:.2%} attainment")
+            return 3
+        console.print(
+            f"highest rate holding {a.target_attainment:.2%} attainment: {res.best_rate:.1f}/s"
+        )
+        return 0
+    if a.rate_range:
+        results = await sweep_rates(
+            spec, parse_range(a.rate_range),
+            on_result=None if a.quiet else lambda r: err.print(
+                f"rate {r.spec.rate:g}/s: {report.compact(r.summary)}"
+            ),
+        )  # fmt: skip
+        rows = [r.summary for r in results]
+        if not a.quiet:
+            console.print(report.sweep_table(rows, "headrace load: rate sweep"))
+        _write(rows, a)
+        return 0
+    result = await _with_progress(spec, err, a.quiet)
+    s = result.summary
+    if a.quiet:
+        console.print(report.compact(s), markup=False, highlight=False)
+        for w in result.warnings:
+            err.print(f"warning: {w}", markup=False, highlight=False)
+    else:
+        report.print_report(s, console)
+    _write([s], a, result)
+    return 0
+
+
+async def _with_progress(spec: LoadSpec, err: Console, quiet: bool) -> LoadResult:
+    if quiet or not err.is_terminal:
+        return await run_load(spec)
+    with Progress(
+        TextColumn("[bold]load"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("sent {task.fields[sent]}"), TimeElapsedColumn(),
+        console=err, transient=True, auto_refresh=False,
+    ) as bar:  # fmt: skip
+        task = bar.add_task("load", total=None, sent=0)
+
+        def update(sent: int, done: int, total: int | None) -> None:
+            bar.update(task, completed=done, total=total, sent=sent)
+            bar.refresh()
+
+        return await run_load(spec, update)
+
+
+def _write(
+    rows: list[dict[str, Any]], a: argparse.Namespace, result: LoadResult | None = None
+) -> None:
+    if a.json:
+        report.to_json(rows[0] if result is not None else rows, a.json)
+    if a.csv:
+        report.to_csv(rows, a.csv)
+    if a.plot and result is not None:
+        a.plot.parent.mkdir(parents=True, exist_ok=True)
+        report.plot(result.summary, result.recorder, a.plot)
+
+
+if __name__ == "__main__":
+    from deploy.cli import main as headrace_main
+
+    sys.exit(headrace_main(["load", *sys.argv[1:]]))

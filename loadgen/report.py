@@ -1,0 +1,232 @@
+"""Load-test reports from a summary (``Recorder.summary`` plus run facts): a rich terminal
+table, JSON, CSV with perf_analyzer-style columns where they mean the same, and PNG plots
+(latency CDF; timeline of offered rate, goodput and p99) drawn with matplotlib's Agg backend.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from loadgen.stats import Recorder
+
+# perf_analyzer names where the meaning is the same; latencies in µs as perf_analyzer writes
+CSV_COLUMNS = (
+    "Request Rate",
+    "Concurrency",
+    "Inferences/Second",
+    "p50 latency",
+    "p90 latency",
+    "p95 latency",
+    "p99 latency",
+    "Avg latency",
+    # headrace additions
+    "p99.9 latency",
+    "Offered",
+    "OK",
+    "Good",
+    "SLO (ms)",
+    "SLO Attainment",
+    "Goodput/Second",
+    "Rejected",
+    "Errors",
+    "Send Lag p99 (us)",
+)
+
+
+def _f(v: float | None, fmt: str = "{:.1f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.2f}%"
+
+
+def compact(s: dict[str, Any]) -> str:
+    """One line for scripts and READMEs: attainment, goodput, p50/p99, rejections, errors."""
+    lat = s["latency_ms"]
+    slo = f" within {s['slo_ms']:g} ms" if s.get("slo_ms") else ""
+    return (
+        f"attainment {_pct(s['attainment'])}{slo} | goodput {s['goodput_rps']:.1f}/s of "
+        f"{s['offered_rps']:.1f}/s offered | p50 {_f(lat['p50'], '{:.2f}')} ms p99 "
+        f"{_f(lat['p99'], '{:.2f}')} ms | rejected {s['rejected']} | errors {s['error_count']}"
+    )
+
+
+def table(s: dict[str, Any]) -> Table:
+    """The final terminal table: overall, then per model and per variant when there are
+    several."""
+    head = s.get("mode", "open")
+    detail = f"{s.get('arrival')} {s['rate']:g}/s" if head == "open" and s.get("rate") else head
+    if head == "closed":
+        detail = f"closed loop, concurrency {s.get('concurrency')}"
+    t = Table(title=f"headrace load: {s.get('target', '')} ({detail}, {s['duration_s']:.1f} s)")
+    for col in ("scope", "offered/s", "goodput/s", "attainment", "p50 ms", "p90 ms", "p99 ms",
+                "p99.9 ms", "rejected", "errors"):  # fmt: skip
+        t.add_column(col, justify="left" if col == "scope" else "right")
+
+    def row(name: str, d: dict[str, Any]) -> None:
+        lat = d["latency_ms"]
+        t.add_row(
+            name,
+            f"{d['offered_rps']:.1f}",
+            f"{d['goodput_rps']:.1f}",
+            _pct(d["attainment"]),
+            _f(lat["p50"], "{:.2f}"),
+            _f(lat["p90"], "{:.2f}"),
+            _f(lat["p99"], "{:.2f}"),
+            _f(lat["p99.9"], "{:.2f}"),
+            str(d["rejected"]),
+            str(d["error_count"]),
+        )
+
+    row("all", s)
+    if len(s["per_model"]) > 1:
+        for m, d in s["per_model"].items():
+            row(f"model {m}", d)
+    if len(s["per_variant"]) > 1 or any(v["variant"] != "-" for v in s["per_variant"]):
+        for d in s["per_variant"]:
+            row(f"{d['model']} / {d['variant']}", d)
+    lag = s["send_lag_ms"]
+    slo = f"SLO {s['slo_ms']:g} ms" if s.get("slo_ms") else "no SLO (attainment = OK answers)"
+    t.caption = f"{slo}; send lag p50 {lag['p50'] or 0:.3f} ms p99 {lag['p99'] or 0:.3f} ms"
+    return t
+
+
+def print_report(s: dict[str, Any], console: Console | None = None) -> None:
+    c = console or Console()
+    c.print(table(s))
+    for w in s.get("warnings", []):
+        c.print(f"[yellow]warning:[/yellow] {w}")
+    c.print(compact(s))
+
+
+def sweep_table(rows: list[dict[str, Any]], title: str) -> Table:
+    t = Table(title=title)
+    for col in ("rate/s", "offered/s", "goodput/s", "attainment", "p50 ms", "p99 ms",
+                "rejected", "errors", "send lag p99 ms", "stable"):  # fmt: skip
+        t.add_column(col, justify="right")
+    for s in rows:
+        lat = s["latency_ms"]
+        t.add_row(
+            _f(s.get("rate"), "{:g}"),
+            f"{s['offered_rps']:.1f}",
+            f"{s['goodput_rps']:.1f}",
+            _pct(s["attainment"]),
+            _f(lat["p50"], "{:.2f}"),
+            _f(lat["p99"], "{:.2f}"),
+            str(s["rejected"]),
+            str(s["error_count"]),
+            _f(s["send_lag_ms"]["p99"], "{:.3f}"),
+            {True: "yes", False: "no"}.get(s.get("stable"), "-"),
+        )
+    return t
+
+
+def to_json(s: dict[str, Any] | list[dict[str, Any]], path: Path) -> None:
+    path.write_text(json.dumps(s, indent=2, default=str) + "\n")
+
+
+def csv_row(s: dict[str, Any]) -> dict[str, Any]:
+    lat = s["latency_ms"]
+
+    def us(v: float | None) -> str:
+        return "" if v is None else str(int(round(v * 1000)))
+
+    return {
+        "Request Rate": "" if s.get("rate") is None else s["rate"],
+        "Concurrency": "" if s.get("concurrency") is None else s["concurrency"],
+        "Inferences/Second": f"{s['throughput_rps']:.2f}",
+        "p50 latency": us(lat["p50"]),
+        "p90 latency": us(lat["p90"]),
+        "p95 latency": us(lat["p95"]),
+        "p99 latency": us(lat["p99"]),
+        "Avg latency": us(lat["mean"]),
+        "p99.9 latency": us(lat["p99.9"]),
+        "Offered": s["offered"],
+        "OK": s["ok"],
+        "Good": s["good"],
+        "SLO (ms)": "" if s.get("slo_ms") is None else s["slo_ms"],
+        "SLO Attainment": "" if s["attainment"] is None else f"{s['attainment']:.6f}",
+        "Goodput/Second": f"{s['goodput_rps']:.2f}",
+        "Rejected": s["rejected"],
+        "Errors": s["error_count"],
+        "Send Lag p99 (us)": us(s["send_lag_ms"]["p99"]),
+    }
+
+
+def to_csv(rows: list[dict[str, Any]], path: Path | None = None) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(CSV_COLUMNS), lineterminator="\n")
+    w.writeheader()
+    for s in rows:
+        w.writerow(csv_row(s))
+    if path is not None:
+        path.write_text(buf.getvalue())
+    return buf.getvalue()
+
+
+def plot(s: dict[str, Any], rec: Recorder, prefix: Path) -> list[Path]:
+    """``PREFIX_cdf.png`` (latency CDF per model) and ``PREFIX_timeline.png``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    series = {"all": rec.total(), **rec.by_model()} if len(rec.by_model()) > 1 else {
+        "all": rec.total()
+    }  # fmt: skip
+    for name, ser in series.items():
+        h = ser.latency
+        if not h.get_total_count():
+            continue
+        xs, ys = [], []
+        for it in h.get_percentile_iterator(5):
+            xs.append(it.value_iterated_to / 1e3)
+            ys.append(it.percentile_level_iterated_to / 100.0)
+        ax.plot(xs, ys, label=name)
+    if s.get("slo_ms"):
+        ax.axvline(s["slo_ms"], color="red", linestyle="--", label=f"SLO {s['slo_ms']:g} ms")
+    ax.set_xscale("log")
+    ax.set_xlabel("latency from scheduled send (ms)")
+    ax.set_ylabel("fraction of OK answers")
+    ax.set_title("latency CDF")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    p = prefix.with_name(prefix.name + "_cdf.png")
+    fig.tight_layout()
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    out.append(p)
+
+    tl = s["timeline"]
+    fig, ax1 = plt.subplots(figsize=(8, 4.5))
+    t = [r["t"] for r in tl]
+    ax1.plot(t, [r["offered_rps"] for r in tl], label="offered /s")
+    ax1.plot(t, [r["goodput_rps"] for r in tl], label="goodput /s")
+    ax1.set_xlabel("time (s, by scheduled send)")
+    ax1.set_ylabel("requests per second")
+    ax2 = ax1.twinx()
+    ax2.plot(t, [r["p99_ms"] for r in tl], color="tab:red", linestyle=":", label="p99 ms")
+    ax2.set_ylabel("p99 latency (ms)")
+    if s.get("slo_ms"):
+        ax2.axhline(s["slo_ms"], color="tab:red", alpha=0.3)
+    lines = ax1.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax1.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper left")
+    ax1.set_title("offered rate, goodput and p99 over time")
+    ax1.grid(True, alpha=0.3)
+    p = prefix.with_name(prefix.name + "_timeline.png")
+    fig.tight_layout()
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    out.append(p)
+    return out
