@@ -2,8 +2,7 @@
 tensor bytes, model metadata/config at startup, and ready probes.
 
 A batch is one ``ModelInferRequest`` whose inputs are the requests' inputs concatenated
-along the batch dimension; the response is split back by row counts. A response whose row
-count does not match the batch fails the whole batch.
+along the batch dimension, sent as raw bytes; the driver splits the response back by rows.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ class TritonReplica:
     async def close(self) -> None:
         await self._channel.close(grace=None)
 
-    async def infer(self, variant: str, inputs: list[Tensor], rows: int, timeout: float | None) -> list[Tensor]:
+    async def infer(self, variant: str, inputs: list[Tensor], timeout: float | None) -> list[Tensor]:
         req = pb.ModelInferRequest(model_name=variant)
         for t in inputs:
             req.inputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
@@ -77,14 +76,7 @@ class TritonReplica:
                 grpc.StatusCode.INTERNAL, False,
             )
         for o, raw in zip(resp.outputs, raws, strict=True):
-            shape = list(o.shape)
-            if rows and (not shape or shape[0] != rows):
-                raise BackendError(
-                    f"replica {self.url} ({variant}): output '{o.name}' has shape {shape}, "
-                    f"expected {rows} rows for the batch",
-                    grpc.StatusCode.INTERNAL, False,
-                )
-            outs.append(Tensor(o.name, o.datatype, shape, raw))
+            outs.append(Tensor(o.name, o.datatype, list(o.shape), raw))
         return outs
 
     async def ready(self, variant: str, timeout: float = 1.0) -> bool:

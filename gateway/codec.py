@@ -193,7 +193,14 @@ def json_to_raw(name: str, datatype: str, shape: list[int], data: Any) -> bytes:
         if isinstance(el, (str, dict, list)) or el is None:
             raise InvalidRequest(f"input '{name}': element {el!r} is not a {datatype} value")
     try:
-        arr = np.asarray(flat, dtype=NP_DTYPE[datatype])
+        want = np.dtype(NP_DTYPE[datatype])
+        if want.kind in "iu":  # integers: refuse fractions and out-of-range values, never wrap
+            loose = np.asarray(flat)
+            if loose.dtype.kind not in "iub" or (
+                loose.size and (int(loose.min()) < np.iinfo(want).min or int(loose.max()) > np.iinfo(want).max)
+            ):
+                raise ValueError(f"values must be integers in [{np.iinfo(want).min}, {np.iinfo(want).max}]")
+        arr = np.asarray(flat, dtype=want)
     except (ValueError, TypeError, OverflowError) as e:
         raise InvalidRequest(f"input '{name}': data is not {datatype}: {e}") from None
     if arr.ndim != 1 or arr.size != _element_count(shape):

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
+
 from gateway.backend import ModelInfo, TritonReplica
 from gateway.codec import InferInput, Tensor, concat, split, validate
 from gateway.config import ServedModel
@@ -334,7 +336,9 @@ class Driver:
             names = [t.name for t in members[0].input.inputs]
             inputs = [concat([_by_name(p.input.inputs, n) for p in members]) for n in names]
             rows = [p.request.size for p in members]
-            outs = await rep.client.infer(b.variant, inputs, sum(rows) if batched else 0, timeout)
+            outs = await rep.client.infer(b.variant, inputs, timeout)
+            if batched:
+                _check_rows(rep.id, outs, sum(rows))
             parts = [split(o, rows) for o in outs] if batched else [[o] for o in outs]
             for k, i in enumerate(idx):
                 results[i] = [ps[k] for ps in parts]
@@ -398,6 +402,15 @@ class Driver:
                     changed = True
             if changed:
                 self._poll()
+
+
+def _check_rows(replica: str, outs: list[Tensor], rows: int) -> None:
+    """A batch's answer must carry exactly its rows, else the whole batch fails."""
+    for o in outs:
+        if not o.shape or o.shape[0] != rows:
+            raise BackendError(
+                f"replica {replica}: output '{o.name}' has shape {o.shape}, expected {rows} rows "
+                "for the batch", grpc.StatusCode.INTERNAL, retryable=False)
 
 
 def _by_name(tensors: list[Tensor], name: str) -> Tensor:
