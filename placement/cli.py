@@ -1,0 +1,126 @@
+"""``headrace plan``: plan a GPU pool for model deployments, print it, optionally apply it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from placement.executors import EXECUTORS, DryRun, ExecutorError, Nvml
+from placement.plan import Plan, PlanError
+from placement.solver import METHODS, SolverError, solve
+from placement.spec import SpecError, load_problem
+from profiles.derive import with_derived
+from profiles.profile import ProfileError, ProfileSet
+
+HELP = """Plan MIG layouts, MPS shares and replicas for the models in -f files on the GPU pool
+in -f files, from the reference profiles (plus derived ones for unprofiled slices).
+
+examples:
+  headrace plan -f placement/examples/pool.yaml -f placement/examples/models.yaml
+  headrace plan -f pool.yaml -f models.yaml --method milp --time-limit 5
+  headrace plan -f pool.yaml -f models.yaml --apply --executor dry-run
+  headrace plan -f placement/examples/emulated-pool.yaml -f placement/examples/emulated-models.yaml \\
+      --apply --executor emulated --hold 60
+"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("plan", help="plan GPU placement (MIG/MPS) for model deployments",
+                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-f", "--file", action="append", required=True, metavar="YAML",
+                   help="GpuPool / ModelDeployment YAML (repeatable)")
+    p.add_argument("--method", choices=METHODS, default="greedy", help="solver (default greedy)")
+    p.add_argument("--time-limit", type=float, default=10.0, help="MILP time limit, seconds")
+    p.add_argument("--profiles", action="append", default=[], metavar="PATH",
+                   help="extra profile YAML files or folders (added to the reference set)")
+    p.add_argument("--output", choices=("table", "yaml", "both"), default="both")
+    p.add_argument("--apply", action="store_true", help="apply the plan with --executor")
+    p.add_argument("--executor", choices=EXECUTORS, default="dry-run")
+    p.add_argument("--hold", type=float, default=None,
+                   help="emulated: serve this many seconds, then stop (default: until Ctrl-C)")
+    p.set_defaults(func=run)
+
+
+def load_profile_set(extra: list[str]) -> ProfileSet:
+    ps = ProfileSet.reference()
+    for path in extra:
+        for prof in ProfileSet.load(path):
+            ps.add(prof)
+    return with_derived(ps)
+
+
+def render(plan: Plan, console: Console) -> None:
+    t = Table(title=f"plan ({plan.method}): {plan.gpu_count} GPUs, ${plan.cost_per_hour:.2f}/h, "
+                    f"lower bound {plan.lower_bound:g}, gap {plan.gap:.1%}, {plan.solve_seconds:.2f} s")
+    for col in ("GPU", "model", "slice", "MPS share", "variant", "max batch", "req/s"):
+        t.add_column(col, justify="right" if col in ("MPS share", "max batch", "req/s") else "left")
+    for g in plan.used():
+        first = True
+        for s in g.slices:
+            for r in s.replicas:
+                t.add_row(g.id if first else "", g.gpu if first else "", s.label,
+                          f"{r.share:.0%}" if s.mps else "-", r.variant, str(r.max_batch), f"{r.capacity:.0f}")
+                first = False
+    console.print(t)
+    m = Table(title="models")
+    for col in ("model", "rate", "SLO ms", "priority", "capacity", "headroom"):
+        m.add_column(col, justify="left" if col in ("model", "priority") else "right")
+    for d in plan.demands:
+        m.add_row(d.model, f"{d.rate:g}", f"{d.slo * 1e3:g}", d.priority,
+                  f"{plan.capacity(d.model):.0f}", f"{plan.headroom(d.model):.2f}x")
+    console.print(m)
+
+
+def run(args: argparse.Namespace) -> int:
+    err = Console(stderr=True)
+    out = Console()
+    try:
+        inventory, demands, _emulate = load_problem(*args.file)
+        profiles = load_profile_set(args.profiles)
+        plan = solve(demands, profiles, inventory, args.method, time_limit=args.time_limit)
+        plan.verify()
+    except (SpecError, SolverError, ProfileError, PlanError) as e:
+        err.print(f"[red]headrace plan: {e}[/red]", highlight=False)
+        return 2
+    if args.output in ("table", "both"):
+        render(plan, out)
+    if args.output in ("yaml", "both"):
+        sys.stdout.write(yaml.safe_dump(plan.to_dict(), sort_keys=False))
+    if not args.apply:
+        return 0
+    try:
+        return _apply(plan, profiles, args, out)
+    except ExecutorError as e:
+        err.print(f"[red]headrace plan --apply: {e}[/red]", highlight=False)
+        return 1
+
+
+def _apply(plan: Plan, profiles: ProfileSet, args: argparse.Namespace, out: Console) -> int:
+    if args.executor == "dry-run":
+        dry = DryRun()
+        dry.apply(plan)
+        out.print("# commands (dry run)")
+        sys.stdout.write(dry.script())
+        return 0
+    if args.executor == "nvml":
+        uuids = Nvml().apply(plan)
+        for (gpu, sl), uuid in uuids.items():
+            out.print(f"{gpu} {sl} {uuid}")
+        return 0
+    from placement.emulated import Emulated  # noqa: PLC0415  (starts processes; import on demand)
+
+    with Emulated(profiles) as ex:
+        for e in ex.apply(plan):
+            out.print(f"{e.replica_id}: {e.variant} http://{e.http_url} grpc://{e.grpc_url} "
+                      f"(share {e.share:.0%}, max batch {e.max_batch}, {e.capacity:.0f} req/s)")
+        out.print("serving; Ctrl-C to stop" if args.hold is None else f"serving for {args.hold:g} s")
+        try:
+            time.sleep(args.hold if args.hold is not None else 10**9)
+        except KeyboardInterrupt:
+            pass
+    return 0
