@@ -3,6 +3,10 @@ and one arbiter process per emulated physical GPU that applies the sharing rules
 
 from profiles.emulator.client import ArbiterClient, ArbiterError
 from profiles.emulator.gpu import EmulatedGpu
+from profiles.emulator.overhead import DEFAULT_OVERHEAD, Overhead, calibrate_overhead
 from profiles.emulator.repository import write_emulated_model
 
-__all__ = ["ArbiterClient", "ArbiterError", "EmulatedGpu", "write_emulated_model"]
+__all__ = [
+    "DEFAULT_OVERHEAD", "ArbiterClient", "ArbiterError", "EmulatedGpu", "Overhead", "calibrate_overhead",
+    "write_emulated_model",
+]

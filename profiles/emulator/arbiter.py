@@ -1,12 +1,19 @@
 """The arbiter of one emulated physical GPU: a unix-socket service that runs the shared
 physics (:class:`profiles.emulator.physics.SharedGpu`) against the wall clock.
 
-Protocol: one JSON object per line. An emulated model instance keeps one connection and has at
-most one job in flight on it.
+The arbiter does no precise waiting itself. For every job it tells the job's client the
+predicted completion time (``eta``, on ``time.monotonic``, which all processes of the host
+share) and tells it again whenever a job starting or ending on the GPU moves it. The client
+waits until its latest ``eta`` (sleep, then spin) in its own process. The arbiter's physics
+completes jobs at their exact times, lazily, whenever the next event is processed; a coarse
+timer at each predicted completion pushes the speed-ups that follow a completion.
 
-- ``{"op": "run", "slice": s, "client": c, "mode": "mps"|"timeslice", "share": p,
-  "interference": f, "work": seconds, "t": monotonic send time}`` -> ``{"done": t, "started": t0}``
-  once the job's work is done under the sharing rules.
+Protocol: one JSON object per line; a connection (one emulated model instance) has at most
+one job in flight, and a new ``run`` ends its previous job.
+
+- ``{"op": "run", "seq": n, "slice": s, "client": c, "mode": "mps"|"timeslice", "share": p,
+  "interference": f, "work": seconds, "t": monotonic send time}`` -> ``{"seq": n, "eta": t}``
+  (again on every change), then ``{"seq": n, "done": t}`` when the physics completes it.
 - ``{"op": "ping"}`` -> ``{"pong": monotonic now}`` (round-trip measurement).
 - anything invalid -> ``{"error": "..."}``; the connection stays usable.
 
@@ -24,14 +31,13 @@ import json
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Hashable
+from dataclasses import dataclass
 
 from profiles.emulator.physics import Finished, SharedGpu
-from profiles.emulator.timing import wait_until
 from profiles.sharing import ActiveJob
 
-WAKE_EARLY_S = 0.0015  # the event loop wakes this much before a completion, then spins
-REPLY_LEAD_S = 0.00005  # completions are sent this much early to cover the reply's delivery
+ETA_RESEND_S = 1e-6  # an eta that moved less than this is not sent again
 
 
 class ProtocolError(ValueError):
@@ -58,89 +64,144 @@ def parse_job(msg: dict) -> tuple[ActiveJob, float, float | None]:
         return job, work, (float(t) if t is not None else None)
     except KeyError as e:
         raise ProtocolError(f"run message lacks field {e.args[0]!r}") from None
+    except ProtocolError:
+        raise
     except (TypeError, ValueError) as e:
-        if isinstance(e, ProtocolError):
-            raise
         raise ProtocolError(f"bad run message: {e}") from None
 
 
-class Arbiter:
-    """Drives one :class:`SharedGpu` from an asyncio loop; ``clock`` is ``time.monotonic``."""
+@dataclass
+class _Flight:
+    conn: Hashable
+    seq: object
+    eta: float = float("nan")
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+
+Outbox = list[tuple[Hashable, dict]]
+
+
+class ArbiterCore:
+    """Sans-IO arbiter: events in (with ``now``), messages out as ``(connection, message)``."""
+
+    def __init__(self) -> None:
         self.gpu = SharedGpu()
-        self.clock = clock
         self._ids = itertools.count(1)
-        self._waiting: dict[int, asyncio.StreamWriter] = {}
-        self._timer: asyncio.TimerHandle | None = None
+        self._flights: dict[int, _Flight] = {}
+        self._by_conn: dict[Hashable, int] = {}
         self.completed = 0
 
+    def on_message(self, conn: Hashable, msg: object, now: float) -> Outbox:
+        try:
+            if not isinstance(msg, dict):
+                raise ProtocolError("message must be a JSON object")
+            op = msg.get("op", "run")
+            if op == "ping":
+                return [(conn, {"pong": now})]
+            if op != "run":
+                raise ProtocolError(f"unknown op {op!r}; known: run, ping")
+            job, work, sent = parse_job(msg)
+        except ProtocolError as e:
+            return [(conn, {"error": str(e)})]
+        # the job started when the client sent it (the physics clamps a send time earlier
+        # than its last event to that event)
+        start = min(now, sent) if sent is not None else now
+        out = self._end_conn_job(conn, start)
+        jid = next(self._ids)
+        self._flights[jid] = _Flight(conn, msg.get("seq"))
+        self._by_conn[conn] = jid
+        out += self._finished(self.gpu.start(jid, job, work, start))
+        return out + self._etas()
+
+    def on_close(self, conn: Hashable, now: float) -> Outbox:
+        out = self._end_conn_job(conn, now)
+        return out + self._etas()
+
+    def on_timer(self, now: float) -> Outbox:
+        # advance only to the last completion due, not to ``now``: a client that returned at
+        # its eta may already have sent its next job, stamped before ``now``
+        out: Outbox = []
+        while (t := self.gpu.next_completion()) is not None and t <= now:
+            done = self.gpu.advance(t)
+            out += self._finished(done)
+            if not done:  # rounding left the job a hair short of done: finish it at now
+                out += self._finished(self.gpu.advance(now))
+                break
+        return out + self._etas()
+
+    def next_wakeup(self) -> float | None:
+        return self.gpu.next_completion()
+
+    def _end_conn_job(self, conn: Hashable, now: float) -> Outbox:
+        jid = self._by_conn.pop(conn, None)
+        if jid is None or jid not in self.gpu:
+            return []
+        self._flights.pop(jid, None)
+        return self._finished(self.gpu.cancel(jid, now))
+
+    def _finished(self, finished: list[Finished]) -> Outbox:
+        out: Outbox = []
+        for f in finished:
+            self.completed += 1
+            fl = self._flights.pop(f.job_id, None)
+            if fl is not None:
+                if self._by_conn.get(fl.conn) == f.job_id:
+                    del self._by_conn[fl.conn]
+                out.append((fl.conn, {"seq": fl.seq, "done": f.finished}))
+        return out
+
+    def _etas(self) -> Outbox:
+        out: Outbox = []
+        for jid, eta in self.gpu.predicted_completions().items():
+            fl = self._flights.get(jid)
+            if fl is not None and not abs(eta - fl.eta) < ETA_RESEND_S:
+                fl.eta = eta
+                out.append((fl.conn, {"seq": fl.seq, "eta": eta}))
+        return out
+
+
+class Arbiter:
+    """asyncio driver of an :class:`ArbiterCore` on a unix socket, with the monotonic clock."""
+
+    def __init__(self) -> None:
+        self.core = ArbiterCore()
+        self._timer: asyncio.TimerHandle | None = None
+
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        job_id: int | None = None
         try:
             while line := await reader.readline():
                 try:
                     msg = json.loads(line)
-                    if not isinstance(msg, dict):
-                        raise ProtocolError("message must be a JSON object")
-                    op = msg.get("op", "run")
-                    if op == "ping":
-                        self._send(writer, {"pong": self.clock()})
-                        continue
-                    if op != "run":
-                        raise ProtocolError(f"unknown op {op!r}; known: run, ping")
-                    if job_id is not None and job_id in self.gpu:
-                        raise ProtocolError("a job is already in flight on this connection")
-                    job, work, sent = parse_job(msg)
-                except (ProtocolError, json.JSONDecodeError) as e:
-                    self._send(writer, {"error": str(e)})
+                except json.JSONDecodeError as e:
+                    self._send([(writer, {"error": f"not JSON: {e}"})])
                     continue
-                now = self.clock()
-                # the job started when the client sent it, unless that is in the past of the
-                # physics (then the physics clamps it to its own now)
-                start = min(now, sent) if sent is not None else now
-                job_id = next(self._ids)
-                self._waiting[job_id] = writer
-                self._deliver(self.gpu.start(job_id, job, work, start))
-                self._reschedule()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+                self._send(self.core.on_message(writer, msg, time.monotonic()))
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+            pass  # ValueError: a line longer than the stream limit
         finally:
-            if job_id is not None and job_id in self.gpu:
-                self._waiting.pop(job_id, None)
-                self._deliver(self.gpu.cancel(job_id, self.clock()))
-                self._reschedule()
+            self._send(self.core.on_close(writer, time.monotonic()))
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    def _send(self, writer: asyncio.StreamWriter, msg: dict) -> None:
-        if writer.is_closing():
-            return
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            writer.write(json.dumps(msg).encode() + b"\n")
-
-    def _deliver(self, finished: list[Finished]) -> None:
-        for f in finished:
-            self.completed += 1
-            writer = self._waiting.pop(f.job_id, None)
-            if writer is not None:
-                self._send(writer, {"done": f.finished, "started": f.started})
+    def _send(self, out: Outbox) -> None:
+        for writer, msg in out:
+            assert isinstance(writer, asyncio.StreamWriter)
+            if not writer.is_closing():
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    writer.write(json.dumps(msg).encode() + b"\n")
+        self._reschedule()
 
     def _reschedule(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        t_next = self.gpu.next_completion()
+        t_next = self.core.next_wakeup()
         if t_next is not None:
-            loop = asyncio.get_running_loop()
-            self._timer = loop.call_at(t_next - WAKE_EARLY_S, self._fire, t_next)
+            self._timer = asyncio.get_running_loop().call_at(t_next, self._fire)
 
-    def _fire(self, t_next: float) -> None:
+    def _fire(self) -> None:
         self._timer = None
-        wait_until(t_next - REPLY_LEAD_S)
-        self._deliver(self.gpu.advance(max(t_next, self.clock())))
-        self._reschedule()
+        self._send(self.core.on_timer(time.monotonic()))
 
 
 async def serve(socket_path: str) -> None:

@@ -1,11 +1,19 @@
-"""Blocking client of the arbiter (used inside the emulated model's ``execute``)."""
+"""Blocking client of the arbiter, used inside the emulated model's ``execute``.
+
+The client owns the precise wait: it sleeps until shortly before the latest ``eta`` the
+arbiter sent (``select`` wakes it early if the eta moves), spins the rest, and looks once
+more for a late update before it returns.
+"""
 
 from __future__ import annotations
 
+import itertools
 import json
+import select
 import socket
 import time
 
+from profiles.emulator.timing import SPIN_S
 from profiles.sharing import ActiveJob
 
 
@@ -21,16 +29,17 @@ class ArbiterClient:
         self.timeout = timeout
         self._sock: socket.socket | None = None
         self._buf = b""
+        self._seq = itertools.count(1)
 
     def connect(self) -> None:
         self.close()
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.timeout)
         try:
             s.connect(self.socket_path)
         except OSError as e:
             s.close()
             raise ArbiterError(f"cannot reach emulated-GPU arbiter at {self.socket_path}: {e}") from None
+        s.setblocking(False)
         self._sock = s
         self._buf = b""
 
@@ -39,36 +48,80 @@ class ArbiterClient:
             self._sock.close()
             self._sock = None
 
-    def _call(self, msg: dict) -> dict:
+    def _send(self, msg: dict) -> None:
         if self._sock is None:
             self.connect()
         assert self._sock is not None
+        data = json.dumps(msg).encode() + b"\n"
         try:
-            self._sock.sendall(json.dumps(msg).encode() + b"\n")
-            while b"\n" not in self._buf:
-                chunk = self._sock.recv(4096)
-                if not chunk:
-                    raise ConnectionError("arbiter closed the connection")
-                self._buf += chunk
+            while data:
+                select.select([], [self._sock], [], self.timeout)
+                data = data[self._sock.send(data):]
         except OSError as e:
             self.close()
             raise ArbiterError(f"emulated-GPU arbiter at {self.socket_path} failed: {e}") from None
-        line, _, self._buf = self._buf.partition(b"\n")
-        reply = json.loads(line)
-        if "error" in reply:
-            raise ArbiterError(f"arbiter refused: {reply['error']}")
-        return reply
 
-    def run(self, job: ActiveJob, work: float) -> tuple[float, float]:
-        """Run ``work`` solo-seconds of ``job`` under the GPU's sharing; (started, done)."""
-        reply = self._call({
-            "op": "run", "slice": job.slice_id, "client": job.client, "mode": job.mode,
+    def _read(self, timeout: float | None) -> list[dict]:
+        """Messages that arrive within ``timeout`` seconds (None: wait for at least one)."""
+        assert self._sock is not None
+        wait = self.timeout if timeout is None else max(0.0, timeout)
+        try:
+            ready, _, _ = select.select([self._sock], [], [], wait)
+            if not ready:
+                if timeout is None:
+                    raise TimeoutError(f"no answer within {self.timeout:.0f}s")
+                return []
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                raise ConnectionError("arbiter closed the connection")
+        except OSError as e:
+            self.close()
+            raise ArbiterError(f"emulated-GPU arbiter at {self.socket_path} failed: {e}") from None
+        self._buf += chunk
+        *lines, self._buf = self._buf.split(b"\n")
+        out = [json.loads(x) for x in lines if x]
+        for m in out:
+            if "error" in m:
+                raise ArbiterError(f"arbiter refused: {m['error']}")
+        return out
+
+    def run(self, job: ActiveJob, work: float, spin: float = SPIN_S) -> float:
+        """Run ``work`` solo-seconds of ``job`` under the GPU's sharing; returns when it is
+        done (``time.monotonic()`` then)."""
+        seq = next(self._seq)
+        self._send({
+            "op": "run", "seq": seq, "slice": job.slice_id, "client": job.client, "mode": job.mode,
             "share": job.share, "interference": job.interference, "work": work, "t": time.monotonic(),
         })
-        return float(reply["started"]), float(reply["done"])
+        eta: float | None = None
+        while True:
+            timeout = None if eta is None else eta - spin - time.monotonic()
+            for m in self._read(timeout):
+                if m.get("seq") != seq:
+                    continue  # late news about an earlier job
+                if "done" in m:
+                    return time.monotonic()
+                eta = float(m["eta"])
+            if eta is None or time.monotonic() < eta - spin:
+                continue
+            while (now := time.monotonic()) < eta:
+                pass
+            # one last look: a job that started elsewhere a moment ago may have moved our eta
+            late = [m for m in self._read(0.0) if m.get("seq") == seq]
+            if any("done" in m for m in late):
+                return now
+            moved = [float(m["eta"]) for m in late if "eta" in m]
+            if moved and moved[-1] > eta:
+                eta = moved[-1]
+                continue
+            return now
 
     def ping(self) -> float:
         """Round-trip seconds of one message."""
+        if self._sock is None:
+            self.connect()
         t0 = time.monotonic()
-        self._call({"op": "ping"})
+        self._send({"op": "ping"})
+        while not any("pong" in m for m in self._read(None)):
+            pass
         return time.monotonic() - t0

@@ -8,6 +8,7 @@ from typing import Literal
 import yaml
 
 from deploy.repository import DynamicBatching, ModelConfig, TensorSpec, write_model
+from profiles.emulator.overhead import DEFAULT_OVERHEAD, Overhead
 from profiles.profile import Profile, ProfileError, profile_to_dict
 
 MODEL_PY = Path(__file__).with_name("triton_model.py")
@@ -34,7 +35,7 @@ def write_emulated_model(
     interference: float | None = None,
     jitter: bool = False,
     seed: int = 0,
-    overhead_ms: float = 0.0,
+    overhead: Overhead | None = None,
 ) -> Path:
     """Write model ``name`` replaying ``profile`` on emulated slice ``slice_id``.
 
@@ -44,7 +45,8 @@ def write_emulated_model(
     ``arbiter`` is the socket of an :class:`~profiles.emulator.EmulatedGpu` (``None``: the slice
     stands alone and the model sleeps locally). ``interference`` defaults to the profile's
     ``mps_interference``. ``jitter`` draws seeded batch times between p50 and p99 (default:
-    always p50). ``overhead_ms`` is subtracted from every batch to cancel Triton's own cost.
+    always p50). ``overhead`` (default :data:`DEFAULT_OVERHEAD`) is subtracted from every batch
+    to cancel Triton's own cost (``Overhead.none()`` turns that off).
     Returns the model folder.
     """
     mb = profile.max_batch if max_batch is None else max_batch
@@ -71,8 +73,6 @@ def write_emulated_model(
         )
     if not slice_id:
         raise ProfileError(f"{where}: slice_id must not be empty")
-    if overhead_ms < 0:
-        raise ProfileError(f"{where}: overhead_ms ({overhead_ms}) must be >= 0")
     inter = profile.mps_interference if interference is None else interference
     if not 0 <= inter <= 10:
         raise ProfileError(f"{where}: interference ({inter}) must be in [0, 10]")
@@ -85,7 +85,7 @@ def write_emulated_model(
         "arbiter": arbiter or "",
         "jitter": "true" if jitter else "false",
         "seed": str(int(seed)),
-        "overhead_ms": repr(float(overhead_ms)),
+        **(overhead or DEFAULT_OVERHEAD).to_params(),
     }
     cfg = ModelConfig(
         name=name, inputs=(input,), outputs=(output,), max_batch_size=mb,

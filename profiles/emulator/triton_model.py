@@ -15,6 +15,7 @@ from pathlib import Path
 import triton_python_backend_utils as pb_utils
 
 from profiles.emulator.client import ArbiterClient, ArbiterError
+from profiles.emulator.overhead import Overhead
 from profiles.emulator.timing import wait_until
 from profiles.profile import load_profiles
 from profiles.sharing import ActiveJob, progress_rates
@@ -29,7 +30,7 @@ class TritonPythonModel:
             slice_id=p["slice_id"], client=p["client"], mode=p["mode"],
             share=float(p["share"]), interference=float(p["interference"]),
         )
-        self.overhead = float(p.get("overhead_ms", "0")) / 1e3
+        self.overhead = Overhead.from_params(p)
         self.jitter = p.get("jitter", "false") == "true"
         self.rng = random.Random(f"{p.get('seed', '0')}/{args['model_instance_name']}")
         self.arbiter = ArbiterClient(p["arbiter"]) if p.get("arbiter") else None
@@ -54,7 +55,8 @@ class TritonPythonModel:
         arrays = [pb_utils.get_input_tensor_by_name(r, self.in_name).as_numpy() for r in requests]
         rows = sum(int(a.shape[0]) for a in arrays)
         try:
-            work = max(0.0, self._latency(rows) - self.overhead)
+            lat = self._latency(rows)
+            work = lat - self.overhead.seconds(lat)
             if self.arbiter is not None:
                 self.arbiter.run(self.job, work)
             else:
