@@ -224,7 +224,7 @@ def main(a: argparse.Namespace) -> int:
 
 
 async def _run(spec: LoadSpec, a: argparse.Namespace) -> int:
-    console = Console()
+    console = Console() if Console().is_terminal else Console(width=132)
     err = Console(stderr=True)
     if a.find_max_rate:
         lo, hi = parse_range(a.search_range)[0], float(a.search_range.split(":")[1])

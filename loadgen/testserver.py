@@ -212,8 +212,13 @@ def main() -> None:
     args = ap.parse_args()
 
     async def run() -> None:
-        await serve(Behaviour(variant=args.variant), args.http_port, args.grpc_port, args.raw)
-        await asyncio.Event().wait()
+        stop = await serve(
+            Behaviour(variant=args.variant), args.http_port, args.grpc_port, args.raw
+        )
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await stop()
 
     try:
         asyncio.run(run())
