@@ -85,15 +85,15 @@ class ArbiterClient:
                 raise ArbiterError(f"arbiter refused: {m['error']}")
         return out
 
-    def run(self, job: ActiveJob, work: float, spin: float = SPIN_S) -> float:
-        """Run ``work`` solo-seconds of ``job`` under the GPU's sharing; returns when it is
-        done (``time.monotonic()`` then)."""
+    def run(self, job: ActiveJob, work: float, early: float = 0.0, spin: float = SPIN_S) -> float:
+        """Run ``work`` solo-seconds of ``job`` under the GPU's sharing; returns ``early``
+        seconds before the job is done (``time.monotonic()`` then)."""
         seq = next(self._seq)
         self._send({
             "op": "run", "seq": seq, "slice": job.slice_id, "client": job.client, "mode": job.mode,
             "share": job.share, "interference": job.interference, "work": work, "t": time.monotonic(),
         })
-        eta: float | None = None
+        eta: float | None = None  # when to return: the arbiter's eta minus ``early``
         while True:
             timeout = None if eta is None else eta - spin - time.monotonic()
             for m in self._read(timeout):
@@ -101,7 +101,7 @@ class ArbiterClient:
                     continue  # late news about an earlier job
                 if "done" in m:
                     return time.monotonic()
-                eta = float(m["eta"])
+                eta = float(m["eta"]) - early
             if eta is None or time.monotonic() < eta - spin:
                 continue
             while (now := time.monotonic()) < eta:
@@ -110,7 +110,7 @@ class ArbiterClient:
             late = [m for m in self._read(0.0) if m.get("seq") == seq]
             if any("done" in m for m in late):
                 return now
-            moved = [float(m["eta"]) for m in late if "eta" in m]
+            moved = [float(m["eta"]) - early for m in late if "eta" in m]
             if moved and moved[-1] > eta:
                 eta = moved[-1]
                 continue

@@ -1,9 +1,10 @@
-"""Triton's own cost per batch, which the emulated model subtracts from the profile's time.
+"""Triton's own cost per batch, by which the emulated model ends each batch early.
 
 A request through ``tritonclient`` -> tritonserver -> python-backend stub and back costs time
 that is not the emulated GPU's: about 0.6 ms when the processes are busy, rising to about
 1.5 ms when they have idled through a batch of 10 ms or more (waking idle threads is slower).
-Subtracting it from every batch makes the latency measured through Triton match the profile.
+Ending every emulated batch that much early makes the latency measured through Triton match
+the profile (and the sharing maths of :mod:`profiles.sharing`, which scale the whole batch).
 :func:`calibrate_overhead` measures it on the host at hand.
 """
 
@@ -21,7 +22,7 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Overhead:
-    """Seconds to subtract from a batch that should take ``latency`` seconds end to end:
+    """Seconds by which to end early a batch that should take ``latency`` seconds end to end:
     ``fixed_ms + idle_ms * min(1, latency / ramp_ms)``, never more than the batch itself."""
 
     fixed_ms: float = 0.6

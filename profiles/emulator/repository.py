@@ -45,7 +45,7 @@ def write_emulated_model(
     ``arbiter`` is the socket of an :class:`~profiles.emulator.EmulatedGpu` (``None``: the slice
     stands alone and the model sleeps locally). ``interference`` defaults to the profile's
     ``mps_interference``. ``jitter`` draws seeded batch times between p50 and p99 (default:
-    always p50). ``overhead`` (default :data:`DEFAULT_OVERHEAD`) is subtracted from every batch
+    always p50). ``overhead`` (default :data:`DEFAULT_OVERHEAD`): each batch ends that much early
     to cancel Triton's own cost (``Overhead.none()`` turns that off).
     Returns the model folder.
     """

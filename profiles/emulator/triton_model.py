@@ -7,13 +7,13 @@ Settings come from the model config ``parameters`` written by ``write_emulated_m
 """
 
 import json
-import math
 import random
 import time
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
+from profiles.emulator.batchtime import batch_seconds
 from profiles.emulator.client import ArbiterClient, ArbiterError
 from profiles.emulator.overhead import Overhead
 from profiles.emulator.timing import wait_until
@@ -31,36 +31,26 @@ class TritonPythonModel:
             share=float(p["share"]), interference=float(p["interference"]),
         )
         self.overhead = Overhead.from_params(p)
-        self.jitter = p.get("jitter", "false") == "true"
-        self.rng = random.Random(f"{p.get('seed', '0')}/{args['model_instance_name']}")
+        seed = f"{p.get('seed', '0')}/{args['model_instance_name']}"
+        self.rng = random.Random(seed) if p.get("jitter") == "true" else None
         self.arbiter = ArbiterClient(p["arbiter"]) if p.get("arbiter") else None
         self.solo_rate = progress_rates([self.job])[0]
         self.in_name = cfg["input"][0]["name"]
         self.out_name = cfg["output"][0]["name"]
         self.out_dtype = pb_utils.triton_string_to_numpy(cfg["output"][0]["data_type"])
 
-    def _latency(self, rows):
-        lat = self.profile.latency(rows, "p50")
-        if self.jitter:
-            # half the batches take p50; the tail is exponential and reaches p99 at the 99th
-            # percentile: P(extra > x * (p99 - p50)) = 0.5 * 50**-x
-            u = self.rng.random()
-            if u > 0.5:
-                x = math.log(0.5 / (1.0 - u)) / math.log(50.0)
-                lat += x * (self.profile.latency(rows, "p99") - lat)
-        return lat
-
     def execute(self, requests):
         t0 = time.monotonic()
         arrays = [pb_utils.get_input_tensor_by_name(r, self.in_name).as_numpy() for r in requests]
         rows = sum(int(a.shape[0]) for a in arrays)
         try:
-            lat = self._latency(rows)
-            work = lat - self.overhead.seconds(lat)
+            work = batch_seconds(self.profile, rows, self.rng)
+            # Triton's own cost is paid outside the emulated GPU: end the wait that much early
+            early = self.overhead.seconds(work)
             if self.arbiter is not None:
-                self.arbiter.run(self.job, work)
+                self.arbiter.run(self.job, work, early=early)
             else:
-                wait_until(t0 + work / self.solo_rate)
+                wait_until(t0 + work / self.solo_rate - early)
         except (ArbiterError, ValueError) as e:
             err = pb_utils.TritonError(f"emulated GPU {self.job.slice_id}: {e}")
             return [pb_utils.InferenceResponse(output_tensors=[], error=err) for _ in requests]
