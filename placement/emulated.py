@@ -121,3 +121,34 @@ class Emulated:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def gateway_config(ex: Emulated, plan: Plan, http_port: int = 0, grpc_port: int = 0) -> dict:
+    """A gateway config (``headrace serve`` YAML shape) routing every planned model to the
+    replicas ``ex`` started. Each replica's latency profile is written beside its repository:
+    the slice's profile, slowed by its MPS share and interference where it shares a slice."""
+    from dataclasses import replace as _replace
+
+    from placement.capacity import batch_latency
+    from profiles.profile import LatencyPoint, save_profiles
+
+    models = []
+    for d in plan.demands:
+        reps = []
+        for e in ex.endpoints.values():
+            if e.model != d.model:
+                continue
+            gpu_model = next(g.gpu for g in plan.gpus if g.id == e.gpu)
+            p = ex.profiles.get(e.variant, gpu_model, e.slice.split("@")[0])
+            if e.share < 1.0:
+                pts = tuple(LatencyPoint(pt.batch, pt.p50 * batch_latency(p, pt.batch, e.share) / p.latency(pt.batch),
+                                         batch_latency(p, pt.batch, e.share)) for pt in p.points)
+                p = _replace(p, points=pts)
+            path = ex.workdir / (e.replica_id.replace("/", "_").replace("@", "-").replace("#", "-") + ".profile.yaml")
+            save_profiles(path, [p.with_max_batch(max(e.max_batch, 1)) if e.max_batch <= p.max_batch else p])
+            reps.append({"url": e.grpc_url, "variant": e.variant, "profile": str(path), "id": e.replica_id})
+        if reps:
+            models.append({"name": d.model, "slo_ms": d.slo * 1e3, "priority": d.priority,
+                           "max_batch": min(e.max_batch for e in ex.endpoints.values() if e.model == d.model),
+                           "replicas": reps})
+    return {"listen": {"host": "127.0.0.1", "http_port": http_port, "grpc_port": grpc_port}, "models": models}
