@@ -146,7 +146,7 @@ def gateway_config(ex: Emulated, plan: Plan, http_port: int = 0, grpc_port: int 
                 p = _replace(p, points=pts)
             path = ex.workdir / (e.replica_id.replace("/", "_").replace("@", "-").replace("#", "-") + ".profile.yaml")
             save_profiles(path, [p.with_max_batch(max(e.max_batch, 1)) if e.max_batch <= p.max_batch else p])
-            reps.append({"url": e.grpc_url, "variant": e.variant, "profile": str(path), "id": e.replica_id})
+            reps.append({"url": e.http_url, "protocol": "http", "variant": e.variant, "profile": str(path), "id": e.replica_id})
         if reps:
             models.append({"name": d.model, "slo_ms": d.slo * 1e3, "priority": d.priority,
                            "max_batch": min(e.max_batch for e in ex.endpoints.values() if e.model == d.model),

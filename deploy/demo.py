@@ -1,0 +1,150 @@
+"""``headrace demo``: the whole product on this machine, end to end, in about a minute.
+
+1. plan: the example pool (one emulated A100-80GB) and demand (ResNet-50, rate, SLO) go
+   through the placement solver; the plan is verified and printed;
+2. apply: the emulated executor starts one arbiter per planned GPU and one real Triton
+   server per replica, each serving an emulated model that replays its slice's profile;
+3. serve: ``headrace serve`` runs as its own process in front of those Triton servers;
+4. load: ``headrace load``'s engine drives the gateway open-loop and prints the report.
+Every process started here is stopped by PID / process group, also on failure or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+
+from deploy.triton import free_port
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "placement" / "examples"
+
+
+class DemoError(RuntimeError):
+    pass
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise DemoError(f"the gateway exited with code {proc.returncode} before becoming ready")
+        try:
+            with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    raise DemoError(f"the gateway was not ready after {timeout:g}s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run(args: argparse.Namespace) -> int:
+    from loadgen.report import print_report
+    from loadgen.run import run_load_sync
+    from loadgen.spec import LoadSpec
+    from placement.cli import load_profile_set, render
+    from placement.emulated import Emulated, gateway_config
+    from placement.solver import solve
+    from placement.spec import load_problem
+
+    out = Console()
+    inventory, demands, _ = load_problem(*args.file)
+    if args.rate is not None:
+        from dataclasses import replace
+
+        demands = [replace(d, rate=args.rate) for d in demands]
+    profiles = load_profile_set([])
+    plan = solve(demands, profiles, inventory, "greedy")
+    plan.verify()
+    out.rule("[bold]1. plan")
+    render(plan, out)
+
+    workdir = Path(tempfile.mkdtemp(prefix="headrace-demo-"))
+    gateway: subprocess.Popen | None = None
+    with Emulated(profiles) as ex:
+        out.rule("[bold]2. apply (emulated GPUs, real Triton)")
+        for e in ex.apply(plan):
+            out.print(f"{e.replica_id}: Triton grpc://{e.grpc_url} serving {e.variant} "
+                      f"(planned {e.capacity:.0f} req/s)")
+        cfg = gateway_config(ex, plan, http_port=free_port(), grpc_port=free_port())
+        cfg_path = workdir / "gateway.yaml"
+        cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        out.rule("[bold]3. serve (headrace gateway)")
+        http = f"127.0.0.1:{cfg['listen']['http_port']}"
+        grpc = f"127.0.0.1:{cfg['listen']['grpc_port']}"
+        log = open(workdir / "gateway.log", "wb")  # noqa: SIM115  (owned by the child)
+        try:
+            gateway = subprocess.Popen(
+                [sys.executable, "-m", "deploy.cli", "serve", "--config", str(cfg_path), "--log-level", "WARNING"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        finally:
+            log.close()
+        try:
+            _wait_ready(http, gateway, 60)
+            out.print(f"gateway ready: http {http}  grpc {grpc}")
+            for d in plan.demands:
+                out.rule(f"[bold]4. load: {d.model}, {args.arrival} {d.rate:g} req/s, SLO {d.slo * 1e3:g} ms, "
+                         f"{args.duration:g} s")
+                spec = LoadSpec(target=f"{args.protocol}://{grpc if args.protocol == 'grpc' else http}",
+                                model=d.model, arrival=args.arrival, cv=args.cv, rate=d.rate,
+                                duration_s=args.duration, warmup_s=1.0, slo_ms=d.slo * 1e3, seed=args.seed)
+                result = run_load_sync(spec)
+                print_report(result.summary, out)
+        except DemoError as e:
+            out.print(f"[red]headrace demo: {e}; gateway log:[/red]")
+            out.print((workdir / "gateway.log").read_text(errors="replace")[-4000:], highlight=False)
+            return 1
+        finally:
+            if gateway is not None:
+                _stop(gateway)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="plan, start emulated GPUs + Triton + the gateway, run a short load test, report",
+        description="The main job on the embedded default: plan the example pool and demand, apply "
+        "it on emulated GPUs with real Triton servers, serve it through the gateway and load-test it.",
+    )
+    p.add_argument("-f", "--file", action="append",
+                   default=None, help="pool/model YAMLs (default: placement/examples/emulated-*.yaml)")
+    p.add_argument("--rate", type=float, default=None, help="override every model's request rate")
+    p.add_argument("--duration", type=float, default=10.0, help="measured seconds of load")
+    p.add_argument("--arrival", choices=("poisson", "gamma", "constant"), default="poisson")
+    p.add_argument("--cv", type=float, default=1.0, help="gamma coefficient of variation")
+    p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
+    p.add_argument("--seed", type=int, default=0)
+
+    def _run(args: argparse.Namespace) -> int:
+        if not args.file:
+            args.file = [str(EXAMPLES / "emulated-pool.yaml"), str(EXAMPLES / "emulated-models.yaml")]
+        return run(args)
+
+    p.set_defaults(func=_run)
