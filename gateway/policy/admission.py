@@ -35,9 +35,8 @@ def predict_finish(lanes: Sequence[Lane], rows_ahead: int, size: int) -> float:
         lane = lanes[i]
         if rem + size <= lane.max_batch:
             best = s + lane.latency(rem + size)
-            if rem > 0:  # another replica may take the request alone, in parallel
-                for s2, j in heap:
-                    best = min(best, s2 + lanes[j].latency(size))
+            for s2, j in heap:  # or another replica takes the request alone, in parallel
+                best = min(best, s2 + lanes[j].latency(size))
             return best
         chunk = min(lane.max_batch, rem)
         rem -= chunk

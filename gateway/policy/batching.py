@@ -4,9 +4,9 @@ A policy looks at one queue in EDF order and one replica about to start a batch,
 which requests go into that batch (or says to wait). Every candidate batch the deadline-aware
 policies consider has the same shape, which is the EDF rule of this core:
 
-    a batch is a contiguous run of the EDF queue that starts after skipping ``skip`` heads,
-    and every skipped head has a deadline earlier than the batch's predicted finish
-    (it could not have made it in this batch anyway).
+    a batch's members all meet its predicted finish, and every queued request left out
+    with an earlier deadline than some member (a skipped head) could not have joined: adding
+    it would overflow the max batch or finish the batch past that request's own deadline.
 
 Skipped heads stay queued; the scheduler answers them at once if no replica can still
 finish them in time. Policies:
@@ -31,12 +31,17 @@ from gateway.policy.types import Request
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """A batch of ``count`` requests: queue indices ``skip .. skip+count-1``."""
+    """A batch: queue indices ``take`` (ascending); ``skip`` queued heads before its last
+    member are left out (each could not join without missing its own deadline or overflowing)."""
 
-    skip: int
-    count: int
+    take: tuple[int, ...]
     rows: int
     finish: float
+    skip: int
+
+    @property
+    def count(self) -> int:
+        return len(self.take)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,31 +63,39 @@ class Selection:
 
 
 def candidates(queue: Sequence[Request], ctx: SelectContext) -> list[Candidate]:
-    """Every distinct batch of the EDF shape whose members all meet the predicted finish."""
+    """Every distinct batch of the EDF shape whose members all meet the predicted finish.
+
+    For each target size b: take the EDF run of requests whose deadlines allow a b-row batch,
+    then add back, latest first, any skipped head that still fits and makes the finish.
+    """
     deadlines = [r.deadline for r in queue]
     out: list[Candidate] = []
-    seen: set[tuple[int, int]] = set()
+    seen: set[tuple[int, ...]] = set()
     n = len(queue)
     for b in range(1, ctx.max_batch + 1):
-        t_b = ctx.start + ctx.latency(b)
-        i0 = bisect.bisect_left(deadlines, t_b)
+        i0 = bisect.bisect_left(deadlines, ctx.start + ctx.latency(b))
         if i0 >= n:
             break
-        rows = count = 0
-        while i0 + count < n and rows + queue[i0 + count].size <= b:
-            rows += queue[i0 + count].size
-            count += 1
-        if count == 0 or (i0, count) in seen:
+        take: list[int] = []
+        rows = 0
+        while i0 + len(take) < n and rows + queue[i0 + len(take)].size <= b:
+            rows += queue[i0 + len(take)].size
+            take.append(i0 + len(take))
+        if not take:
             continue
-        seen.add((i0, count))
-        out.append(Candidate(i0, count, rows, ctx.start + ctx.latency(rows)))
-        if i0 + count >= n and rows < b:
+        for j in range(i0 - 1, -1, -1):
+            size = queue[j].size
+            if rows + size <= ctx.max_batch and ctx.start + ctx.latency(rows + size) <= deadlines[j]:
+                rows += size
+                take.append(j)
+        key = tuple(sorted(take))
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(Candidate(key, rows, ctx.start + ctx.latency(rows), key[-1] + 1 - len(key)))
+        if key[-1] == n - 1 and rows < b:
             break  # larger b only skips more
     return out
-
-
-def _take(c: Candidate) -> tuple[int, ...]:
-    return tuple(range(c.skip, c.skip + c.count))
 
 
 def _maybe_wait(queue: Sequence[Request], c: Candidate, ctx: SelectContext) -> Selection:
@@ -90,14 +103,14 @@ def _maybe_wait(queue: Sequence[Request], c: Candidate, ctx: SelectContext) -> S
     earliest deadline in the batch still allows a batch of the needed size after the wait."""
     short = ctx.needed_batch - c.rows
     if not ctx.wait or short <= 0 or ctx.rate <= 0 or ctx.start > ctx.now:
-        return Selection(_take(c))
-    if c.skip + c.count < len(queue):
-        return Selection(_take(c))  # more is queued than fits in time: waiting adds nothing
+        return Selection(c.take)
+    if c.take[-1] + 1 < len(queue):
+        return Selection(c.take)  # more is queued than fits in time: waiting adds nothing
     t_fill = ctx.now + short / ctx.rate
-    latest = queue[c.skip].deadline - ctx.latency(min(ctx.max_batch, ctx.needed_batch))
+    latest = queue[c.take[0]].deadline - ctx.latency(min(ctx.max_batch, ctx.needed_batch))
     if t_fill <= latest:
         return Selection((), wakeup=t_fill)
-    return Selection(_take(c))
+    return Selection(c.take)
 
 
 class BatchPolicy:
