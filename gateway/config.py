@@ -9,7 +9,8 @@ Minimal shape::
         max_batch: 32
         priority: guaranteed      # or best-effort
         replicas:
-          - url: 127.0.0.1:9001   # a Triton server's gRPC endpoint
+          - url: 127.0.0.1:9000   # a Triton server's HTTP endpoint
+            protocol: http        # or grpc (then url is its gRPC endpoint)
             variant: resnet50     # the Triton model name on that server
             profile: resnet50@A100-80GB/1g.10gb   # reference profile, or a profile YAML path
 
@@ -42,8 +43,11 @@ class ListenConfig(BaseModel):
 
 class ReplicaConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    url: str = Field(min_length=3, description="host:port of the Triton server's gRPC endpoint")
-    protocol: Literal["grpc"] = Field(default="grpc", description="how the gateway talks to Triton")
+    url: str = Field(min_length=3, description="host:port of the Triton server's endpoint for `protocol`")
+    protocol: Literal["http", "grpc"] = Field(
+        default="http",
+        description="how the gateway talks to Triton: http (binary tensors, the leaner path) or grpc",
+    )
     variant: str = Field(min_length=1, description="Triton model name of the variant on that server")
     profile: str = Field(
         min_length=1,
@@ -55,7 +59,7 @@ class ReplicaConfig(BaseModel):
     @field_validator("url")
     @classmethod
     def _url(cls, v: str) -> str:
-        v = v.removeprefix("grpc://")
+        v = v.removeprefix("grpc://").removeprefix("http://")
         host, _, port = v.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"url {v!r} must be host:port")
@@ -136,6 +140,7 @@ def load_config(path: str | Path) -> GatewayConfig:
 class ServedReplica:
     id: str
     url: str
+    protocol: str  # http | grpc
     variant: str
     profile: Profile
     max_inflight: int
@@ -181,7 +186,8 @@ def resolve(cfg: GatewayConfig) -> list[ServedModel]:
                 prof = resolve_profile(r.profile, m.max_batch, cfg.base_dir, reference)
             except ProfileError as e:
                 raise ConfigError(f"models.{i}.replicas.{j}.profile: {e}") from None
-            replicas.append(ServedReplica(r.id or f"{r.variant}@{r.url}", r.url, r.variant, prof, r.max_inflight))
+            replicas.append(ServedReplica(r.id or f"{r.variant}@{r.url}", r.url, r.protocol, r.variant, prof,
+                                         r.max_inflight))
         prio = Priority.GUARANTEED if m.priority == "guaranteed" else Priority.BEST_EFFORT
         out.append(ServedModel(m.name, m.slo_ms / 1e3, m.max_batch, prio, tuple(replicas)))
     return out

@@ -23,6 +23,7 @@ from typing import Any
 import grpc
 
 from gateway.backend import ModelInfo, TritonReplica
+from gateway.backend_http import TritonHttpReplica
 from gateway.codec import InferInput, Tensor, concat, split, validate
 from gateway.config import ServedModel
 from gateway.errors import (
@@ -39,6 +40,7 @@ from gateway.policy.types import Batch, Priority, ReplicaInfo, Request, Schedule
 log = logging.getLogger("headrace.gateway")
 
 SLO_HEADER = "x-headrace-slo-ms"
+BACKENDS: dict[str, Callable[[str, int], Any]] = {"http": TritonHttpReplica, "grpc": TritonReplica}
 VARIANT_PARAM = "headrace_variant"
 
 
@@ -115,21 +117,23 @@ class Driver:
         metrics: GatewayMetrics | None = None,
         health_interval: float = 0.5,
         max_message_bytes: int = 64 << 20,
-        replica_factory: Callable[[str], Any] | None = None,
+        replica_factory: Callable[[str, str], Any] | None = None,
     ) -> None:
         self.core = core
+        self._queued: Callable[[], int] | None = getattr(core, "queued", None)  # optional fast path
         self.clock = clock
         self.metrics = metrics or GatewayMetrics()
         self.health_interval = health_interval
         self.models = {m.name: _Model(m) for m in models}
-        make = replica_factory or (lambda url: TritonReplica(url, max_message_bytes))
-        clients: dict[str, Any] = {}
+        make = replica_factory or (lambda proto, url: BACKENDS[proto](url, max_message_bytes))
+        clients: dict[tuple[str, str], Any] = {}
         self.replicas: dict[str, _Replica] = {}
         for m in models:
             for r in m.replicas:
-                if r.url not in clients:
-                    clients[r.url] = make(r.url)
-                self.replicas[r.id] = _Replica(r.id, m.name, r.variant, clients[r.url])
+                key = (r.protocol, r.url)
+                if key not in clients:
+                    clients[key] = make(*key)
+                self.replicas[r.id] = _Replica(r.id, m.name, r.variant, clients[key])
         self._clients = list(clients.values())
         self._pending: dict[int, _Pending] = {}
         self._ids = itertools.count(1)
@@ -168,8 +172,8 @@ class Driver:
                 self.core.add_replica(
                     ReplicaInfo(r.id, m.served.name, r.variant, r.profile, max_batch, r.max_inflight), now
                 )
-                self.metrics.healthy.labels(m.served.name, r.id).set(1)
-                self.metrics.inflight.labels(m.served.name, r.id).set(0)
+                self.metrics.of(self.metrics.healthy, m.served.name, r.id).set(1)
+                self.metrics.of(self.metrics.inflight, m.served.name, r.id).set(0)
         self._health_task = asyncio.create_task(self._health_loop())
         self.started = True
 
@@ -230,7 +234,7 @@ class Driver:
         )
         reject = self.core.submit(req, now)
         if reject is not None:
-            self.metrics.rejections.labels(name, reject.reason).inc()
+            self.metrics.of(self.metrics.rejections, name, reject.reason).inc()
             raise Rejected(reject.message or f"request rejected: {reject.reason}", reject.reason, reject.retry_after)
         fut = self._loop.create_future()  # type: ignore[union-attr]
         self._pending[req.id] = _Pending(req, inp, fut)
@@ -251,7 +255,7 @@ class Driver:
             p = self._pending.pop(rj.request.id, None)
             if p is None:
                 continue
-            self.metrics.rejections.labels(rj.request.model, rj.reason).inc()
+            self.metrics.of(self.metrics.rejections, rj.request.model, rj.reason).inc()
             if not p.future.done():
                 p.future.set_exception(
                     Rejected(rj.message or f"request rejected: {rj.reason}", rj.reason, rj.retry_after)
@@ -289,20 +293,20 @@ class Driver:
         entries = [self._pending.get(r.id) for r in b.requests]
         live = [p for p in entries if p is not None]
         rep.inflight += 1
-        self.metrics.inflight.labels(model, rep.id).set(rep.inflight)
+        self.metrics.of(self.metrics.inflight, model, rep.id).set(rep.inflight)
         now = self.clock()
         for p in live:
-            self.metrics.queue.labels(model).observe(now - p.request.arrival)
-        self.metrics.batch_size.labels(model, b.variant).observe(b.rows)
+            self.metrics.of(self.metrics.queue, model).observe(now - p.request.arrival)
+        self.metrics.of(self.metrics.batch_size, model, b.variant).observe(b.rows)
         try:
             results = await self._send(rep, b, live)
         except Exception as e:  # noqa: BLE001  (every failure is answered below)
             rep.inflight -= 1
-            self.metrics.inflight.labels(model, rep.id).set(rep.inflight)
+            self.metrics.of(self.metrics.inflight, model, rep.id).set(rep.inflight)
             self._on_failure(rep, b, live, e)
             return
         rep.inflight -= 1
-        self.metrics.inflight.labels(model, rep.id).set(rep.inflight)
+        self.metrics.of(self.metrics.inflight, model, rep.id).set(rep.inflight)
         now = self.clock()
         try:
             self.core.on_complete(b, now)
@@ -311,12 +315,14 @@ class Driver:
         for p, outs in zip(live, results, strict=True):
             self._pending.pop(p.request.id, None)
             met = now <= p.request.deadline
-            (self.metrics.goodput if met else self.metrics.missed).labels(model).inc()
-            self.metrics.latency.labels(model).observe(now - p.request.arrival)
-            self.metrics.by_variant.labels(model, b.variant).inc()
+            self.metrics.of(self.metrics.goodput if met else self.metrics.missed, model).inc()
+            self.metrics.of(self.metrics.latency, model).observe(now - p.request.arrival)
+            self.metrics.of(self.metrics.by_variant, model, b.variant).inc()
             if not p.future.done():
                 p.future.set_result(InferResult(outs, b.variant, met))
-        self._poll()
+        # with nothing queued a poll cannot dispatch or reject anything: skip it (hot path)
+        if self._queued is None or self._queued():
+            self._poll()
 
     async def _send(self, rep: _Replica, b: Batch, live: list[_Pending]) -> list[list[Tensor]]:
         """One Triton request per group of requests whose non-batch shapes agree."""
@@ -370,7 +376,7 @@ class Driver:
             if p.request.id in retried:
                 continue
             self._pending.pop(p.request.id, None)
-            self.metrics.failures.labels(model).inc()
+            self.metrics.of(self.metrics.failures, model).inc()
             if not p.future.done():
                 p.future.set_exception(err)
         self._poll()
@@ -382,7 +388,7 @@ class Driver:
             return
         rep.healthy = healthy
         log.info("replica %s is %s", rep.id, "healthy" if healthy else "unhealthy")
-        self.metrics.healthy.labels(rep.model, rep.id).set(int(healthy))
+        self.metrics.of(self.metrics.healthy, rep.model, rep.id).set(int(healthy))
         self.core.set_healthy(rep.id, healthy, now)
 
     async def _health_loop(self) -> None:

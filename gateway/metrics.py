@@ -7,6 +7,8 @@ gateway forms are exported here. Each gateway owns its registry (no global state
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (
@@ -19,6 +21,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256)
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         self.latency = Histogram(
             "headrace_request_duration_seconds", "End-to-end time from arrival to answer, successful requests",
@@ -50,6 +53,14 @@ class GatewayMetrics:
         self.healthy = Gauge(
             "headrace_replica_healthy", "1 when the replica passes its ready probe", ["model", "replica"],
             registry=r)
+
+    def of(self, metric: Any, *labels: str) -> Any:
+        """The labelled child of ``metric``, cached (``labels()`` takes a lock and builds a key)."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

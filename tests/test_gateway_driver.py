@@ -75,11 +75,11 @@ def profile() -> Profile:
 def make_driver(clock: Clock, n_replicas: int = 1, slo: float = 1.0) -> tuple[Driver, list[FakeReplica]]:
     fakes: list[FakeReplica] = []
 
-    def factory(url: str) -> FakeReplica:
+    def factory(protocol: str, url: str) -> FakeReplica:
         fakes.append(FakeReplica(url))
         return fakes[-1]
 
-    reps = tuple(ServedReplica(f"r{i}", f"host:{9000 + i}", f"v{i}", profile(), 1) for i in range(n_replicas))
+    reps = tuple(ServedReplica(f"r{i}", f"host:{9000 + i}", "http", f"v{i}", profile(), 1) for i in range(n_replicas))
     model = ServedModel("m", slo, 8, Priority.GUARANTEED, reps)
     core = EdfScheduler(SchedulerConfig(policy="adaptive", wait=False))
     return Driver([model], core, clock=clock, health_interval=3600, replica_factory=factory), fakes

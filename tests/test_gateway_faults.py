@@ -75,12 +75,12 @@ def test_kill9_one_of_two_replicas_under_load(tmp_path):
             "listen": {"http_port": 0, "grpc_port": 0},
             "health_interval_s": 0.2,
             "models": [{"name": "emu", "slo_ms": 5000, "max_batch": 8, "replicas": [
-                {"url": ta.grpc_url, "variant": "emu-a", "profile": str(tmp_path / "emu.yaml")},
-                {"url": tb.grpc_url, "variant": "emu-b", "profile": str(tmp_path / "emu.yaml")},
+                {"url": ta.http_url, "variant": "emu-a", "profile": str(tmp_path / "emu.yaml")},
+                {"url": tb.http_url, "variant": "emu-b", "profile": str(tmp_path / "emu.yaml")},
             ]}],
         })
         with GatewayThread(cfg) as gw:
-            rep_b = gw.driver.replicas[f"emu-b@{tb.grpc_url}"]
+            rep_b = gw.driver.replicas[f"emu-b@{tb.http_url}"]
 
             async def scenario() -> tuple[list, int, float]:
                 client = grpcaio.InferenceServerClient(gw.grpc_url)
@@ -118,7 +118,7 @@ def test_sigterm_drains_in_flight_requests(tmp_path):
             "listen": {"http_port": http_port, "grpc_port": grpc_port},
             "drain_timeout_s": 20,
             "models": [{"name": "slowmo", "slo_ms": 10000, "max_batch": 8, "replicas": [
-                {"url": triton.grpc_url, "variant": "slowmo", "profile": "slowmo.yaml"}]}],
+                {"url": triton.http_url, "variant": "slowmo", "profile": "slowmo.yaml"}]}],
         }))
         proc = subprocess.Popen(
             [sys.executable, "-m", "deploy.cli", "serve", "--config", str(tmp_path / "gw.yaml")],

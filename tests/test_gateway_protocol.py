@@ -40,8 +40,9 @@ class TritonPythonModel:
 '''
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory):
+@pytest.fixture(scope="module", params=["http", "grpc"])
+def gateway(tmp_path_factory, request):
+    backend = request.param  # how the gateway talks to Triton; clients see no difference
     repo = tmp_path_factory.mktemp("repo")
     cfg = ModelConfig("affine-v1", (TensorSpec("x", "FP32", (3,)),),
                       (TensorSpec("y", "FP32", (3,)), TensorSpec("s", "FP64", (1,))), max_batch_size=8)
@@ -50,7 +51,8 @@ def gateway(tmp_path_factory):
         gcfg = parse_config({
             "listen": {"http_port": 0, "grpc_port": 0},
             "models": [{"name": "affine", "slo_ms": 2000, "max_batch": 8, "replicas": [
-                {"url": triton.grpc_url, "variant": "affine-v1", "profile": "resnet50@A100-80GB/1g.10gb"}]}],
+                {"url": triton.http_url if backend == "http" else triton.grpc_url, "protocol": backend,
+                 "variant": "affine-v1", "profile": "resnet50@A100-80GB/1g.10gb"}]}],
         })
         with GatewayThread(gcfg) as gw:
             yield gw

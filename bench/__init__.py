@@ -1,0 +1,1 @@
+"""Reproducible benchmarks: one command each, JSON + markdown results under bench/results/."""

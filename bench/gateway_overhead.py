@@ -1,0 +1,283 @@
+"""What the gateway adds at concurrency 1: the same request sent directly to Triton and
+through the gateway, over HTTP (binary tensors) and gRPC, interleaved round by round in one
+run so machine noise hits every system alike.
+
+    .venv/bin/python -m bench.gateway_overhead [--requests 300] [--rounds 8] [--profile]
+
+Writes bench/results/gateway_overhead.{json,md}. ``--profile`` also runs the gateway under
+pyinstrument during one extra gRPC + HTTP round and puts the hot path into the markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+import numpy as np
+import yaml
+from tritonclient.grpc import service_pb2 as pb
+
+from deploy.repository import ModelConfig, TensorSpec, write_model
+from deploy.triton import TritonServer, free_port
+from profiles.profile import LatencyPoint, Profile, Provenance, save_profiles
+
+RESULTS = Path(__file__).parent / "results"
+# the echo model: as cheap as Triton's python backend gets, so the gateway's cost shows
+ECHO = '''
+import triton_python_backend_utils as pb_utils
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())]) for r in requests]
+'''
+BACKENDS = ("http", "grpc")  # how the gateway reaches Triton; the first is the default
+TARGETS = {"p50": (0.5, 0.3), "p99": (1.5, 1.0)}  # (limit, goal) of added ms
+
+
+class HttpTarget:
+    """Keep-alive HTTP/1.1 with a prebuilt binary-tensor body (as lean as a client gets)."""
+
+    def __init__(self, url: str, model: str) -> None:
+        x = np.arange(16, dtype=np.float32).reshape(1, 16)
+        head = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16],
+                                       "parameters": {"binary_data_size": x.nbytes}}],
+                           "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}).encode()
+        self.body = head + x.tobytes()
+        self.headers = {"Inference-Header-Content-Length": str(len(head)),
+                        "Content-Type": "application/octet-stream"}
+        self.path = f"/v2/models/{model}/infer"
+        host, port = url.rsplit(":", 1)
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=10)
+
+    def __call__(self) -> None:
+        self.conn.request("POST", self.path, self.body, self.headers)
+        r = self.conn.getresponse()
+        r.read()
+        if r.status != 200:
+            raise RuntimeError(f"HTTP {r.status}")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class GrpcTarget:
+    """A sync channel sending a pre-serialized ModelInferRequest."""
+
+    def __init__(self, url: str, model: str) -> None:
+        req = pb.ModelInferRequest(model_name=model)
+        req.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 16])
+        req.raw_input_contents.append(np.arange(16, dtype=np.float32).tobytes())
+        self.raw = req.SerializeToString()
+        self.channel = grpc.insecure_channel(url)
+        self.call = self.channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+
+    def __call__(self) -> None:
+        self.call(self.raw, timeout=10)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def core_cost(profile: Profile, n: int = 3000) -> dict[str, float]:
+    """Microseconds the policy core (default config) spends per request at concurrency 1:
+    submit + poll, then on_complete + poll. Part of the gateway's added latency."""
+    from gateway.policy.scheduler import EdfScheduler
+    from gateway.policy.types import ReplicaInfo, Request
+
+    core = EdfScheduler()
+    core.add_replica(ReplicaInfo("r", "echo", "echo", profile, profile.max_batch), 0.0)
+    admit, finish, now = 0.0, 0.0, 0.0
+    for i in range(n):
+        now += 0.002
+        t0 = time.perf_counter()
+        core.submit(Request(i, "echo", now, now + 1.0), now)
+        d = core.poll(now)
+        t1 = time.perf_counter()
+        core.on_complete(d.batches[0], now + 0.001)
+        core.poll(now + 0.001)
+        finish += time.perf_counter() - t1
+        admit += t1 - t0
+    return {"submit_poll_us": admit / n * 1e6, "complete_poll_us": finish / n * 1e6}
+
+
+def measure(fn, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(xs) * 1e3, q))
+
+
+def start_gateway(cfg_path: Path, http_port: int, profile_out: Path | None) -> subprocess.Popen:
+    cmd = [sys.executable]
+    if profile_out is not None:
+        cmd += ["-m", "pyinstrument", "-r", "text", "-o", str(profile_out)]
+    cmd += ["-m", "deploy.cli", "serve", "--config", str(cfg_path), "--log-level", "WARNING"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gateway exited: {proc.stderr.read().decode() if proc.stderr else ''}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.1)
+    stop_gateway(proc)
+    raise RuntimeError("gateway not ready after 60 s")
+
+
+def stop_gateway(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, sig)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def run(requests: int, rounds: int, profile: bool) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="hr-bench-overhead-"))
+    repo = work / "repo"
+    write_model(repo, ModelConfig("echo", (TensorSpec("INPUT0", "FP32", (16,)),),
+                                  (TensorSpec("OUTPUT0", "FP32", (16,)),), max_batch_size=8), ECHO)
+    with TritonServer(repo) as triton:
+        hp, gp = free_port(), free_port()
+        # the echo model's own profile (about 0.4 ms a batch on CPU), so the policy has no
+        # reason to hold a request back waiting for a bigger batch
+        echo = Profile(
+            "echo", "echo", "CPU", "cpu", 8, (LatencyPoint(1, 4e-4, 1e-3), LatencyPoint(8, 6e-4, 1.5e-3)),
+            provenance=Provenance("bench.gateway_overhead: echo model on CPU Triton", "measured"))
+        save_profiles(work / "echo.yaml", [echo])
+        gateways: dict[str, tuple[int, int, Path]] = {}
+        for backend in BACKENDS:
+            hp, gp = free_port(), free_port()
+            cfg = {"listen": {"http_port": hp, "grpc_port": gp}, "health_interval_s": 1.0,
+                   "models": [{"name": "echo", "slo_ms": 1000, "max_batch": 8, "replicas": [
+                       {"url": triton.http_url if backend == "http" else triton.grpc_url, "protocol": backend,
+                        "variant": "echo", "profile": str(work / "echo.yaml")}]}]}
+            (work / f"gw-{backend}.yaml").write_text(yaml.safe_dump(cfg))
+            gateways[backend] = (hp, gp, work / f"gw-{backend}.yaml")
+        procs = []
+        try:
+            for hp, _, path in gateways.values():
+                procs.append(start_gateway(path, hp, None))
+            targets: dict = {}
+            for proto in ("http", "grpc"):
+                make = HttpTarget if proto == "http" else GrpcTarget
+                targets[(proto, "triton")] = make(triton.http_url if proto == "http" else triton.grpc_url, "echo")
+                for backend, (hp, gp, _) in gateways.items():
+                    targets[(proto, f"gateway/{backend}")] = make(f"127.0.0.1:{hp if proto == 'http' else gp}", "echo")
+            samples: dict = {k: [] for k in targets}
+            for fn in targets.values():
+                measure(fn, 50)  # warm up connections and code paths
+            for r in range(rounds):
+                order = list(targets) if r % 2 == 0 else list(reversed(targets))
+                for k in order:
+                    samples[k] += measure(targets[k], requests)
+            for t in targets.values():
+                t.close()
+        finally:
+            for p in procs:
+                stop_gateway(p)
+        hot_path = ""
+        if profile:
+            prof = work / "profile.txt"
+            hp, gp, path = gateways[BACKENDS[0]]
+            gw = start_gateway(path, hp, prof)
+            try:
+                for t in (GrpcTarget(f"127.0.0.1:{gp}", "echo"), HttpTarget(f"127.0.0.1:{hp}", "echo")):
+                    measure(t, requests * 2)
+                    t.close()
+            finally:
+                stop_gateway(gw, signal.SIGINT)
+            hot_path = prof.read_text() if prof.exists() else "(pyinstrument wrote no profile)"
+    out: dict = {"requests_per_round": requests, "rounds": rounds, "machine": platform.node(),
+                 "cpus": os.cpu_count(), "rows": []}
+    for proto in ("http", "grpc"):
+        d = samples[(proto, "triton")]
+        for backend in BACKENDS:
+            g = samples[(proto, f"gateway/{backend}")]
+            row = {"client": proto, "backend": backend,
+                   "direct_p50_ms": pct(d, 50), "direct_p99_ms": pct(d, 99),
+                   "gateway_p50_ms": pct(g, 50), "gateway_p99_ms": pct(g, 99)}
+            row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
+            row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
+            row["meets_limit"] = (row["added_p50_ms"] <= TARGETS["p50"][0]
+                                  and row["added_p99_ms"] <= TARGETS["p99"][0])
+            row["meets_goal"] = (row["added_p50_ms"] <= TARGETS["p50"][1]
+                                 and row["added_p99_ms"] <= TARGETS["p99"][1])
+            out["rows"].append(row)
+    out["policy_core"] = core_cost(echo)
+    out["load_average"] = os.getloadavg()
+    out["hot_path_profile"] = hot_path
+    return out
+
+
+def markdown(res: dict) -> str:
+    lines = [
+        "# Gateway overhead at concurrency 1",
+        "",
+        f"Same run, interleaved: {res['rounds']} rounds x {res['requests_per_round']} sequential requests per "
+        f"system; echo model (FP32 1x16) on CPU Triton; {res['cpus']} CPUs shared with other work.",
+        "Command: `.venv/bin/python -m bench.gateway_overhead --profile`",
+        "",
+        "| client protocol | gateway -> Triton | Triton p50 ms | gateway p50 ms | added p50 ms | Triton p99 ms | gateway p99 ms | added p99 ms | limit 0.5/1.5 | goal 0.3/1.0 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in res["rows"]:
+        lines.append(
+            f"| {r['client']} | {r['backend']} | {r['direct_p50_ms']:.3f} | {r['gateway_p50_ms']:.3f} | **{r['added_p50_ms']:.3f}** | "
+            f"{r['direct_p99_ms']:.3f} | {r['gateway_p99_ms']:.3f} | **{r['added_p99_ms']:.3f}** | "
+            f"{'yes' if r['meets_limit'] else 'NO'} | {'yes' if r['meets_goal'] else 'no'} |"
+        )
+    c = res["policy_core"]
+    lines += ["", f"Policy core alone (in-process, default EdfScheduler, same profile): submit+poll "
+              f"{c['submit_poll_us']:.0f} µs, on_complete+poll {c['complete_poll_us']:.0f} µs per request "
+              "(the driver skips the second poll when nothing is queued).",
+              f"Load average during the run: {', '.join(f'{x:.1f}' for x in res['load_average'])} "
+              f"on {res['cpus']} CPUs."]
+    if res.get("hot_path_profile"):
+        lines += ["", "## Where the time goes (pyinstrument, gateway process)", "",
+                  res.get("hot_path_notes", ""), "", "```", res["hot_path_profile"].strip()[:12000], "```"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=300, help="sequential requests per system per round")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--profile", action="store_true", help="also profile the gateway with pyinstrument")
+    ap.add_argument("--notes", default="", help="text placed above the profile in the markdown")
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args(argv)
+    res = run(args.requests, args.rounds, args.profile)
+    res["hot_path_notes"] = args.notes
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gateway_overhead.json").write_text(json.dumps(res, indent=2))
+    (out / "gateway_overhead.md").write_text(markdown(res))
+    print(markdown(res).split("## Where")[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
