@@ -16,6 +16,7 @@ import asyncio
 import collections
 import json
 import os
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from loadgen.payload import HttpBody, variant_from_grpc, variant_from_http
@@ -44,14 +45,20 @@ def http_outcome(status: int) -> str:
 
 # ---- raw HTTP/1.1 keep-alive pool -------------------------------------------------------------
 
+Done = Callable[[str, "str | None"], None]  # (outcome, variant)
+
 
 class _Conn(asyncio.Protocol):
-    __slots__ = ("transport", "buf", "fut", "closed")
+    """One keep-alive connection; at most one request in flight (no pipelining)."""
 
-    def __init__(self) -> None:
+    __slots__ = ("pool", "transport", "buf", "done", "started", "closed")
+
+    def __init__(self, pool: RawHttpClient) -> None:
+        self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
-        self.fut: asyncio.Future | None = None
+        self.done: Done | None = None
+        self.started = 0.0
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -59,14 +66,11 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self.fut is not None and not self.fut.done():
-            self.fut.set_exception(ConnectionError("connection closed by the server"))
-        self.fut = None
+        self.pool._lost(self)
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
-        fut = self.fut
-        if fut is None:
+        if self.done is None:
             return
         buf = self.buf
         hend = buf.find(b"\r\n\r\n")
@@ -74,27 +78,34 @@ class _Conn(asyncio.Protocol):
             return
         head = bytes(buf[:hend]).lower()
         clen = _header_int(head, b"\r\ncontent-length:")
-        if clen is None:
-            if not fut.done():
-                fut.set_exception(ConnectionError("response without content-length"))
-            self.fut = None
-            self.closed = True
-            if self.transport:
-                self.transport.close()
+        if clen is None:  # chunked or close-delimited answers are not supported
+            self._fail("http_protocol")
             return
         end = hend + 4 + clen
         if len(buf) < end:
             return
-        body = bytes(buf[hend + 4 : end])
+        status = int(head[9:12])
+        if status == 200:
+            hlen = _header_int(head, b"\r\ninference-header-content-length:")
+            variant = variant_from_http(bytes(buf[hend + 4 : end]), hlen)
+            outcome = OK
+        else:
+            variant, outcome = None, http_outcome(status)
         del buf[:end]
-        self.fut = None
         if b"\r\nconnection: close" in head:
             self.closed = True
-        if not fut.done():
-            status = int(head[9:12])
-            fut.set_result(
-                (status, body, _header_int(head, b"\r\ninference-header-content-length:"))
-            )
+        done, self.done = self.done, None
+        self.pool._release(self)
+        done(outcome, variant)
+
+    def _fail(self, outcome: str) -> None:
+        """Answer the request in flight with ``outcome`` and drop the connection."""
+        done, self.done = self.done, None
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+        if done is not None:
+            done(outcome, None)
 
 
 def _header_int(head: bytes, name: bytes) -> int | None:
@@ -106,99 +117,108 @@ def _header_int(head: bytes, name: bytes) -> int | None:
 
 
 class RawHttpClient:
+    """Pre-built HTTP/1.1 requests over a pool of keep-alive connections, callback-driven:
+    ``send(model_idx, done)`` writes at once when a connection is idle, else queues FIFO
+    (the wait counts in the latency, as it should). No task or future per request."""
+
     def __init__(
         self, host: str, port: int, bodies: list[HttpBody], connections: int, timeout_s: float
     ) -> None:
         self.host, self.port, self.limit, self.timeout_s = host, port, connections, timeout_s
         self.requests = [_raw_request(host, port, b) for b in bodies]
         self.idle: collections.deque[_Conn] = collections.deque()
-        self.waiters: collections.deque[asyncio.Future] = collections.deque()
-        self.open = 0
-        self.all: set[_Conn] = set()
+        self.pending: collections.deque[tuple[int, Done]] = collections.deque()
+        self.conns: set[_Conn] = set()
+        self.opening = 0
+        self.sweeper: asyncio.Task | None = None
+        self.clock: Callable[[], float] | None = None  # the running loop's time()
 
-    async def _acquire(self) -> _Conn:
-        while self.idle:
-            c = self.idle.pop()
+    def send(self, model_idx: int, done: Done) -> None:
+        idle = self.idle
+        while idle:
+            c = idle.pop()
             if not c.closed:
-                return c
-            self._forget(c)
-        if self.open < self.limit:
-            self.open += 1
-            try:
-                loop = asyncio.get_running_loop()
-                _, c = await loop.create_connection(_Conn, self.host, self.port)
-            except BaseException:
-                self.open -= 1
-                raise
-            self.all.add(c)
-            return c
-        w = asyncio.get_running_loop().create_future()
-        self.waiters.append(w)
-        return await w
+                self._write(c, model_idx, done)
+                return
+        self.pending.append((model_idx, done))
+        if len(self.conns) + self.opening < self.limit:
+            self._open_one()
 
-    def _forget(self, c: _Conn) -> None:
-        if c in self.all:
-            self.all.discard(c)
-            self.open -= 1
+    async def infer(self, model_idx: int) -> tuple[str, str | None]:
+        fut = asyncio.get_running_loop().create_future()
+        self.send(model_idx, lambda o, v: fut.done() or fut.set_result((o, v)))
+        return await fut
+
+    def _write(self, c: _Conn, model_idx: int, done: Done) -> None:
+        c.done = done
+        if self.clock is None:
+            self.clock = asyncio.get_running_loop().time
+        c.started = self.clock()
+        c.transport.write(self.requests[model_idx])  # type: ignore[union-attr]
+
+    def _open_one(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.opening += 1
+        if self.sweeper is None:
+            self.sweeper = loop.create_task(self._sweep())
+        loop.create_task(self._connect())
+
+    async def _connect(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            _, c = await loop.create_connection(lambda: _Conn(self), self.host, self.port)
+        except OSError:
+            self.opening -= 1
+            if self.pending:  # fail one waiter per failed attempt, so errors are counted
+                _, done = self.pending.popleft()
+                done("connection", None)
+            if self.pending and len(self.conns) + self.opening < self.limit:
+                self._open_one()
+            return
+        self.opening -= 1
+        self.conns.add(c)
+        self._release(c)
 
     def _release(self, c: _Conn) -> None:
         if c.closed:
-            self._forget(c)
-            if self.waiters and self.open < self.limit:  # let a waiter open a fresh one
-                w = self.waiters.popleft()
-                if not w.done():
-                    w.set_exception(_Retry())
+            self._lost(c)
             return
-        while self.waiters:
-            w = self.waiters.popleft()
-            if not w.done():
-                w.set_result(c)
-                return
-        self.idle.append(c)
+        if self.pending:
+            mi, done = self.pending.popleft()
+            self._write(c, mi, done)
+        else:
+            self.idle.append(c)
 
-    async def infer(self, model_idx: int) -> tuple[str, str | None]:
-        try:
-            c = await self._acquire()
-        except _Retry:
-            return await self.infer(model_idx)
-        except OSError:
-            return "connection", None
+    def _lost(self, c: _Conn) -> None:
+        if c in self.conns:
+            self.conns.discard(c)
+            if c.done is not None:
+                c._fail("connection")
+            if self.pending and len(self.conns) + self.opening < self.limit:
+                self._open_one()
+
+    async def _sweep(self) -> None:
+        """Time out requests in flight longer than ``timeout_s`` (one timer, not one per
+        request); queued requests time out too."""
         loop = asyncio.get_running_loop()
-        fut = c.fut = loop.create_future()
-        c.transport.write(self.requests[model_idx])  # type: ignore[union-attr]
-        timer = loop.call_later(self.timeout_s, _expire, c, fut)
-        try:
-            status, body, hlen = await fut
-        except TimeoutError:
-            return "timeout", None
-        except (ConnectionError, OSError):
-            return "connection", None
-        finally:
-            timer.cancel()
-            self._release(c)
-        if status == 200:
-            return OK, variant_from_http(body, hlen)
-        return http_outcome(status), None
+        period = min(0.1, self.timeout_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            limit = loop.time() - self.timeout_s
+            for c in list(self.conns):
+                if c.done is not None and c.started < limit:
+                    c._fail("timeout")
 
     async def close(self) -> None:
-        for c in list(self.all):
+        if self.sweeper is not None:
+            self.sweeper.cancel()
+        for c in list(self.conns):
             if c.transport is not None:
                 c.transport.close()
-        self.all.clear()
+        while self.pending:
+            _, done = self.pending.popleft()
+            done("connection", None)
         self.idle.clear()
-
-
-class _Retry(Exception):
-    pass
-
-
-def _expire(c: _Conn, fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_exception(TimeoutError())
-    c.fut = None
-    c.closed = True
-    if c.transport is not None:
-        c.transport.close()
 
 
 def _raw_request(host: str, port: int, b: HttpBody) -> bytes:

@@ -9,6 +9,7 @@ loop's monotonic clock (``loop.time()``, system-wide on Linux, so worker process
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -16,7 +17,8 @@ from loadgen.arrivals import Schedule
 from loadgen.clients import Client
 from loadgen.stats import Recorder
 
-SPIN_S = 0.0012  # closer than this to a send time, yield instead of sleeping (epoll rounds to ms)
+SPIN_S = 0.0012  # closer than this to a send time, nap instead of sleeping (epoll rounds to ms)
+NAP_S = 0.0002  # longest blocking nap while close to a send time
 
 CLOSED_LOOP_NOTE = (
     "closed loop measures latency from each send and sends only when a request returns, so "
@@ -50,38 +52,63 @@ async def open_loop(
     times = sched.times.tolist()
     idx = sched.model_idx.tolist()
     models = sched.models
-    tasks: set[asyncio.Task] = set()
     prog = progress or Progress()
+    now_fn = loop.time
+    send = getattr(client, "send", None)  # callback path: no task per request
+    outstanding = 0
+    tasks: set[asyncio.Task] = set()
+    drained: asyncio.Future | None = None
 
-    async def one(t: float, mi: int) -> None:
-        due = t0 + t
-        lag = loop.time() - due
-        outcome, variant = await client.infer(mi)
-        latency = loop.time() - due
+    def finish(t: float, mi: int, due: float, lag: float, outcome: str, variant: str | None):
+        nonlocal outstanding
+        latency = now_fn() - due
         prog.done += 1
         if t >= warmup_s:
             rec.record(models[mi], variant, t - warmup_s, latency, slo_s, outcome, lag)
+        outstanding -= 1
+        if outstanding == 0 and drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def start(t: float, mi: int) -> None:
+        due = t0 + t
+        lag = now_fn() - due
+        if send is not None:
+            send(mi, lambda o, v: finish(t, mi, due, lag, o, v))
+        else:
+            task = loop.create_task(_via_task(client, mi, lambda o, v: finish(t, mi, due, lag, o, v)))
+            tasks.add(task)  # the loop keeps only weak references to tasks
+            task.add_done_callback(tasks.discard)
 
     n = len(times)
     i = 0
     while i < n:
-        now = loop.time()
+        now = now_fn()
         wait = t0 + times[i] - now
         if wait > SPIN_S:
             await asyncio.sleep(wait - SPIN_S)
             continue
         if wait > 0:
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # handle answers that came in
+            wait = t0 + times[i] - now_fn()
+            if wait > 0:
+                # NOTE: a short blocking nap keeps sub-ms precision without spinning the loop;
+                # answers wait at most NAP_S for it, so latencies stay within NAP_S
+                time.sleep(min(wait, NAP_S))
             continue
         while i < n and t0 + times[i] <= now:
-            task = loop.create_task(one(times[i], idx[i]))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            i += 1
+            outstanding += 1
             prog.sent += 1
-        await asyncio.sleep(0)  # let the new tasks write before looking at the clock again
-    if tasks:
-        await asyncio.gather(*tasks)
+            start(times[i], idx[i])
+            i += 1
+        await asyncio.sleep(0)  # let answers in before looking at the clock again
+    if outstanding:
+        drained = loop.create_future()
+        await drained
+
+
+async def _via_task(client: Client, mi: int, done: Callable[[str, str | None], None]) -> None:
+    outcome, variant = await client.infer(mi)
+    done(outcome, variant)
 
 
 async def closed_loop(

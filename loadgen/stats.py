@@ -10,10 +10,12 @@ plain, picklable dict and ``Recorder.merge(encoded)`` adds it (HDR ``encode`` /
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from hdrh.histogram import HdrHistogram
 
 OK = "ok"  # answered successfully
@@ -23,6 +25,7 @@ NO_VARIANT = "-"  # the response did not name a variant
 LATENCY_MAX_US = 3_600_000_000  # one hour
 WINDOW_LATENCY_MAX_US = 600_000_000  # ten minutes, coarser histograms per timeline window
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
+FLUSH_EVERY = 8192  # buffered values per histogram before a vectorized flush
 
 
 def new_latency_histogram() -> HdrHistogram:
@@ -38,13 +41,6 @@ def to_us(seconds: float) -> int:
     return max(1, int(round(seconds * 1e6)))
 
 
-def _hist_from(encoded: str | bytes, factory=new_latency_histogram) -> HdrHistogram:
-    h = factory()
-    if encoded:
-        h.decode_and_add(encoded)
-    return h
-
-
 def _merge_into(dst: HdrHistogram, encoded: str | bytes) -> None:
     if encoded:
         dst.decode_and_add(encoded)
@@ -54,17 +50,66 @@ def _encode(h: HdrHistogram) -> bytes:
     return h.encode() if h.get_total_count() else b""
 
 
-@dataclass
+def record_many(h: HdrHistogram, values: np.ndarray) -> None:
+    """Record many values (integers >= 1) at once; the same buckets as ``record_value``,
+    computed with numpy (``record_value`` is pure Python and too slow for the hot path)."""
+    v = np.clip(np.asarray(values, dtype=np.int64), 1, h.highest_trackable_value)
+    if not len(v):
+        return
+    # bit length of (v | sub_bucket_mask), exact for values below 2**53
+    pow2ceiling = np.frexp((v | h.sub_bucket_mask).astype(np.float64))[1].astype(np.int64)
+    bucket = pow2ceiling - h.unit_magnitude - (h.sub_bucket_half_count_magnitude + 1)
+    sub = v >> (bucket + h.unit_magnitude)
+    idx = ((bucket + 1) << h.sub_bucket_half_count_magnitude) + sub - h.sub_bucket_half_count
+    counts = np.ctypeslib.as_array(h.counts)
+    counts += np.bincount(idx, minlength=len(counts)).astype(counts.dtype)
+    h.total_count += len(v)
+    h.min_value = min(h.min_value, int(v.min()))
+    h.max_value = max(h.max_value, int(v.max()))
+
+
+class _Buffered:
+    """An HDR histogram fed through an append-only buffer, flushed in vectorized chunks."""
+
+    __slots__ = ("hist", "buf")
+
+    def __init__(self, factory=None) -> None:
+        self.hist = (factory or new_latency_histogram)()
+        self.buf = array("q")
+
+    def add_value(self, us: int) -> None:
+        self.buf.append(us)
+        if len(self.buf) >= FLUSH_EVERY:
+            self.flush()
+
+    def flush(self) -> HdrHistogram:
+        if self.buf:
+            record_many(self.hist, np.frombuffer(self.buf, dtype=np.int64))
+            self.buf = array("q")
+        return self.hist
+
+
 class Series:
     """Counts and latencies of one (model, variant) stream."""
 
-    offered: int = 0
-    ok: int = 0
-    good: int = 0  # answered OK within its SLO
-    rejected: int = 0
-    errors: Counter[str] = field(default_factory=Counter)
-    latency: HdrHistogram = field(default_factory=new_latency_histogram)  # OK answers, µs
-    reject_latency: HdrHistogram = field(default_factory=new_latency_histogram)
+    __slots__ = ("offered", "ok", "good", "rejected", "errors", "_latency", "_reject_latency")
+
+    def __init__(self) -> None:
+        self.offered = 0
+        self.ok = 0
+        self.good = 0  # answered OK within its SLO
+        self.rejected = 0
+        self.errors: Counter[str] = Counter()
+        self._latency = _Buffered()  # OK answers, µs from the scheduled time
+        self._reject_latency = _Buffered()
+
+    @property
+    def latency(self) -> HdrHistogram:
+        return self._latency.flush()
+
+    @property
+    def reject_latency(self) -> HdrHistogram:
+        return self._reject_latency.flush()
 
     def add(self, other: Series) -> None:
         self.offered += other.offered
@@ -88,15 +133,12 @@ class Series:
 
     @classmethod
     def decode(cls, d: dict[str, Any]) -> Series:
-        return cls(
-            offered=d["offered"],
-            ok=d["ok"],
-            good=d["good"],
-            rejected=d["rejected"],
-            errors=Counter(d["errors"]),
-            latency=_hist_from(d["latency"]),
-            reject_latency=_hist_from(d["reject_latency"]),
-        )
+        s = cls()
+        s.offered, s.ok, s.good, s.rejected = d["offered"], d["ok"], d["good"], d["rejected"]
+        s.errors = Counter(d["errors"])
+        _merge_into(s.latency, d["latency"])
+        _merge_into(s.reject_latency, d["reject_latency"])
+        return s
 
 
 @dataclass
@@ -108,7 +150,11 @@ class Window:
     good: int = 0
     rejected: int = 0
     errors: int = 0
-    latency: HdrHistogram = field(default_factory=_window_histogram)  # OK answers, µs
+    lat: _Buffered = field(default_factory=lambda: _Buffered(_window_histogram))
+
+    @property
+    def latency(self) -> HdrHistogram:  # OK answers, µs
+        return self.lat.flush()
 
 
 class Recorder:
@@ -123,8 +169,12 @@ class Recorder:
             raise ValueError(f"window_s must be > 0, got {window_s}")
         self.window_s = window_s
         self.series: dict[tuple[str, str], Series] = {}
-        self.send_lag = new_latency_histogram()  # µs behind schedule when the send began
+        self._send_lag = _Buffered()  # µs behind schedule when the send began
         self.windows: dict[int, Window] = {}
+
+    @property
+    def send_lag(self) -> HdrHistogram:
+        return self._send_lag.flush()
 
     # ---- feeding -------------------------------------------------------------------------
     def record(
@@ -153,20 +203,20 @@ class Recorder:
         if outcome == OK:
             s.ok += 1
             w.ok += 1
-            s.latency.record_value(min(us, LATENCY_MAX_US))
-            w.latency.record_value(min(us, WINDOW_LATENCY_MAX_US))
+            s._latency.add_value(us)
+            w.lat.add_value(us)
             if slo_s is None or latency_s <= slo_s:
                 s.good += 1
                 w.good += 1
         elif outcome == REJECTED:
             s.rejected += 1
             w.rejected += 1
-            s.reject_latency.record_value(min(us, LATENCY_MAX_US))
+            s._reject_latency.add_value(us)
         else:
             s.errors[outcome] += 1
             w.errors += 1
         if send_lag_s is not None:
-            self.send_lag.record_value(min(to_us(send_lag_s), LATENCY_MAX_US))
+            self._send_lag.add_value(to_us(send_lag_s))
 
     # ---- merging -------------------------------------------------------------------------
     def encode(self) -> dict[str, Any]:

@@ -162,13 +162,19 @@ class _RawHttp(asyncio.Protocol):
 
 
 async def serve(
-    b: Behaviour, http_port: int | None, grpc_port: int | None, raw: bool = False
+    b: Behaviour,
+    http_port: int | None,
+    grpc_port: int | None,
+    raw: bool = False,
+    reuse_port: bool = False,
 ) -> Callable[[], asyncio.Future]:
     """Start the servers on 127.0.0.1; returns an async ``stop()``."""
     stops = []
     if http_port is not None:
         if raw:
-            srv = await asyncio.get_running_loop().create_server(_RawHttp, "127.0.0.1", http_port)
+            srv = await asyncio.get_running_loop().create_server(
+                _RawHttp, "127.0.0.1", http_port, reuse_port=reuse_port or None
+            )
 
             async def stop_raw() -> None:
                 srv.close()
@@ -209,6 +215,7 @@ def main() -> None:
     ap.add_argument("--grpc-port", type=int)
     ap.add_argument("--raw", action="store_true", help="minimal fixed-answer HTTP server")
     ap.add_argument("--variant", default=None)
+    ap.add_argument("--reuse-port", action="store_true", help="raw: share the port (SO_REUSEPORT)")
     args = ap.parse_args()
 
     async def run() -> None:

@@ -9,7 +9,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import pytest
 
-from loadgen.stats import OK, REJECTED, Recorder
+from loadgen.stats import OK, REJECTED, Recorder, new_latency_histogram, record_many
 
 
 def make_samples(n: int, seed: int = 3) -> list[tuple]:
@@ -86,3 +86,20 @@ def test_merge_refuses_different_windows() -> None:
     a, b = Recorder(window_s=1.0), Recorder(window_s=0.5)
     with pytest.raises(ValueError, match="windows 0.5 s and 1.0 s"):
         a.merge(b.encode())
+
+
+def test_vectorized_recording_matches_hdr_record_value() -> None:
+    rng = np.random.default_rng(5)
+    values = np.concatenate(
+        [rng.integers(1, 5000, 2000), (10 ** rng.uniform(0, 9.5, 5000)).astype(np.int64)]
+    )
+    one_by_one, at_once = new_latency_histogram(), new_latency_histogram()
+    for v in values:
+        one_by_one.record_value(int(v))
+    record_many(at_once, values)
+    assert list(at_once.counts) == list(one_by_one.counts)
+    assert (at_once.get_total_count(), at_once.get_min_value(), at_once.get_max_value()) == (
+        one_by_one.get_total_count(),
+        one_by_one.get_min_value(),
+        one_by_one.get_max_value(),
+    )
