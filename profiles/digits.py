@@ -40,21 +40,21 @@ class DigitsVariant:
 
     name: str
     hidden: tuple[int, ...]  # hidden ReLU layer widths; () is softmax regression
-    pool: bool = False  # average 2x2 pixel blocks first (64 -> 16 features)
+    pool: bool = False  # train on 2x2-averaged pixels (16 features); folded into layer 0
     max_iter: int = 300
     alpha: float = 1e-4  # L2 penalty
     test_fraction: float = 0.3
     seed: int = 0
 
     def cache_key(self) -> str:
-        blob = json.dumps({**asdict(self), "format": 1}, sort_keys=True).encode()
+        blob = json.dumps({**asdict(self), "format": 2}, sort_keys=True).encode()
         return f"{self.name}-{hashlib.sha256(blob).hexdigest()[:12]}"
 
 
 VARIANTS: dict[str, DigitsVariant] = {
     v.name: v
     for v in (
-        DigitsVariant("digits-small", hidden=(), pool=True),  # 16 -> 10
+        DigitsVariant("digits-small", hidden=(), pool=True),  # 2x2-pooled pixels (16) -> 10
         DigitsVariant("digits-medium", hidden=(32,)),  # 64 -> 32 -> 10
         DigitsVariant("digits-large", hidden=(256, 256)),  # 64 -> 256 -> 256 -> 10
     )
@@ -64,7 +64,6 @@ VARIANTS: dict[str, DigitsVariant] = {
 @dataclass(frozen=True)
 class DigitsWeights:
     variant: str
-    pool: bool
     layers: tuple[tuple[np.ndarray, np.ndarray], ...]  # (W [in, out], b [out]) per layer
     accuracy: float  # on the held-out split
     test_rows: int
@@ -72,7 +71,7 @@ class DigitsWeights:
     def to_npz(self) -> bytes:
         arrays: dict[str, np.ndarray] = {
             "meta": np.frombuffer(json.dumps({
-                "variant": self.variant, "pool": self.pool, "accuracy": self.accuracy,
+                "variant": self.variant, "accuracy": self.accuracy,
                 "test_rows": self.test_rows, "layers": len(self.layers),
             }).encode(), dtype=np.uint8),
         }
@@ -90,12 +89,16 @@ class DigitsWeights:
             layers = tuple(
                 (z[f"W{i}"].astype(np.float32), z[f"b{i}"].astype(np.float32)) for i in range(meta["layers"])
             )
-        return cls(meta["variant"], bool(meta["pool"]), layers, float(meta["accuracy"]), int(meta["test_rows"]))
+        return cls(meta["variant"], layers, float(meta["accuracy"]), int(meta["test_rows"]))
 
 
-def pool2x2(x: np.ndarray) -> np.ndarray:
-    """Average 2x2 blocks of 8x8 images given as [n, 64] rows -> [n, 16]."""
-    return x.reshape(-1, 4, 2, 4, 2).mean(axis=(2, 4)).reshape(-1, 16)
+def pool_matrix() -> np.ndarray:
+    """[64, 16] matrix averaging the 2x2 blocks of an 8x8 image given as a row of 64."""
+    m = np.zeros((64, 16), np.float32)
+    for r in range(8):
+        for c in range(8):
+            m[r * 8 + c, (r // 2) * 4 + c // 2] = 0.25
+    return m
 
 
 def forward(weights: DigitsWeights, x: np.ndarray) -> np.ndarray:
@@ -103,8 +106,6 @@ def forward(weights: DigitsWeights, x: np.ndarray) -> np.ndarray:
     h = np.asarray(x, dtype=np.float32)
     if h.ndim != 2 or h.shape[1] != 64:
         raise ValueError(f"{weights.variant}: input must be [n, 64], got {list(h.shape)}")
-    if weights.pool:
-        h = pool2x2(h)
     for i, (w, b) in enumerate(weights.layers):
         h = h @ w + b
         if i < len(weights.layers) - 1:
@@ -130,7 +131,8 @@ def train(variant: DigitsVariant) -> DigitsWeights:
     from sklearn.neural_network import MLPClassifier
 
     x_tr, x_te, y_tr, y_te = dataset(variant)
-    prep = pool2x2 if variant.pool else (lambda a: a)
+    pool = pool_matrix()
+    prep = (lambda a: a @ pool) if variant.pool else (lambda a: a)
     clf = MLPClassifier(hidden_layer_sizes=variant.hidden, max_iter=variant.max_iter,
                         alpha=variant.alpha, random_state=variant.seed)
     with warnings.catch_warnings():
@@ -138,13 +140,14 @@ def train(variant: DigitsVariant) -> DigitsWeights:
         clf.fit(prep(x_tr), y_tr)
     if list(clf.classes_) != list(range(10)):
         raise RuntimeError(f"{variant.name}: expected classes 0..9, got {list(clf.classes_)}")
-    layers = tuple(
-        (w.astype(np.float32), b.astype(np.float32)) for w, b in zip(clf.coefs_, clf.intercepts_, strict=True)
-    )
+    ws = [w.astype(np.float32) for w in clf.coefs_]
+    if variant.pool:  # pooling is linear: fold it into the first layer (64 inputs, one matmul)
+        ws[0] = pool @ ws[0]
+    layers = tuple((w, b.astype(np.float32)) for w, b in zip(ws, clf.intercepts_, strict=True))
     # accuracy is measured with the same forward pass that serves, not sklearn's predict
-    probe = DigitsWeights(variant.name, variant.pool, layers, 0.0, len(y_te))
+    probe = DigitsWeights(variant.name, layers, 0.0, len(y_te))
     acc = float((forward(probe, x_te).argmax(axis=1) == y_te).mean())
-    return DigitsWeights(variant.name, variant.pool, layers, acc, len(y_te))
+    return DigitsWeights(variant.name, layers, acc, len(y_te))
 
 
 def resolve(variants: list[str] | tuple[str, ...] | None) -> list[DigitsVariant]:
@@ -199,3 +202,59 @@ def write_digits_models(
         write_model(Path(repo), config, MODEL_PY, files={"weights.npz": weights.to_npz()})
         out[v.name] = weights.accuracy
     return out
+
+
+MEASURED_DIR = HEADRACE_ROOT / "profiles" / "measured"
+
+
+def measure_profiles(out_dir: str | Path = MEASURED_DIR, variants: list[str] | None = None, *,
+                     samples: int = 60, max_batch: int = 64, cache_dir: str | Path | None = None,
+                     log=None) -> list[Path]:
+    """Serve the variants in a private tritonserver on this CPU, profile each over HTTP and
+    write ``<out_dir>/<variant>.yaml`` (gpu and slice ``cpu``, held-out accuracy recorded)."""
+    import tempfile
+
+    from deploy.triton import TritonServer
+    from profiles.profiler import default_batches, profile_model
+
+    out_dir = Path(out_dir)
+    written = []
+    with tempfile.TemporaryDirectory(prefix="headrace-digits-") as tmp:
+        accs = write_digits_models(Path(tmp) / "repo", variants, cache_dir=cache_dir, max_batch=max_batch)
+        with TritonServer(Path(tmp) / "repo") as server:
+            for name, acc in accs.items():
+                path = out_dir / f"{name}.yaml"
+                profile_model(out=path, log=log, url=f"http://{server.http_url}", model=name,
+                              batches=default_batches(max_batch), concurrency=[1, 4], samples=samples, warmup=20,
+                              family=FAMILY, accuracy=round(acc, 4), gpu="cpu", slice="cpu")
+                written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m profiles.digits",
+                                description="Train the digits variants; optionally profile them on this CPU.")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variant names")
+    p.add_argument("--measure", action="store_true", help=f"profile them in Triton and write {MEASURED_DIR}")
+    p.add_argument("--out", default=str(MEASURED_DIR), help="directory for measured profiles")
+    p.add_argument("--samples", type=int, default=60, help="timed requests per batch size")
+    args = p.parse_args(argv)
+    try:
+        names = [v.name for v in resolve([x for x in args.variants.split(",") if x])]
+        for n in names:
+            print(f"{n}: held-out accuracy {load_or_train(n).accuracy:.4f}")
+        if args.measure:
+            for path in measure_profiles(args.out, names, samples=args.samples,
+                                         log=lambda s: print(s, file=sys.stderr)):
+                print(f"wrote {path}")
+    except (ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -58,6 +58,9 @@ class ProfilerConfig(BaseModel):
     stability: float = Field(
         default=0.1, gt=0, le=1, description="largest relative spread of the chunk medians counted as stable"
     )
+    monotone: bool = Field(
+        default=True, description="raise any latency below a smaller batch's to it (noise, not physics)"
+    )
     estimator: Literal["quietest", "median"] = Field(
         default="quietest",
         description="p50 = lowest chunk median (robust to load spells on a shared host) or plain median",
@@ -386,6 +389,20 @@ def measure_concurrent(server: _Server, reqs: list[Any], batch: int, concurrency
     )
 
 
+def monotone_points(points: list[LatencyPoint]) -> tuple[list[LatencyPoint], list[int]]:
+    """Running maximum of p50 and p99 over increasing batch sizes; also the batches raised.
+    A bigger batch never really finishes sooner: a dip is measurement noise, and the
+    batcher's "largest batch within budget" search relies on latency growing with batch."""
+    out: list[LatencyPoint] = []
+    raised: list[int] = []
+    for p in points:
+        if out and (p.p50 < out[-1].p50 or p.p99 < out[-1].p99):
+            raised.append(p.batch)
+            p = LatencyPoint(p.batch, max(p.p50, out[-1].p50), max(p.p99, out[-1].p99))
+        out.append(p)
+    return out, raised
+
+
 def default_batches(max_batch: int) -> list[int]:
     out, b = [], 1
     while b < max_batch:
@@ -425,6 +442,11 @@ def run_profiler(cfg: ProfilerConfig, log: Callable[[str], None] | None = None) 
         + (" (client latency minus mean overhead from Triton compute_infer statistics)"
            if cfg.measure == "compute" else " (as seen by a tritonclient caller)"),
     ]
+    points = [LatencyPoint(b, solo[b].p50, solo[b].p99) for b in sorted(solo)]
+    if cfg.monotone:
+        points, raised = monotone_points(points)
+        if raised:
+            notes.append(f"made non-decreasing in batch size: p50 or p99 raised at batch {raised}")
     unstable = [s.batch for s in solo.values() if not s.stable]
     if unstable:
         notes.append(f"chunk medians still spread > {cfg.stability:.0%} at batch {unstable}")
@@ -438,7 +460,7 @@ def run_profiler(cfg: ProfilerConfig, log: Callable[[str], None] | None = None) 
         gpu=cfg.gpu,
         slice=cfg.slice,
         max_batch=max(batches) if batched else 1,
-        points=tuple(LatencyPoint(b, solo[b].p50, solo[b].p99) for b in sorted(solo)),
+        points=tuple(points),
         memory_mb=cfg.memory_mb,
         accuracy=cfg.accuracy,
         mps_interference=cfg.mps_interference,

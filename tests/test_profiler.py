@@ -8,10 +8,11 @@ from deploy.cli import main as headrace
 from deploy.triton import TritonServer, free_port
 from profiles.digits import write_digits_models
 from profiles.emulator import write_emulated_model
-from profiles.profile import ProfileSet, load_profiles
+from profiles.profile import LatencyPoint, ProfileSet, load_profiles
 from profiles.profiler import (
     ProfilerError,
     default_batches,
+    monotone_points,
     parse_config,
     parse_int_list,
     profile_model,
@@ -33,6 +34,15 @@ def test_settings_errors_name_field_and_value():
         parse_config(url="x:1", model="m", protocol="smtp")
     with pytest.raises(ProfilerError, match=r"--batches.*'1,two'"):
         parse_int_list("1,two", "--batches")
+
+
+def test_monotone_points_only_raise_dips():
+    pts = [LatencyPoint(1, 0.010, 0.012), LatencyPoint(2, 0.009, 0.013), LatencyPoint(4, 0.020, 0.011)]
+    out, raised = monotone_points(pts)
+    # NOTE: latency never falls as the batch grows; untouched points stay exactly as measured
+    assert [(p.p50, p.p99) for p in out] == [(0.010, 0.012), (0.010, 0.013), (0.020, 0.013)]
+    assert raised == [2, 4]
+    assert monotone_points(out) == (out, [])
 
 
 def test_default_batches_double_up_to_the_model_max():
@@ -79,8 +89,8 @@ def test_grpc_profile_yaml_has_labels_and_provenance(server, tmp_path):
     assert (p.variant, p.gpu, p.slice, p.model) == ("resnet50-emu", "A100-80GB", "1g.10gb", "resnet50")
     assert p.provenance.kind == "measured" and p.provenance.measured_batches == (1, 4)
     assert server.grpc_url in p.provenance.source and "grpc" in p.provenance.source
-    # client-seen latency is never below what the emulated GPU spends
-    assert p.latency(4, "p50") >= reference_profile().latency(4, "p50")
+    # a few samples over gRPC already land near the emulated profile
+    assert p.latency(4, "p50") == pytest.approx(reference_profile().latency(4, "p50"), rel=0.25)
 
 
 @pytest.mark.integration
