@@ -142,12 +142,12 @@ class _RawHttp(asyncio.Protocol):
             if h < 0:
                 return
             head = bytes(self.buf[:h]).lower()
-            i = head.find(b"content-length:")
-            n = (
-                int(head[i + 15 : head.find(b"\r\n", i) if head.find(b"\r\n", i) > 0 else None])
-                if i >= 0
-                else 0
-            )
+            i = head.find(b"\r\ncontent-length:")
+            if i >= 0:
+                j = head.find(b"\r\n", i + 2)
+                n = int(head[i + 17 : j if j > 0 else None])
+            else:
+                n = 0
             if len(self.buf) < h + 4 + n:
                 return
             del self.buf[: h + 4 + n]
@@ -220,7 +220,11 @@ def main() -> None:
 
     async def run() -> None:
         stop = await serve(
-            Behaviour(variant=args.variant), args.http_port, args.grpc_port, args.raw
+            Behaviour(variant=args.variant),
+            args.http_port,
+            args.grpc_port,
+            args.raw,
+            args.reuse_port,
         )
         try:
             await asyncio.Event().wait()
