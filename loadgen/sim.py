@@ -377,3 +377,15 @@ class Simulator:
         for b in failed:
             self.core.on_complete(b, now, retry=b.requests)
         return [*self._reschedule(key, now), (now + f.down_for, P_FAULT, _Up(f.replica))]
+
+
+def to_recorder(records: Iterable[RequestRecord], window_s: float = 1.0):
+    """The same :class:`loadgen.stats.Recorder` a live load test fills, from simulated records
+    (latency from the arrival, as live runs measure from the scheduled send time)."""
+    from loadgen.stats import OK, REJECTED, Recorder
+
+    rec = Recorder(window_s)
+    for r in records:
+        outcome = {"ok": OK, "late": OK, "rejected": REJECTED}.get(r.outcome, r.outcome)
+        rec.record(r.model, r.variant or None, r.arrival, r.end - r.arrival, r.deadline - r.arrival, outcome)
+    return rec
