@@ -51,15 +51,7 @@ def replica_capacity(profile: Profile, slo: float, share: float = 1.0, max_batch
     budget = slo / 2.0
     if batch_latency(profile, 1, share) > budget:
         return None
-    # largest feasible batch (latency does not fall with batch size: binary search)
-    lo, hi = 1, top
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if batch_latency(profile, mid, share) <= budget:
-            lo = mid
-        else:
-            hi = mid - 1
-    bmax = lo
+    bmax = _largest_batch_within(profile, share, budget, top)
     # the latency is piecewise linear between measured batches, so b / t(b) peaks at a
     # segment end: the measured batches up to bmax, and bmax itself
     ends = [p.batch for p in profile.points[: bisect.bisect_right([p.batch for p in profile.points], bmax)]]
@@ -69,6 +61,41 @@ def replica_capacity(profile: Profile, slo: float, share: float = 1.0, max_batch
         if t <= budget and (best is None or b / t > best.rate):
             best = Capacity(b / t, b, t)
     return best
+
+
+def _largest_batch_within(profile: Profile, share: float, budget: float, top: int) -> int:
+    """Largest batch in 1..top whose predicted latency fits ``budget`` (batch 1 fits).
+
+    The sharing rule only scales latency, so the estimate solves the piecewise-linear curve
+    directly; the final answer is checked and nudged against :func:`batch_latency` itself."""
+    scale = batch_latency(profile, 1, share) / profile.latency(1, QUANTILE)
+    raw = budget / scale
+    pts = profile.points
+    est = 1
+    for i, p in enumerate(pts):
+        y = getattr(p, QUANTILE)
+        if y <= raw:
+            est = p.batch
+            continue
+        lo = pts[i - 1] if i else None
+        if lo is not None:
+            ylo = getattr(lo, QUANTILE)
+            est = lo.batch + int((raw - ylo) * (p.batch - lo.batch) / (y - ylo)) if y > ylo else p.batch
+        break
+    else:
+        if len(pts) >= 2:
+            a, b = pts[-2], pts[-1]
+            ya, yb = getattr(a, QUANTILE), getattr(b, QUANTILE)
+            slope = (yb - ya) / (b.batch - a.batch)
+            est = b.batch + (int((raw - yb) / slope) if slope > 0 else top)
+        elif getattr(pts[0], QUANTILE) <= raw:
+            est = top if pts[0].batch >= top else max(pts[0].batch, int(raw / getattr(pts[0], QUANTILE) * pts[0].batch))
+    b = max(1, min(top, est))
+    while b > 1 and batch_latency(profile, b, share) > budget:
+        b -= 1
+    while b < top and batch_latency(profile, b + 1, share) <= budget:
+        b += 1
+    return b
 
 
 def fits_memory(profile: Profile, gpu: GpuModel, slice_name: str, share: float = 1.0) -> bool:

@@ -122,6 +122,7 @@ class Plan:
     lower_bound: float = 0.0  # objective lower bound (LP relaxation); 0 if unknown
     solve_seconds: float = 0.0
     profiles: ProfileSet = field(default_factory=ProfileSet, compare=False, repr=False)
+    proven_bound: float = 0.0  # the MILP's branch-and-bound lower bound; 0 if none
 
     # ------------------------------------------------------------------ summaries
     def used(self) -> tuple[GpuPlan, ...]:
@@ -142,10 +143,12 @@ class Plan:
 
     @property
     def gap(self) -> float:
-        """Relative distance to the lower bound (0 = provably optimal; inf if no bound)."""
-        if self.lower_bound <= 0:
+        """Relative distance to the best lower bound, LP or branch-and-bound (0 = provably
+        optimal; inf if no bound is known)."""
+        lb = max(self.lower_bound, self.proven_bound)
+        if lb <= 0:
             return 0.0 if self.objective == 0 else float("inf")
-        return self.objective / self.lower_bound - 1.0
+        return self.objective / lb - 1.0
 
     def replicas(self) -> list[tuple[GpuPlan, SlicePlan, Replica]]:
         return [(g, s, r) for g in self.gpus for s in g.slices for r in s.replicas]
@@ -290,6 +293,7 @@ class Plan:
                 "cost_per_hour": round(self.cost_per_hour, 4),
                 "objective": self.inventory.objective,
                 "lower_bound": round(self.lower_bound, 4),
+                "proven_bound": round(self.proven_bound, 4),
                 "gap": None if self.gap == float("inf") else round(self.gap, 4),
                 "solve_seconds": round(self.solve_seconds, 3),
                 "models": [{"model": d.model, "rate": d.rate, "slo_ms": d.slo * 1e3,

@@ -12,9 +12,9 @@ with ``y[c,L]`` the GPUs of class c in layout L (every maximal MIG layout, or wh
 the replicas. Shares come from a power-of-two grid, so the share constraint packs exactly into
 slices (first-fit decreasing); the integer program is therefore exact for that grid.
 
-Methods: ``greedy`` picks replicas per model by capacity per GPU-fraction and then covers the
-slices it needs with the fewest layouts (a tiny exact cover); ``milp`` solves the program with
-HiGHS under a time limit. Both report the LP relaxation as a lower bound, hence a gap.
+Methods: ``greedy`` (:mod:`placement.greedy`) fills concrete GPUs first-fit decreasing;
+``milp`` solves the program with HiGHS under a time limit. Both report the LP relaxation as a
+lower bound, hence a gap.
 """
 
 from __future__ import annotations
@@ -103,31 +103,53 @@ def candidates(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventory,
     capacity and at least its accuracy."""
     cache: dict[tuple, Capacity | None] = {}
     out: list[Candidate] = []
-    by_model_gpu: dict[tuple[str, str], list[Profile]] = defaultdict(list)
+    by_model_gpu: dict[tuple[str, str], dict[str, list[Profile]]] = defaultdict(lambda: defaultdict(list))
     for p in profiles:
-        by_model_gpu[(p.model, p.gpu)].append(p)
+        by_model_gpu[(p.model, p.gpu)][p.slice].append(p)
     for mi, d in enumerate(demands):
         for ci, c in enumerate(inv.classes):
             g = gpu_model(c.gpu)
-            profs = [p for p in by_model_gpu[(d.model, c.gpu)] if d.allows(p)]
+            by_slice = by_model_gpu.get((d.model, c.gpu), {})
             for k in _slice_kinds(c, opts):
+                profs = [p for p in by_slice.get(k, ()) if d.allows(p)]
+                if not profs:
+                    continue
+                frac = g.slice_fraction(k)
                 for share in legal_shares(g, k, c.mps and opts.mps):
                     group: list[Candidate] = []
                     for p in profs:
-                        if p.slice != k or not fits_memory(p, g, k, share):
+                        if not fits_memory(p, g, k, share):
                             continue
-                        key = (p.key, d.slo, share)
-                        if key not in cache:
-                            cache[key] = replica_capacity(p, d.slo, share)
-                        cap = cache[key]
+                        # memo by the curve, not the name: copies of one profile share the work
+                        # (``profiles`` keeps every points tuple alive for the whole call)
+                        key = (id(p.points), p.max_batch, p.mps_interference, d.slo, share)
+                        cap = cache.get(key, False)
+                        if cap is False:
+                            cap = cache[key] = replica_capacity(p, d.slo, share)
                         if cap is not None:
-                            group.append(Candidate(mi, p, ci, k, share, cap, share * g.slice_fraction(k)))
+                            group.append(Candidate(mi, p, ci, k, share, cap, share * frac))
                     group.sort(key=lambda x: (-x.cap.rate, -x.accuracy))
                     best_acc = -2.0
                     for cand in group:
                         if cand.accuracy > best_acc:
                             out.append(cand)
                             best_acc = cand.accuracy
+    return _prune_shares(out)
+
+
+def _prune_shares(cands: list[Candidate]) -> list[Candidate]:
+    """Drop a candidate when one of the same model, variant accuracy or better, class and slice
+    kind takes no more share and serves at least as much (it can never be the better pick)."""
+    groups: dict[tuple, list[Candidate]] = defaultdict(list)
+    for c in cands:
+        groups[(c.model, c.cls, c.slice)].append(c)
+    out = []
+    for group in groups.values():
+        for c in group:
+            if not any(o is not c and o.share <= c.share and o.cap.rate >= c.cap.rate and o.accuracy >= c.accuracy
+                       and (o.share, -o.cap.rate, -o.accuracy) < (c.share, -c.cap.rate, -c.accuracy)
+                       for o in group):
+                out.append(c)
     return out
 
 
@@ -184,82 +206,6 @@ def pack(demands: Sequence[Demand], inv: Inventory, profiles: ProfileSet,
     return tuple(gpus)
 
 
-def cover_layouts(c: GpuClass, need: dict[str, int], opts: Options, weight: float) -> list[LayoutOption]:
-    """Fewest GPUs (layouts, with repetition) providing at least ``need[k]`` slices of each kind."""
-    need = {k: n for k, n in need.items() if n > 0}
-    if not need:
-        return []
-    los = [lo for lo in layout_options(c, opts) if any(k in need for k, _ in lo.counts)]
-    kinds = sorted(need)
-    a = np.array([[dict(lo.counts).get(k, 0) for lo in los] for k in kinds], dtype=float)
-    res = milp(np.full(len(los), weight), constraints=LinearConstraint(a, [need[k] for k in kinds], np.inf),
-               integrality=np.ones(len(los)), bounds=Bounds(0, len(c.ids)), options={"time_limit": 5.0})
-    if res.x is None:
-        raise SolverError(f"class {c.key}: cannot cover slices {need} with {len(c.ids)} GPUs")
-    out: list[LayoutOption] = []
-    for lo, y in zip(los, res.x, strict=True):
-        out += [lo] * int(round(y))
-    return out
-
-
-def _slices_needed(items: list[tuple[Candidate, int]]) -> dict[str, int]:
-    """Slices per kind that first-fit decreasing needs for power-of-two shares."""
-    share_sum: dict[str, float] = defaultdict(float)
-    for cand, n in items:
-        share_sum[cand.slice] += cand.share * n
-    return {k: math.ceil(v - 1e-9) for k, v in share_sum.items()}
-
-
-# --------------------------------------------------------------------------- greedy
-
-
-def _greedy_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate]) -> dict[int, int]:
-    by_model: dict[int, list[int]] = defaultdict(list)
-    for j, c in enumerate(cands):
-        by_model[c.model].append(j)
-    budget = {ci: float(len(c.ids)) for ci, c in enumerate(inv.classes)}
-    chosen: dict[int, int] = defaultdict(int)
-
-    def cost(c: Candidate) -> float:
-        return inv.weight(inv.classes[c.cls]) * c.gpu_fraction
-
-    order = sorted(range(len(demands)), key=lambda i: (demands[i].priority != "guaranteed", -demands[i].required))
-    for mi in order:
-        r = demands[mi].required
-        while r > 1e-9:
-            pool = [j for j in by_model[mi] if budget[cands[j].cls] >= cands[j].gpu_fraction]
-            if not pool:
-                raise SolverError(f"model {demands[mi].model}: the pool ran out of GPUs "
-                                  f"({r:.0f} req/s still unplaced)")
-            # most capacity per unit cost; accuracy breaks near-ties (within 2%)
-            top = max(cands[j].cap.rate / cost(cands[j]) for j in pool)
-            best = max((j for j in pool if cands[j].cap.rate / cost(cands[j]) >= 0.98 * top),
-                       key=lambda j: (cands[j].accuracy, cands[j].cap.rate / cost(cands[j])))
-            b = cands[best]
-            if b.cap.rate <= r:
-                n = max(1, min(int(r // b.cap.rate), int(budget[b.cls] // b.gpu_fraction)))
-                chosen[best] += n
-                budget[b.cls] -= n * b.gpu_fraction
-                r -= n * b.cap.rate
-                continue
-            # the remainder: the cheapest single replica that covers it
-            cover = [j for j in pool if cands[j].cap.rate >= r]
-            j = min(cover, key=lambda j: (cost(cands[j]), -cands[j].accuracy))
-            chosen[j] += 1
-            budget[cands[j].cls] -= cands[j].gpu_fraction
-            r = 0.0
-    return dict(chosen)
-
-
-def _layouts_for(inv: Inventory, chosen: dict[int, int], cands: list[Candidate],
-                 opts: Options) -> dict[int, list[LayoutOption]]:
-    out = {}
-    for ci, c in enumerate(inv.classes):
-        items = [(cands[j], n) for j, n in chosen.items() if cands[j].cls == ci]
-        out[ci] = cover_layouts(c, _slices_needed(items), opts, inv.weight(c))
-    return out
-
-
 # --------------------------------------------------------------------------- MILP / LP
 
 
@@ -274,8 +220,46 @@ class _Program:
     y_index: list[tuple[int, LayoutOption]]
 
 
+CUTS_PER_MODEL = 6
+
+
+def _rounding_cuts(a, demands: Sequence[Demand], inv: Inventory, cands: list[Candidate]):
+    """Append Chvatal-Gomory rounding cuts of each model's capacity row: for a divisor ``d``,
+    ``sum_j ceil(c_j / d) x_j >= ceil(req / d)`` holds for integer replicas (``c_j`` the capped
+    capacities). Divisors: the capacities of the model's most cost-efficient candidates. They
+    make the LP pay for rounding each model up to whole replicas, as every plan must."""
+    from scipy.sparse import coo_matrix, vstack
+
+    by_model: dict[int, list[int]] = defaultdict(list)
+    for j, c in enumerate(cands):
+        by_model[c.model].append(j)
+    rows, cols, vals, rhs = [], [], [], []
+    for mi, js in by_model.items():
+        req = demands[mi].required
+        eff = sorted(js, key=lambda j: -cands[j].cap.rate / (inv.weight(inv.classes[cands[j].cls])
+                                                             * cands[j].gpu_fraction))
+        divisors: list[float] = []
+        for j in eff:
+            d = cands[j].cap.rate
+            if d < req and all(abs(d - e) > 1e-9 * d for e in divisors):
+                divisors.append(d)
+            if len(divisors) == CUTS_PER_MODEL:
+                break
+        for d in divisors:
+            r = len(rhs)
+            for j in js:
+                rows.append(r)
+                cols.append(j)
+                vals.append(math.ceil(min(cands[j].cap.rate, req) / d - 1e-9))
+            rhs.append(math.ceil(req / d - 1e-9))
+    if not rhs:
+        return a, np.zeros(0)
+    cuts = coo_matrix((vals, (rows, cols)), shape=(len(rhs), a.shape[1]))
+    return vstack([a, cuts]).tocsr(), np.array(rhs, dtype=float)
+
+
 def _program(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
-             tie_break: bool) -> _Program:
+             tie_break: bool, cuts: bool = False) -> _Program:
     from scipy.sparse import lil_matrix
 
     y_index = [(ci, lo) for ci, c in enumerate(inv.classes) for lo in layout_options(c, opts)]
@@ -295,7 +279,9 @@ def _program(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], 
     base = len(inv.classes) + len(kinds)
     for j, cand in enumerate(cands):
         a[len(inv.classes) + kind_row[(cand.cls, cand.slice)], j] = cand.share
-        a[base + cand.model, j] = cand.cap.rate
+        # capped at the requirement: one replica that covers it counts as covering (valid for
+        # integers, and it keeps the LP from using slivers of a huge replica)
+        a[base + cand.model, j] = min(cand.cap.rate, demands[cand.model].required)
     for mi, d in enumerate(demands):
         lo[base + mi], hi[base + mi] = d.required, np.inf
     cost = np.zeros(n)
@@ -306,6 +292,11 @@ def _program(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], 
         ub[j] = math.ceil(demands[cand.model].required / cand.cap.rate)
     for yi, (ci, _) in enumerate(y_index):
         ub[n_x + yi] = len(inv.classes[ci].ids)
+    a = a.tocsr()
+    if cuts:
+        a, rhs = _rounding_cuts(a, demands, inv, cands)
+        lo = np.concatenate([lo, rhs])
+        hi = np.concatenate([hi, np.full(len(rhs), np.inf)])
     if tie_break:
         # lower accuracy and idle share cost a little, never as much as one GPU in total
         wmin = min(inv.weight(c) for c in inv.classes)
@@ -315,14 +306,14 @@ def _program(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], 
         per = 0.5 * wmin / max(1.0, float(ub[:n_x].sum()))
         for j, cand in enumerate(cands):
             cost[j] = per * (0.5 * min(1.0, best_acc[cand.model] - cand.accuracy) + 0.5 * cand.gpu_fraction)
-    return _Program(cost, a.tocsr(), lo, hi, ub, n_x, y_index)
+    return _Program(cost, a, lo, hi, ub, n_x, y_index)
 
 
 def lower_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options) -> float:
     """The LP relaxation's optimum: no plan on this candidate grid costs less."""
     if not cands:
         return 0.0
-    p = _program(demands, inv, cands, opts, tie_break=False)
+    p = _program(demands, inv, cands, opts, tie_break=False, cuts=True)
     res = milp(p.c, constraints=LinearConstraint(p.a, p.lo, p.hi), bounds=Bounds(0, p.ub),
                options={"time_limit": 60.0})
     if res.status != 0 or res.fun is None:
@@ -332,18 +323,34 @@ def lower_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
 
 
 def _milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
-                 time_limit: float) -> tuple[dict[int, int], dict[int, list[LayoutOption]]]:
-    p = _program(demands, inv, cands, opts, tie_break=True)
-    res = milp(p.c, constraints=LinearConstraint(p.a, p.lo, p.hi), integrality=np.ones(len(p.c)),
-               bounds=Bounds(0, p.ub), options={"time_limit": time_limit, "mip_rel_gap": 1e-4})
+                 time_limit: float) -> tuple[dict[int, int], dict[int, list[LayoutOption]], float]:
+    """Two stages: the fewest GPUs (or least cost) first, an integer objective HiGHS proves
+    fast; then, with that objective held, the most accurate variants and the least share
+    (so no idle replicas). Returns the choice, the layouts and the proven lower bound."""
+    t0 = time.perf_counter()
+    p = _program(demands, inv, cands, opts, tie_break=False)
+    cons = [LinearConstraint(p.a, p.lo, p.hi)]
+    integ = np.ones(len(p.c))
+    res = milp(p.c, constraints=cons, integrality=integ, bounds=Bounds(0, p.ub),
+               options={"time_limit": 0.7 * time_limit, "mip_rel_gap": 1e-6})
     if res.x is None:
         raise SolverError(f"MILP found no feasible plan within {time_limit:g} s ({res.message})")
-    x = np.round(res.x).astype(int)
+    best, proven = res.x, float(getattr(res, "mip_dual_bound", 0.0) or 0.0)
+    left = time_limit - (time.perf_counter() - t0)
+    if left > 0.5:
+        tie = _program(demands, inv, cands, opts, tie_break=True).c
+        tie[p.n_x:] = 0.0
+        hold = LinearConstraint(p.c.reshape(1, -1), -np.inf, float(p.c @ np.round(res.x)) + 1e-6)
+        res2 = milp(tie, constraints=[*cons, hold], integrality=integ, bounds=Bounds(0, p.ub),
+                    options={"time_limit": left, "mip_rel_gap": 1e-3})
+        if res2.x is not None:
+            best = res2.x
+    x = np.round(best).astype(int)
     chosen = {j: int(x[j]) for j in range(p.n_x) if x[j] > 0}
     lay: dict[int, list[LayoutOption]] = defaultdict(list)
     for yi, (ci, lo) in enumerate(p.y_index):
         lay[ci] += [lo] * int(x[p.n_x + yi])
-    return chosen, dict(lay)
+    return chosen, dict(lay), proven
 
 
 # --------------------------------------------------------------------------- entry point
@@ -351,7 +358,8 @@ def _milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidat
 
 def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory, method: str = "greedy",
           *, time_limit: float = 10.0, options: Options = DEFAULT, bound: bool = True) -> Plan:
-    """Plan ``demands`` on ``inventory`` from ``profiles``. Pure: same input, same plan."""
+    """Plan ``demands`` on ``inventory`` from ``profiles``. No I/O; the greedy is deterministic,
+    the MILP too unless its time limit cuts the search short."""
     if method not in METHODS:
         raise SolverError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
     names = [d.model for d in demands]
@@ -361,12 +369,13 @@ def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
     cands = candidates(demands, profiles, inventory, options)
     _check_coverable(demands, cands)
     if method == "greedy":
-        chosen = _greedy_choice(demands, inventory, cands)
-        lay = _layouts_for(inventory, chosen, cands, options)
+        from placement.greedy import greedy_gpus  # noqa: PLC0415  (greedy builds on this module)
+
+        gpus, proven = greedy_gpus(demands, inventory, cands, options), 0.0
     else:
-        chosen, lay = _milp_choice(demands, inventory, cands, options, time_limit)
-    gpus = pack(demands, inventory, profiles, chosen, cands, lay)
+        chosen, lay, proven = _milp_choice(demands, inventory, cands, options, time_limit)
+        gpus = pack(demands, inventory, profiles, chosen, cands, lay)
     lb = lower_bound(demands, inventory, cands, options) if bound else 0.0
     label = method if options == DEFAULT else f"{method}[mig={int(options.mig)},mps={int(options.mps)}]"
-    return Plan(gpus, tuple(demands), inventory, label, lb, time.perf_counter() - t0, profiles)
+    return Plan(gpus, tuple(demands), inventory, label, lb, time.perf_counter() - t0, profiles, proven)
 

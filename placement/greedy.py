@@ -1,0 +1,120 @@
+"""The fast greedy: first-fit decreasing onto concrete GPUs, preferring room already opened.
+
+Models go in decreasing order of required rate. For each, replicas are added until its
+capacity covers the requirement:
+- a replica that fits in room already opened (free MPS share on a slice, or a free slice of a
+  GPU whose layout is chosen) is taken first when it covers what is left, or when it is at
+  least half as efficient as the best new GPU would be;
+- otherwise a new GPU is opened for the most efficient candidate (capacity per unit of GPU
+  cost), in the layout holding the most slices of that kind; the rest of that layout stays
+  open for later models.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from placement.catalogue import WHOLE, Instance
+from placement.plan import Demand, GpuPlan, Inventory, Replica, SlicePlan
+from placement.solver import Candidate, LayoutOption, Options, SolverError, layout_options
+
+
+@dataclass
+class _Slot:
+    gpu: int
+    inst: Instance
+    free: float = 1.0
+    replicas: list[Replica] = field(default_factory=list)
+
+
+@dataclass
+class _Gpu:
+    cls: int
+    layout: LayoutOption
+    slots: list[_Slot]
+
+
+def greedy_gpus(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate],
+                opts: Options) -> tuple[GpuPlan, ...]:
+    by_model: dict[int, list[Candidate]] = defaultdict(list)
+    for c in cands:
+        by_model[c.model].append(c)
+    budget = [len(c.ids) for c in inv.classes]
+    los = {ci: layout_options(c, opts) for ci, c in enumerate(inv.classes)}
+    gpus: list[_Gpu] = []
+    free: dict[tuple[int, str], list[_Slot]] = defaultdict(list)  # (class, kind) -> slots with room
+
+    def weight(c: Candidate) -> float:
+        return inv.weight(inv.classes[c.cls]) * c.gpu_fraction
+
+    def fitting(c: Candidate) -> _Slot | None:
+        # best fit: the slot with the least room that still takes the share
+        best = None
+        for s in free[(c.cls, c.slice)]:
+            if s.free + 1e-9 >= c.share and (best is None or s.free < best.free):
+                best = s
+        return best
+
+    def place(c: Candidate, slot: _Slot) -> None:
+        slot.free -= c.share
+        slot.replicas.append(Replica(demands[c.model].model, c.profile.variant, c.share, c.cap.batch, c.cap.rate))
+        if slot.free <= 1e-9:
+            free[(c.cls, c.slice)].remove(slot)
+
+    def open_gpu(c: Candidate) -> _Slot:
+        if budget[c.cls] <= 0:
+            raise SolverError(f"class {inv.classes[c.cls].key}: the pool ran out of GPUs")
+        budget[c.cls] -= 1
+        lo = max((x for x in los[c.cls] if dict(x.counts).get(c.slice)),
+                 key=lambda x: (dict(x.counts)[c.slice], -sum(n for _, n in x.counts)))
+        g = _Gpu(c.cls, lo, [])
+        gi = len(gpus)
+        for inst in lo.layout or (Instance(-1, WHOLE),):
+            slot = _Slot(gi, inst)
+            g.slots.append(slot)
+            free[(c.cls, inst.profile)].append(slot)
+        gpus.append(g)
+        return fitting(c)
+
+    order = sorted(range(len(demands)), key=lambda i: (demands[i].priority != "guaranteed", -demands[i].required))
+    for mi in order:
+        r = demands[mi].required
+        mine = by_model[mi]
+        while r > 1e-9:
+            usable = [c for c in mine if budget[c.cls] > 0 or free[(c.cls, c.slice)]]
+            if not usable:
+                raise SolverError(f"model {demands[mi].model}: the pool ran out of GPUs ({r:.0f} req/s unplaced)")
+            eff = {id(c): c.cap.rate / weight(c) for c in usable}
+            top = max(eff[id(c)] for c in usable if budget[c.cls] > 0) if any(budget[c.cls] > 0 for c in usable) else 0.0
+            fits = [(c, s) for c in usable if (s := fitting(c)) is not None]
+            covering = [(c, s) for c, s in fits if c.cap.rate >= r]
+            if covering:
+                c, s = min(covering, key=lambda t: (weight(t[0]), -t[0].accuracy))
+            else:
+                good = [(c, s) for c, s in fits if eff[id(c)] >= 0.5 * top]
+                if good:
+                    c, s = max(good, key=lambda t: (t[0].cap.rate, t[0].accuracy))
+                else:
+                    fresh = [c for c in usable if budget[c.cls] > 0]
+                    cover = [c for c in fresh if c.cap.rate >= r]
+                    if cover and r < max(c.cap.rate for c in fresh if eff[id(c)] >= 0.98 * top):
+                        c = min(cover, key=lambda c: (weight(c), -c.accuracy))
+                    else:
+                        c = max((c for c in fresh if eff[id(c)] >= 0.98 * top),
+                                key=lambda c: (c.accuracy, eff[id(c)]))
+                    s = open_gpu(c)
+            place(c, s)
+            r -= c.cap.rate
+    out = []
+    for gi, g in enumerate(gpus):
+        cls = inv.classes[g.cls]
+        slices = tuple(
+            SlicePlan(s.inst.profile, None if s.inst.profile == WHOLE else s.inst.start,
+                      len(s.replicas) > 1 or s.replicas[0].share < 1.0, tuple(s.replicas))
+            for s in sorted(g.slots, key=lambda s: s.inst.start) if s.replicas)
+        if slices:
+            out.append(GpuPlan(cls.ids[sum(1 for h in gpus[:gi] if h.cls == g.cls)], cls.gpu,
+                               bool(g.layout.layout), slices))
+    return tuple(out)
