@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from placement.capacity import replica_capacity
+from placement.capacity import batch_latency, replica_capacity
 from placement.catalogue import Instance, gpu_model, layouts, overlap_reason
 from placement.diff import diff, replan
 from placement.executors import DryRun, ExecutorError, Nvml
@@ -381,3 +381,27 @@ def test_nvml_executor_reports_an_overlap_the_fake_driver_refuses():
         clash.verify()
     with pytest.raises(ExecutorError, match="create_slice n0/gpu2 3g.40gb@0.*Insufficient Resources"):
         Nvml(nvml=FakeNvml(), runner=RecordingRunner()).apply(clash)
+
+
+def test_capacity_search_matches_brute_force_on_every_reference_curve():
+    ps = with_derived(ProfileSet.reference(), gpus=("A100-80GB",))
+    for p in ps:
+        for slo in (0.02, 0.1, 0.137):
+            for share in (1.0, 0.25):
+                got = replica_capacity(p, slo, share)
+                feasible = [b for b in range(1, p.max_batch + 1) if batch_latency(p, b, share) <= slo / 2]
+                want = max((b / batch_latency(p, b, share) for b in feasible), default=None)
+                assert (got is None) == (want is None), p.name
+                if got is not None:
+                    assert got.rate == pytest.approx(want, rel=1e-12), (p.name, slo, share)
+
+
+def test_cli_plans_the_examples_and_prints_dry_run_commands(capsys):
+    from deploy.cli import main
+
+    rc = main(["plan", "-f", "placement/examples/pool.yaml", "-f", "placement/examples/models.yaml",
+               "--output", "yaml", "--apply", "--executor", "dry-run"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "kind: Plan" in out and "tritonserver --model-repository=" in out
+    rc = main(["plan", "-f", "placement/examples/pool.yaml"])
+    assert rc == 2 and "no ModelDeployment documents" in capsys.readouterr().err
