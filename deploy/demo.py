@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from placement.solver import solve
     from placement.spec import load_problem
 
-    out = Console()
+    out = Console(width=max(Console().width, 120))
     inventory, demands, _ = load_problem(*args.file)
     if args.rate is not None:
         from dataclasses import replace
