@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,7 +32,8 @@ INPUT = TensorSpec("INPUT0", "FP32", (64,))
 OUTPUT = TensorSpec("PROBS", "FP32", (10,))
 MODEL_PY = Path(__file__).with_name("digits_model.py")
 HEADRACE_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CACHE = HEADRACE_ROOT / ".headrace" / "digits"
+# weights cache; HEADRACE_DIGITS_CACHE overrides (e.g. for an installed, read-only package)
+DEFAULT_CACHE = Path(os.environ.get("HEADRACE_DIGITS_CACHE", HEADRACE_ROOT / ".headrace" / "digits"))
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,7 @@ def load_or_train(variant: DigitsVariant | str, cache_dir: str | Path | None = N
             pass  # a corrupt cache entry is simply retrained
     weights = train(v)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_bytes(weights.to_npz())
     tmp.replace(path)  # atomic: concurrent trainers never see half a file
     return weights
