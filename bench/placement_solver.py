@@ -84,7 +84,7 @@ def run_one(n: int, seed: int, base: ProfileSet, rates: tuple[float, float] = RA
     row = {
         "models": n, "rates": list(rates), "milp_proven_bound_gpus": proven, "pool_gpus": sum(len(c.ids) for c in inv.classes), "lp_bound_gpus": lb,
         "total_rate": round(sum(d.rate for d in demands), 1),
-        "plans": {k: {"gpus": p.gpu_count, "cost_per_hour": round(p.cost_per_hour, 2),
+        "plans": {k: {"gpus": p.gpu_count, "method": p.method, "cost_per_hour": round(p.cost_per_hour, 2),
                       "solve_s": round(t[k], 3), "vs_lp": round(p.gpu_count / lb, 4) if lb else None}
                   for k, p in runs.items()},
         "lp_bound_s": round(t["lp-bound"], 3),
@@ -111,7 +111,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
         lines.append(f"| {tag} | LP bound | {r['lp_bound_gpus']:g} | | 1.000 | {r['lp_bound_s']} |")
         lines.append(f"| {tag} | MILP proven bound | {r['milp_proven_bound_gpus']:g} | | | |")
         for k, p in r["plans"].items():
-            lines.append(f"| {tag} | {k} | {p['gpus']} | {p['cost_per_hour']} | "
+            lines.append(f"| {tag} | {p['method']} | {p['gpus']} | {p['cost_per_hour']} | "
                          f"{p['vs_lp'] if p['vs_lp'] is not None else '-'} | {p['solve_s']} |")
     lines += ["", "| models | rates | best / LP | best / proven | fewer GPUs than whole-GPU-per-model "
               "| fewer than MIG-only greedy (best; greedy alone) |", "|---|---|---|---|---|---|"]

@@ -1,13 +1,13 @@
 """The fast greedy: first-fit decreasing onto concrete GPUs, preferring room already opened.
 
-Models go in decreasing order of required rate. For each, replicas are added until its
-capacity covers the requirement:
-- a replica that fits in room already opened (free MPS share on a slice, or a free slice of a
-  GPU whose layout is chosen) is taken first when it covers what is left, or when it is at
-  least half as efficient as the best new GPU would be;
-- otherwise a new GPU is opened for the most efficient candidate (capacity per unit of GPU
-  cost), in the layout holding the most slices of that kind; the rest of that layout stays
-  open for later models.
+Phase 1 (bulk): for every model, in decreasing order of required rate, whole replicas of its
+most efficient candidate (capacity per unit of GPU cost) while they do not exceed what is left.
+Phase 2 (remainders, largest first): a replica that fits in room already opened (free MPS
+share on a slice, or a free slice of a GPU whose layout is chosen) when it covers what is left,
+or when it is nearly as efficient as a new GPU would be; otherwise a new GPU for the cheapest
+candidate that covers the rest (or the most efficient one).
+A new GPU takes the layout holding the most slices of the candidate's kind; the rest of that
+layout stays open for later replicas.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from placement.catalogue import WHOLE, Instance
 from placement.plan import Demand, GpuPlan, Inventory, Replica, SlicePlan
 from placement.solver import Candidate, LayoutOption, Options, SolverError, layout_options
+
+FIT_EFFICIENCY = 0.85  # take opened room if at least this efficient relative to a new GPU
 
 
 @dataclass
@@ -78,32 +80,49 @@ def greedy_gpus(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
         gpus.append(g)
         return fitting(c)
 
+    def efficiency(c: Candidate) -> float:
+        return c.cap.rate / weight(c)
+
     order = sorted(range(len(demands)), key=lambda i: (demands[i].priority != "guaranteed", -demands[i].required))
+    left = {mi: demands[mi].required for mi in order}
+    # phase 1, bulk: whole replicas of each model's most efficient candidate
     for mi in order:
-        r = demands[mi].required
+        while True:
+            usable = [c for c in by_model[mi] if budget[c.cls] > 0 or free[(c.cls, c.slice)]]
+            if not usable:
+                break
+            top = max(efficiency(c) for c in usable)
+            c = max((c for c in usable if efficiency(c) >= 0.98 * top), key=lambda c: (c.accuracy, efficiency(c)))
+            if c.cap.rate > left[mi]:
+                break
+            s = fitting(c) or open_gpu(c)
+            place(c, s)
+            left[mi] -= c.cap.rate
+    # phase 2, remainders, largest first: room already opened, else a new GPU
+    for mi in sorted(order, key=lambda i: (demands[i].priority != "guaranteed", -left[i])):
+        r = left[mi]
         mine = by_model[mi]
         while r > 1e-9:
             usable = [c for c in mine if budget[c.cls] > 0 or free[(c.cls, c.slice)]]
             if not usable:
                 raise SolverError(f"model {demands[mi].model}: the pool ran out of GPUs ({r:.0f} req/s unplaced)")
-            eff = {id(c): c.cap.rate / weight(c) for c in usable}
-            top = max(eff[id(c)] for c in usable if budget[c.cls] > 0) if any(budget[c.cls] > 0 for c in usable) else 0.0
+            fresh = [c for c in usable if budget[c.cls] > 0]
+            top = max((efficiency(c) for c in fresh), default=0.0)
             fits = [(c, s) for c in usable if (s := fitting(c)) is not None]
             covering = [(c, s) for c, s in fits if c.cap.rate >= r]
+            good = [(c, s) for c, s in fits if efficiency(c) >= FIT_EFFICIENCY * top]
             if covering:
                 c, s = min(covering, key=lambda t: (weight(t[0]), -t[0].accuracy))
+            elif good:
+                c, s = max(good, key=lambda t: (t[0].cap.rate, t[0].accuracy))
             else:
-                good = [(c, s) for c, s in fits if eff[id(c)] >= 0.5 * top]
-                if good:
-                    c, s = max(good, key=lambda t: (t[0].cap.rate, t[0].accuracy))
+                if not fresh:
+                    c, s = max(fits, key=lambda t: (t[0].cap.rate, t[0].accuracy))
                 else:
-                    fresh = [c for c in usable if budget[c.cls] > 0]
                     cover = [c for c in fresh if c.cap.rate >= r]
-                    if cover and r < max(c.cap.rate for c in fresh if eff[id(c)] >= 0.98 * top):
-                        c = min(cover, key=lambda c: (weight(c), -c.accuracy))
-                    else:
-                        c = max((c for c in fresh if eff[id(c)] >= 0.98 * top),
-                                key=lambda c: (c.accuracy, eff[id(c)]))
+                    c = (min(cover, key=lambda c: (weight(c), -c.accuracy)) if cover else
+                         max((c for c in fresh if efficiency(c) >= 0.98 * top),
+                             key=lambda c: (c.accuracy, efficiency(c))))
                     s = open_gpu(c)
             place(c, s)
             r -= c.cap.rate

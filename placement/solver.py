@@ -40,6 +40,10 @@ class SolverError(ValueError):
     """No plan exists (or none was found in time); the message says which model or GPU class."""
 
 
+class MilpTimeout(SolverError):
+    """The MILP hit its time limit before finding any integer solution."""
+
+
 @dataclass(frozen=True)
 class Candidate:
     model: int  # index into demands
@@ -334,7 +338,9 @@ def _milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidat
     res = milp(p.c, constraints=cons, integrality=integ, bounds=Bounds(0, p.ub),
                options={"time_limit": 0.7 * time_limit, "mip_rel_gap": 1e-6})
     if res.x is None:
-        raise SolverError(f"MILP found no feasible plan within {time_limit:g} s ({res.message})")
+        if res.status == 1:  # time or iteration limit
+            raise MilpTimeout(f"MILP found no feasible plan within {time_limit:g} s")
+        raise SolverError(f"MILP found no feasible plan ({res.message})")
     best, proven = res.x, float(getattr(res, "mip_dual_bound", 0.0) or 0.0)
     left = time_limit - (time.perf_counter() - t0)
     if left > 0.5:
@@ -368,14 +374,18 @@ def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
     t0 = time.perf_counter()
     cands = candidates(demands, profiles, inventory, options)
     _check_coverable(demands, cands)
-    if method == "greedy":
-        from placement.greedy import greedy_gpus  # noqa: PLC0415  (greedy builds on this module)
+    from placement.greedy import greedy_gpus  # noqa: PLC0415  (greedy builds on this module)
 
+    label = method if options == DEFAULT else f"{method}[mig={int(options.mig)},mps={int(options.mps)}]"
+    if method == "greedy":
         gpus, proven = greedy_gpus(demands, inventory, cands, options), 0.0
     else:
-        chosen, lay, proven = _milp_choice(demands, inventory, cands, options, time_limit)
-        gpus = pack(demands, inventory, profiles, chosen, cands, lay)
+        try:
+            chosen, lay, proven = _milp_choice(demands, inventory, cands, options, time_limit)
+            gpus = pack(demands, inventory, profiles, chosen, cands, lay)
+        except MilpTimeout:
+            # no integer solution within the limit: the greedy's plan stands, and says so
+            gpus, proven, label = greedy_gpus(demands, inventory, cands, options), 0.0, label + "->greedy"
     lb = lower_bound(demands, inventory, cands, options) if bound else 0.0
-    label = method if options == DEFAULT else f"{method}[mig={int(options.mig)},mps={int(options.mps)}]"
     return Plan(gpus, tuple(demands), inventory, label, lb, time.perf_counter() - t0, profiles, proven)
 
