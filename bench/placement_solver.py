@@ -111,7 +111,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
         lines.append(f"| {tag} | LP bound | {r['lp_bound_gpus']:g} | | 1.000 | {r['lp_bound_s']} |")
         lines.append(f"| {tag} | MILP proven bound | {r['milp_proven_bound_gpus']:g} | | | |")
         for k, p in r["plans"].items():
-            lines.append(f"| {tag} | {p['method']} | {p['gpus']} | {p['cost_per_hour']} | "
+            name = k if "->" not in p.get("method", "") else f"{k} (no MILP solution in time: {p['method']})"
+            lines.append(f"| {tag} | {name} | {p['gpus']} | {p['cost_per_hour']} | "
                          f"{p['vs_lp'] if p['vs_lp'] is not None else '-'} | {p['solve_s']} |")
     lines += ["", "| models | rates | best / LP | best / proven | fewer GPUs than whole-GPU-per-model "
               "| fewer than MIG-only greedy (best; greedy alone) |", "|---|---|---|---|---|---|"]
