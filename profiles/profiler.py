@@ -138,7 +138,7 @@ class ProfileResult:
 
 
 def _strip_scheme(url: str) -> str:
-    for scheme in ("http://", "https://", "grpc://"):
+    for scheme in ("http://", "grpc://"):
         if url.startswith(scheme):
             return url[len(scheme):].rstrip("/")
     return url.rstrip("/")
@@ -414,6 +414,15 @@ def default_batches(max_batch: int) -> list[int]:
 def run_profiler(cfg: ProfilerConfig, log: Callable[[str], None] | None = None) -> ProfileResult:
     """Measure the model ``cfg`` names and build its :class:`Profile`."""
     server = _Server(cfg)
+    try:
+        return _run(server, log)
+    finally:
+        with contextlib.suppress(Exception):
+            server.client.close()
+
+
+def _run(server: _Server, log: Callable[[str], None] | None) -> ProfileResult:
+    cfg = server.cfg
     inputs, max_bs = server.describe()
     batched = max_bs > 0
     batches = cfg.batches or (default_batches(max_bs) if batched else [1])
@@ -472,8 +481,6 @@ def run_profiler(cfg: ProfilerConfig, log: Callable[[str], None] | None = None) 
             notes="; ".join(notes),
         ),
     )
-    with contextlib.suppress(Exception):
-        server.client.close()
     return ProfileResult(profile, stats)
 
 
