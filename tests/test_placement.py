@@ -405,3 +405,17 @@ def test_cli_plans_the_examples_and_prints_dry_run_commands(capsys):
     assert rc == 0 and "kind: Plan" in out and "tritonserver --model-repository=" in out
     rc = main(["plan", "-f", "placement/examples/pool.yaml"])
     assert rc == 2 and "no ModelDeployment documents" in capsys.readouterr().err
+
+
+def test_changing_a_gpu_from_whole_to_mig_breaks_first_and_says_so():
+    ps = ProfileSet([fake_profile("m", "gpu"), fake_profile("m", "3g.40gb")])
+    d = Demand("m", 10.0, 0.1)
+    whole = _one_gpu_plan((SlicePlan("gpu", None, False, (_rep(ps, "gpu"),)),), (d,), ps, mig=False)
+    mig = _one_gpu_plan((SlicePlan("3g.40gb", 0, False, (_rep(ps, "3g.40gb"),)),), (d,), ps)
+    whole.verify()
+    mig.verify()
+    steps = diff(whole, mig).steps
+    acts = [s.action for s in steps]
+    # NOTE: MIG mode cannot change under a running replica: the old one stops first
+    assert acts.index("stop_replica") < acts.index("enable_mig") < acts.index("create_slice")
+    assert diff(whole, mig).capacity_dips()

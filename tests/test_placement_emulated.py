@@ -37,3 +37,14 @@ def test_emulated_plan_serves_through_the_gateway():
                 # NOTE: the emulated model answers INPUT + 1, row for row
                 np.testing.assert_array_equal(out, x + 1)
             client.close()
+
+
+@pytest.mark.slow
+def test_predicted_capacity_holds_when_served():
+    from bench.placement_capacity import measure, scenario_plans
+
+    ps = with_derived(ProfileSet.reference())
+    plan = scenario_plans(ps)["1g.10gb exclusive"]
+    row = measure(plan, ps, duration=15.0)
+    # NOTE: goodput within 10% of the plan's prediction, at the predicted rate
+    assert row["goodput_rps"] >= 0.9 * row["predicted_rps"], row
