@@ -84,8 +84,9 @@ def latency_sweep(url: str, model: str, prof: Profile, samples: int) -> list[dic
     return rows
 
 
-def closed_loop(targets: list[tuple[str, str]], duration: float) -> list[float]:
-    """Requests/s of batch LOAD_BATCH each (url, model) gets, all driven at once."""
+def closed_loop(targets: list[tuple[str, str]], duration: float, batch: int = LOAD_BATCH) -> list[float]:
+    """Rows/s each (url, model) gets when all are driven at once, back to back with batches
+    of ``batch`` rows, for the same ``duration`` seconds from a common start."""
     out = [0.0] * len(targets)
     start = threading.Barrier(len(targets))
 
@@ -93,14 +94,14 @@ def closed_loop(targets: list[tuple[str, str]], duration: float) -> list[float]:
         url, model = targets[i]
         client = httpclient.InferenceServerClient(url)
         try:
-            x = _input(LOAD_BATCH)
+            x = _input(batch)
             client.infer(model, [x])
             start.wait()
             n, t0 = 0, time.perf_counter()
             while (elapsed := time.perf_counter() - t0) < duration:
                 client.infer(model, [x])
                 n += 1
-            out[i] = n * LOAD_BATCH / elapsed
+            out[i] = n * batch / elapsed
         finally:
             client.close()
 

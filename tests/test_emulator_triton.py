@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
+from bench.emulator_fidelity import closed_loop
 from deploy.repository import DynamicBatching
 from deploy.triton import TritonServer
 from profiles.emulator import ArbiterClient, ArbiterError, EmulatedGpu, write_emulated_model
@@ -55,68 +56,47 @@ def test_a_dead_client_does_not_wedge_the_arbiter_and_stop_ends_the_process():
 def served(tmp_path_factory):
     repo = tmp_path_factory.mktemp("emu")
     ref = ProfileSet.reference().get("resnet50", "A100-80GB", "1g.10gb").with_max_batch(8)
-    c20 = const_profile(20.0)
+    c30 = const_profile(30.0)
     with EmulatedGpu("gpu-it") as gpu:
         arb = gpu.socket_path
         write_emulated_model(repo, "ref", ref, slice_id="solo/1g@0", dynamic_batching=DynamicBatching())
-        write_emulated_model(repo, "rows", c20, slice_id="solo/1g@1",
+        write_emulated_model(repo, "rows", c30, slice_id="solo/1g@1",
                              dynamic_batching=DynamicBatching(max_queue_delay_us=50000))
-        write_emulated_model(repo, "mig_a", c20, slice_id="g/1g@0", arbiter=arb)
-        write_emulated_model(repo, "mig_b", c20, slice_id="g/1g@1", arbiter=arb)
-        write_emulated_model(repo, "ts_b", c20, slice_id="g/1g@0", arbiter=arb)  # beside mig_a
-        write_emulated_model(repo, "mps_a", c20, slice_id="g/mps", mode="mps", share=0.5, arbiter=arb)
-        write_emulated_model(repo, "mps_b", c20, slice_id="g/mps", mode="mps", share=0.5, arbiter=arb)
-        write_emulated_model(repo, "lost", c20, slice_id="g/lost", arbiter="/tmp/headrace-no-such.sock")
+        write_emulated_model(repo, "mig_a", c30, slice_id="g/1g@0", arbiter=arb)
+        write_emulated_model(repo, "mig_b", c30, slice_id="g/1g@1", arbiter=arb)
+        write_emulated_model(repo, "ts_b", c30, slice_id="g/1g@0", arbiter=arb)  # beside mig_a
+        write_emulated_model(repo, "mps_a", c30, slice_id="g/mps", mode="mps", share=0.5, arbiter=arb)
+        write_emulated_model(repo, "mps_b", c30, slice_id="g/mps", mode="mps", share=0.5, arbiter=arb)
+        write_emulated_model(repo, "lost", c30, slice_id="g/lost", arbiter="/tmp/headrace-no-such.sock")
         with TritonServer(repo) as server:
             yield server, ref
 
 
-def infer(url: str, model: str, x: np.ndarray) -> tuple[np.ndarray, float]:
+def infer(url: str, model: str, x: np.ndarray) -> np.ndarray:
     client = httpclient.InferenceServerClient(url)
     try:
         inp = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
         inp.set_data_from_numpy(x)
-        t0 = time.perf_counter()
-        out = client.infer(model, [inp]).as_numpy("OUTPUT0")
-        return out, time.perf_counter() - t0
+        return client.infer(model, [inp]).as_numpy("OUTPUT0")
     finally:
         client.close()  # an open keep-alive connection holds up Triton's shutdown
-
-
-def rate(url: str, model: str, n: int) -> float:
-    client = httpclient.InferenceServerClient(url)
-    try:
-        inp = httpclient.InferInput("INPUT0", [1, 16], "FP32")
-        inp.set_data_from_numpy(np.zeros((1, 16), np.float32))
-        client.infer(model, [inp])
-        t0 = time.perf_counter()
-        for _ in range(n):
-            client.infer(model, [inp])
-        return n / (time.perf_counter() - t0)
-    finally:
-        client.close()
-
-
-def rates_together(url: str, models: list[str], n: int = 15) -> list[float]:
-    out = [0.0] * len(models)
-
-    def work(i: int) -> None:
-        out[i] = rate(url, models[i], n)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(models))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("batch", [1, 8])
 def test_latency_through_triton_follows_the_profile(served, batch):
     server, ref = served
-    x = np.zeros((batch, 16), np.float32)
-    times = [infer(server.http_url, "ref", x)[1] for _ in range(12)]
+    client = httpclient.InferenceServerClient(server.http_url)
+    inp = httpclient.InferInput("INPUT0", [batch, 16], "FP32")
+    inp.set_data_from_numpy(np.zeros((batch, 16), np.float32))
+    times = []
+    try:
+        for _ in range(12):
+            t0 = time.perf_counter()
+            client.infer("ref", [inp])
+            times.append(time.perf_counter() - t0)
+    finally:
+        client.close()
     want = ref.latency(batch, "p50")
     # the bench holds the strict 5% / 0.5 ms bound; a shared CI host gets 10% / 1 ms here
     assert abs(statistics.median(times[2:]) - want) <= max(0.10 * want, 0.001)
@@ -129,7 +109,7 @@ def test_dynamic_batches_answer_each_request_with_its_own_rows(served):
     inputs = {i: np.full((i, 16), float(i), np.float32) for i in (1, 2, 3)}
 
     def send(i: int) -> None:
-        results[i] = infer(server.http_url, "rows", inputs[i])[0]
+        results[i] = infer(server.http_url, "rows", inputs[i])
 
     threads = [threading.Thread(target=send, args=(i,)) for i in inputs]
     for t in threads:
@@ -144,17 +124,18 @@ def test_dynamic_batches_answer_each_request_with_its_own_rows(served):
 def test_sharing_rules_hold_through_triton(served):
     server, _ = served
     url = server.http_url
-    solo = rate(url, "mig_a", 15)
-    assert solo == pytest.approx(50.0, rel=0.1)  # 20 ms a batch
-    mig = rates_together(url, ["mig_a", "mig_b"])
-    ts = rates_together(url, ["mig_a", "ts_b"])
-    mps = rates_together(url, ["mps_a", "mps_b"])
-    for r in mig:
-        assert r >= 0.9 * solo  # separate slices: isolated
-    for r in ts:
-        assert r == pytest.approx(solo / 2, rel=0.15)  # one slice, no MPS: they take turns
-    for r in mps:
-        assert r == pytest.approx(solo * 0.5 / 1.2, rel=0.15)  # half the threads, 20% interference
+    scenarios = {"solo": ["mig_a"], "mig": ["mig_a", "mig_b"], "ts": ["mig_a", "ts_b"], "mps": ["mps_a", "mps_b"]}
+    runs: dict[str, list[list[float]]] = {k: [] for k in scenarios}
+    for _ in range(2):  # interleaved, so background load on the host hits baseline and shared alike
+        for k, models in scenarios.items():
+            runs[k].append(closed_loop([(url, m) for m in models], duration=0.3, batch=1))
+    got = {k: [statistics.fmean(c) for c in zip(*v, strict=True)] for k, v in runs.items()}
+    solo = got["solo"][0]
+    assert solo == pytest.approx(1 / 0.030, rel=0.15), got  # 30 ms a batch
+    # the bench holds the strict bounds; a shared CI host gets wider ones here
+    assert min(got["mig"]) >= 0.85 * solo, got  # separate slices: isolated
+    assert got["ts"] == pytest.approx([solo / 2] * 2, rel=0.15), got  # one slice, no MPS: turns
+    assert got["mps"] == pytest.approx([solo * 0.5 / 1.2] * 2, rel=0.15), got  # half the threads, 20% interference
 
 
 @pytest.mark.integration
