@@ -139,6 +139,7 @@ class Driver:
         self._ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
+        self._poll_scheduled = False
         self._tasks: set[asyncio.Task] = set()
         self._health_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -238,10 +239,21 @@ class Driver:
             raise Rejected(reject.message or f"request rejected: {reject.reason}", reject.reason, reject.retry_after)
         fut = self._loop.create_future()  # type: ignore[union-attr]
         self._pending[req.id] = _Pending(req, inp, fut)
-        self._poll()
+        self._poll_soon()
         return await fut
 
     # ------------------------------------------------------------------ the loop
+
+    def _poll_soon(self) -> None:
+        """One poll per loop iteration for all the arrivals it brings: under load the core is
+        polled less often per request instead of the loop falling behind."""
+        if not self._poll_scheduled:
+            self._poll_scheduled = True
+            self._loop.call_soon(self._scheduled_poll)  # type: ignore[union-attr]
+
+    def _scheduled_poll(self) -> None:
+        self._poll_scheduled = False
+        self._poll()
 
     def _poll(self) -> None:
         now = self.clock()
@@ -298,6 +310,7 @@ class Driver:
         for p in live:
             self.metrics.of(self.metrics.queue, model).observe(now - p.request.arrival)
         self.metrics.of(self.metrics.batch_size, model, b.variant).observe(b.rows)
+        sent = now
         try:
             results = await self._send(rep, b, live)
         except Exception as e:  # noqa: BLE001  (every failure is answered below)
@@ -308,6 +321,8 @@ class Driver:
         rep.inflight -= 1
         self.metrics.of(self.metrics.inflight, model, rep.id).set(rep.inflight)
         now = self.clock()
+        self.metrics.of(self.metrics.batch_duration, model, b.variant).observe(now - sent)
+        self.metrics.of(self.metrics.batch_late, model, b.variant).observe(max(0.0, now - b.predicted_finish))
         try:
             self.core.on_complete(b, now)
         except Exception:

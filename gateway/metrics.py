@@ -32,6 +32,13 @@ class GatewayMetrics:
         self.batch_size = Histogram(
             "headrace_batch_size", "Rows per batch sent to a replica", ["model", "variant"],
             buckets=BATCH_BUCKETS, registry=r)
+        self.batch_duration = Histogram(
+            "headrace_batch_duration_seconds", "Time a replica took to answer one batch",
+            ["model", "variant"], buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_late = Histogram(
+            "headrace_batch_late_seconds", "How much later than its predicted finish a batch came back "
+            "(0 when on time): how far the replica strays from its profile",
+            ["model", "variant"], buckets=LATENCY_BUCKETS, registry=r)
         self.goodput = Counter(
             "headrace_goodput", "Successful answers within their deadline (rate() of it is goodput)",
             ["model"], registry=r)
