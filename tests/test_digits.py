@@ -8,6 +8,7 @@ import tritonclient.http as httpclient
 
 from deploy.triton import TritonServer
 from profiles.digits import (
+    MEASURED_DIR,
     VARIANTS,
     DigitsVariant,
     DigitsWeights,
@@ -17,6 +18,7 @@ from profiles.digits import (
     train,
     write_digits_models,
 )
+from profiles.profile import ProfileSet
 
 SIZE_ORDER = ["digits-small", "digits-medium", "digits-large"]
 
@@ -95,3 +97,16 @@ def test_triton_serves_the_same_predictions_as_numpy(tmp_path):
             # served accuracy on these rows agrees with the measured held-out accuracy
             served = float((probs.argmax(1) == y_te[:96]).mean())
             assert abs(served - w.accuracy) < 0.15
+
+
+def test_committed_measured_profiles_load_with_labels_and_accuracy():
+    profiles = ProfileSet.load(MEASURED_DIR)
+    found = {p.variant: p for p in profiles.find(model="digits")}
+    assert set(SIZE_ORDER) <= set(found)
+    for name in SIZE_ORDER:
+        p = found[name]
+        assert (p.gpu, p.slice, p.provenance.kind) == ("cpu", "cpu", "measured")
+        # NOTE: recorded accuracy is the held-out accuracy the cached weights reproduce
+        assert p.accuracy == pytest.approx(load_or_train(name).accuracy, abs=1e-4)
+        lat = [p.latency(b, "p50") for b in range(1, p.max_batch + 1)]
+        assert lat == sorted(lat)  # usable by "largest batch within budget"
