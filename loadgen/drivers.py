@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from loadgen.arrivals import Schedule
 from loadgen.clients import Client
@@ -34,7 +34,6 @@ class Progress:
 
     sent: int = 0
     done: int = 0
-    on_change: Callable[[int, int], None] | None = field(default=None, repr=False)
 
 
 async def open_loop(
@@ -75,7 +74,9 @@ async def open_loop(
         if send is not None:
             send(mi, lambda o, v: finish(t, mi, due, lag, o, v))
         else:
-            task = loop.create_task(_via_task(client, mi, lambda o, v: finish(t, mi, due, lag, o, v)))
+            task = loop.create_task(
+                _via_task(client, mi, lambda o, v: finish(t, mi, due, lag, o, v))
+            )
             tasks.add(task)  # the loop keeps only weak references to tasks
             task.add_done_callback(tasks.discard)
 

@@ -222,11 +222,19 @@ def worker_main() -> None:
                     send(b"P", (prog.sent, prog.done))
                     await asyncio.sleep(0.2)
 
+            async def watch_parent() -> None:  # an orphaned worker stops at once
+                parent = os.getppid()
+                while os.getppid() == parent:
+                    await asyncio.sleep(0.5)
+                os._exit(3)
+
             pub = loop.create_task(publish())
+            watch = loop.create_task(watch_parent())
             try:
                 return await _drive(spec, prep, share, worker, workers, t0, rec, prog)
             finally:
                 pub.cancel()
+                watch.cancel()
                 send(b"P", (prog.sent, prog.done))
 
         measured = asyncio.run(main())

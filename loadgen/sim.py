@@ -387,5 +387,12 @@ def to_recorder(records: Iterable[RequestRecord], window_s: float = 1.0):
     rec = Recorder(window_s)
     for r in records:
         outcome = {"ok": OK, "late": OK, "rejected": REJECTED}.get(r.outcome, r.outcome)
-        rec.record(r.model, r.variant or None, r.arrival, r.end - r.arrival, r.deadline - r.arrival, outcome)
+        rec.record(
+            r.model,
+            r.variant or None,
+            r.arrival,
+            r.end - r.arrival,
+            r.deadline - r.arrival,
+            outcome,
+        )
     return rec

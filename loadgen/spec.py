@@ -132,7 +132,7 @@ class LoadSpec(BaseModel):
     )
     concurrency: int = Field(default=8, ge=1, le=100_000, description="closed-loop in flight")
     connections: int = Field(
-        default=64, ge=1, le=10_000, description="HTTP connections (gRPC channels) per process"
+        default=64, ge=1, le=10_000, description="HTTP connections per process (gRPC: one channel)"
     )
     processes: int = Field(default=1, ge=1, le=256, description="worker processes")
     seed: int = Field(default=0, ge=0, description="seed of arrivals and payloads")

@@ -92,7 +92,10 @@ class _Buffered:
 class Series:
     """Counts and latencies of one (model, variant) stream."""
 
-    __slots__ = ("offered", "ok", "good", "rejected", "errors", "_latency", "_reject_latency")
+    __slots__ = (
+        "offered", "ok", "good", "rejected", "errors", "latency_sum_us", "_latency",
+        "_reject_latency",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.offered = 0
@@ -100,6 +103,7 @@ class Series:
         self.good = 0  # answered OK within its SLO
         self.rejected = 0
         self.errors: Counter[str] = Counter()
+        self.latency_sum_us = 0  # of OK answers, for an exact mean
         self._latency = _Buffered()  # OK answers, µs from the scheduled time
         self._reject_latency = _Buffered()
 
@@ -117,6 +121,7 @@ class Series:
         self.good += other.good
         self.rejected += other.rejected
         self.errors.update(other.errors)
+        self.latency_sum_us += other.latency_sum_us
         self.latency.add(other.latency)
         self.reject_latency.add(other.reject_latency)
 
@@ -127,6 +132,7 @@ class Series:
             "good": self.good,
             "rejected": self.rejected,
             "errors": dict(self.errors),
+            "latency_sum_us": self.latency_sum_us,
             "latency": _encode(self.latency),
             "reject_latency": _encode(self.reject_latency),
         }
@@ -136,6 +142,7 @@ class Series:
         s = cls()
         s.offered, s.ok, s.good, s.rejected = d["offered"], d["ok"], d["good"], d["rejected"]
         s.errors = Counter(d["errors"])
+        s.latency_sum_us = d["latency_sum_us"]
         _merge_into(s.latency, d["latency"])
         _merge_into(s.reject_latency, d["reject_latency"])
         return s
@@ -204,6 +211,7 @@ class Recorder:
             s.ok += 1
             w.ok += 1
             s._latency.add_value(us)
+            s.latency_sum_us += us
             w.lat.add_value(us)
             if slo_s is None or latency_s <= slo_s:
                 s.good += 1
@@ -310,16 +318,28 @@ class Recorder:
         return rows
 
 
+def percentile(h: HdrHistogram, pct: float) -> int:
+    """``h.get_value_at_percentile(pct)`` with the bucket walk done by numpy."""
+    total = h.get_total_count()
+    if not total:
+        return 0
+    target = h.get_target_count_at_percentile(pct)
+    cum = np.cumsum(np.ctypeslib.as_array(h.counts))
+    idx = int(np.searchsorted(cum, target, side="left"))
+    value = h.get_value_from_index(min(idx, h.counts_len - 1))
+    return h.get_highest_equivalent_value(value) if pct else h.get_lowest_equivalent_value(value)
+
+
 def _ms(h: HdrHistogram, pct: float) -> float | None:
     if not h.get_total_count():
         return None
-    return h.get_value_at_percentile(pct) / 1e3
+    return percentile(h, pct) / 1e3
 
 
 def summarize(s: Series, duration_s: float) -> dict[str, Any]:
     lat = {f"p{p:g}": _ms(s.latency, p) for p in PERCENTILES}
     if s.latency.get_total_count():
-        lat["mean"] = s.latency.get_mean_value() / 1e3
+        lat["mean"] = s.latency_sum_us / s.ok / 1e3
         lat["max"] = s.latency.get_max_value() / 1e3
     else:
         lat["mean"] = lat["max"] = None

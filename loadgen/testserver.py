@@ -33,6 +33,7 @@ class Behaviour:
     delay: Callable[[float], float] = lambda now: 0.0  # seconds to hold a request
     reject_every: int = 0  # 0: never
     variant: str | None = None
+    models: tuple[str, ...] = (MODEL,)  # names served, all with the same signature
     count: int = field(default=0)
 
     async def decide(self) -> bool:
@@ -63,13 +64,13 @@ def http_app(b: Behaviour):
         return web.Response(status=200)
 
     async def metadata(req: web.Request) -> web.Response:
-        if req.match_info["model"] != MODEL:
+        if req.match_info["model"] not in b.models:
             return web.json_response({"error": "unknown model"}, status=404)
-        return web.json_response(METADATA)
+        return web.json_response({**METADATA, "name": req.match_info["model"]})
 
     async def infer(req: web.Request) -> web.Response:
         await req.read()
-        if req.match_info["model"] != MODEL:
+        if req.match_info["model"] not in b.models:
             return web.json_response({"error": "unknown model"}, status=404)
         if await b.decide():
             return web.json_response({"error": "rejected"}, status=429)
@@ -96,19 +97,21 @@ def grpc_servicer(b: Behaviour):
             return pb.ServerLiveResponse(live=True)
 
         async def ModelMetadata(self, request, context):  # noqa: N802
-            if request.name != MODEL:
+            if request.name not in b.models:
                 await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown model {request.name}")
-            r = pb.ModelMetadataResponse(name=MODEL, versions=["1"], platform="headrace_test")
+            r = pb.ModelMetadataResponse(
+                name=request.name, versions=["1"], platform="headrace_test"
+            )
             for t in METADATA["inputs"]:
                 r.inputs.add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
             return r
 
         async def ModelInfer(self, request, context):  # noqa: N802
-            if request.model_name != MODEL:
+            if request.model_name not in b.models:
                 await context.abort(grpc.StatusCode.NOT_FOUND, "unknown model")
             if await b.decide():
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected")
-            r = pb.ModelInferResponse(model_name=MODEL)
+            r = pb.ModelInferResponse(model_name=request.model_name)
             if b.variant:
                 r.parameters["headrace_variant"].string_param = b.variant
             r.outputs.add(name="OUTPUT0", datatype="FP32", shape=[1, 1])

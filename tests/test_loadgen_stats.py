@@ -9,7 +9,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import pytest
 
-from loadgen.stats import OK, REJECTED, Recorder, new_latency_histogram, record_many
+from loadgen.stats import OK, REJECTED, Recorder, new_latency_histogram, percentile, record_many
 
 
 def make_samples(n: int, seed: int = 3) -> list[tuple]:
@@ -103,3 +103,5 @@ def test_vectorized_recording_matches_hdr_record_value() -> None:
         one_by_one.get_min_value(),
         one_by_one.get_max_value(),
     )
+    for p in (0.0, 50.0, 90.0, 99.0, 99.9, 100.0):
+        assert percentile(at_once, p) == one_by_one.get_value_at_percentile(p)
