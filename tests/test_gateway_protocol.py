@@ -230,3 +230,35 @@ def test_metrics_exported_by_model(gateway):
     assert 'headrace_request_duration_seconds_bucket{le="0.0005",model="affine"}' in text
     assert 'headrace_batch_size_count{model="affine",variant="affine-v1"}' in text
     assert 'headrace_goodput_total{model="affine"}' in text
+
+
+# --------------------------------------------------------------------------- early rejection
+
+
+def test_infeasible_deadline_is_429_with_retry_after_over_http(gateway):
+    # a 1 µs timeout cannot be met by any batch: the gateway answers at once, without queueing
+    body = json.dumps({"parameters": {"timeout": 1},
+                       "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}).encode()
+    conn = http.client.HTTPConnection(gateway.http_url, timeout=10)
+    try:
+        conn.request("POST", "/v2/models/affine/infer", body=body)
+        r = conn.getresponse()
+        doc = json.loads(r.read())
+    finally:
+        conn.close()
+    assert r.status == 429 and int(r.getheader("Retry-After")) >= 1
+    assert "deadline" in doc["error"]
+
+
+def test_infeasible_slo_header_is_resource_exhausted_over_grpc(gateway):
+    c = grpcclient.InferenceServerClient(gateway.grpc_url)
+    x = grpcclient.InferInput("x", [1, 3], "FP32")
+    x.set_data_from_numpy(_x(1))
+    with pytest.raises(InferenceServerException) as e:
+        c.infer("affine", [x], headers={"x-headrace-slo-ms": "0.001"})
+    assert e.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+    conn = http.client.HTTPConnection(gateway.http_url, timeout=10)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    assert 'headrace_rejections_total{model="affine",reason="infeasible"}' in text
