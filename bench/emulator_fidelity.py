@@ -14,7 +14,7 @@ at 32). Checks, each against a baseline measured in the same run:
 Triton's own per-request cost is calibrated first (``calibrate_overhead``) and handed to
 the emulated models. Throughput is closed-loop, one client thread per model, batch 8.
 
-    .venv/bin/python -m bench.emulator_fidelity [--samples 7] [--duration 3] [--rounds 3]
+    .venv/bin/python -m bench.emulator_fidelity [--samples 9] [--duration 3] [--rounds 3]
 
 Writes bench/results/emulator_fidelity.{json,md}; exits 1 if a check fails.
 """
@@ -229,7 +229,7 @@ def markdown(res: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--samples", type=int, default=7, help="latency samples per batch size")
+    ap.add_argument("--samples", type=int, default=9, help="latency samples per batch size")
     ap.add_argument("--duration", type=float, default=3.0, help="seconds of load per sharing scenario")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds the load seconds are split into")
     ap.add_argument("--no-calibrate", action="store_true", help="use the default Triton overhead")
