@@ -59,10 +59,12 @@ SYSTEMS = (
     *(System(f"triton delay={d * 1e3:g}ms timeout={'-' if to is None else f'{to * 1e3:g}ms'}",
              SchedulerConfig(policy="take-all", max_queue_delay_s=d, queue_timeout_s=to), "triton tuned")
       for d, to in ((0.002, None), (0.005, None), (0.0, SLO), (0.005, SLO), (0.0, 0.05))),
-    System("largest-prefix", SchedulerConfig(policy="largest-prefix", wait=False), "largest-prefix"),
-    System("skip-heads", SchedulerConfig(policy="skip-heads", wait=False), "skip-heads"),
+    System("largest-prefix", SchedulerConfig(policy="largest-prefix"), "largest-prefix"),
+    System("skip-heads", SchedulerConfig(policy="skip-heads"), "skip-heads"),
     System("adaptive", SchedulerConfig(policy="adaptive"), "adaptive"),
-    System("adaptive no-wait", SchedulerConfig(policy="adaptive", wait=False), "adaptive no-wait"),
+    System("adaptive +wait", SchedulerConfig(policy="adaptive", wait=True), "adaptive +wait"),
+    System("adaptive admit-alone", SchedulerConfig(policy="adaptive", admission="alone"),
+           "adaptive admit-alone"),
 )
 
 
@@ -125,10 +127,12 @@ def markdown(result: dict) -> str:
                     cells.append("-")
                     continue
                 p99 = "-" if r["p99_ms"] is None else f"{r['p99_ms']:.0f}"
-                cells.append(f"{r['attainment'] * 100:.1f}% / {r['goodput_rps']:.0f} / p99 {p99} / rej {r['rejected']}")
+                rp99 = "" if r["reject_p99_ms"] is None else f" (p99 {r['reject_p99_ms']:.0f} ms)"
+                cells.append(f"{r['attainment'] * 100:.1f}% / {r['goodput_rps']:.0f} / p99 {p99} / "
+                             f"rej {r['rejected']}{rp99}")
             lines.append(f"| {rate} | " + " | ".join(cells) + " |")
         lines.append("")
-    lines += ["Cells: attainment / goodput req/s / p99 ms / rejections.", "",
+    lines += ["Cells: attainment / goodput req/s / p99 ms / rejections (p99 ms from arrival to the reject).", "",
               "## Highest Poisson rate at >= 99% attainment", "", "| system | req/s |", "|---|---:|"]
     lines += [f"| {k} | {v:g} |" for k, v in result["max_rate_99"].items()]
     lines += ["", "## Targets (for the live gateway; here in zero-overhead virtual time)", ""]

@@ -70,6 +70,15 @@ def test_admission_counts_work_queued_ahead() -> None:
     assert s.submit(Request(998, "m", 0.0, 0.05), 0.0) is None
 
 
+def test_alone_admission_leaves_queue_choices_to_the_batcher() -> None:
+    s = sched(wait=False, admission="alone")
+    s.add_replica(replica(), 0.0)
+    for r in make_requests(64, slo=0.17):
+        s.submit(r, 0.0)
+    assert s.submit(Request(999, "m", 0.0, 0.175), 0.0) is None  # the plan would reject it
+    assert s.submit(Request(998, "m", 0.0, 0.005), 0.0).reason == "infeasible"  # alone: 10.7 ms
+
+
 def test_batch_never_exceeds_max_and_meets_predicted_deadlines() -> None:
     s = sched(wait=False)
     s.add_replica(replica(max_batch=8, profile=fake_profile(max_batch=8)), 0.0)
@@ -130,7 +139,7 @@ def test_take_all_waits_max_queue_delay_for_a_full_batch() -> None:
 
 
 def test_waits_for_a_larger_batch_only_when_rate_and_slack_allow() -> None:
-    s = sched("adaptive")
+    s = sched("adaptive", wait=True)
     s.add_replica(replica(), 0.0)
     # 300 req/s observed for a second: one replica needs batches of about 11 rows
     for r in make_requests(300, slo=0.1, gap=1 / 300):
@@ -144,7 +153,7 @@ def test_waits_for_a_larger_batch_only_when_rate_and_slack_allow() -> None:
     d = s.poll(1.0)
     assert d.batches == () and d.wakeup is not None and 1.0 < d.wakeup < 1.1
     # no slack: the same lone request is dispatched at once
-    s2 = sched("adaptive")
+    s2 = sched("adaptive", wait=True)
     s2.add_replica(replica(), 0.0)
     for r in make_requests(300, slo=0.1, gap=1 / 300):
         s2.submit(r, r.arrival)

@@ -11,7 +11,7 @@ call against the rules stated in :mod:`gateway.policy.scheduler` and
 - with deterministic service = p99 (the latency model the core predicts with), every
   dispatched batch meets all its members' deadlines (deadline-aware policies);
 - rejections happen only when infeasible: at submit exactly when the admission plan (closed
-  form below, one replica) misses the deadline; while queued only when no replica can finish
+  form below, one replica; no rows ahead with ``admission="alone"``) misses the deadline; while queued only when no replica can finish
   the request alone in time.
 """
 
@@ -86,6 +86,8 @@ class CheckedCore:
         reps = self._ok_replicas(request.model)
         g_ahead = sum(r.size for r in self.queued.values()
                       if r.priority == Priority.GUARANTEED and r.deadline <= request.deadline)
+        if self.core.config.admission == "alone":
+            g_ahead = 0
         rej = self.core.submit(request, now)
         if rej is None:
             self.queued[request.id] = request
@@ -172,6 +174,7 @@ class CheckedCore:
 scenario = st.fixed_dictionaries({
     "policy": st.sampled_from(["adaptive", "skip-heads", "largest-prefix", "take-all"]),
     "wait": st.booleans(),
+    "admission": st.sampled_from(["plan", "alone"]),
     "rate": st.floats(20, 1500),
     "cv": st.sampled_from([1.0, 4.0]),
     "slo": st.floats(0.012, 0.3),
@@ -196,7 +199,8 @@ def run_checked(sc: dict, duration: float = 0.4):
         prio = Priority.BEST_EFFORT if rng.random() < sc["best_effort"] else Priority.GUARANTEED
         slo = sc["slo"] * float(rng.uniform(0.5, 1.5))
         reqs.append(Request(i, "m", float(a), float(a) + slo, prio, min(size, sc["max_batch"])))
-    core = CheckedCore(EdfScheduler(SchedulerConfig(policy=sc["policy"], wait=sc["wait"])))
+    core = CheckedCore(EdfScheduler(SchedulerConfig(policy=sc["policy"], wait=sc["wait"],
+                                                     admission=sc["admission"])))
     reps = [SimReplica(ReplicaInfo(f"r{k}", "m", "m", fake_profile(max_batch=32, a_ms=4 + 4 * k),
                                    sc["max_batch"], sc["max_inflight"])) for k in range(sc["replicas"])]
     faults = [Fault("r0", float(t[len(t) // 2]), 0.05)] if sc["fault"] else []

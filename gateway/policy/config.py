@@ -21,12 +21,15 @@ class SchedulerConfig(BaseModel):
     quantile: Literal["p50", "p99"] = Field(
         default="p99", description="profile latency quantile used to predict batch completion"
     )
-    admission: bool = Field(
-        default=True,
-        description="reject at submit requests predicted to miss their deadline (deadline-aware policies)",
+    admission: Literal["plan", "alone"] = Field(
+        default="plan",
+        description="deadline-aware policies reject at submit a request predicted to miss its "
+        "deadline: 'plan' counts the rows queued ahead of it in EDF order (answers early), "
+        "'alone' only asks whether it could finish alone on the replica that starts first "
+        "(leaves the choice to the batcher; more goodput under overload, later rejects)",
     )
     wait: bool = Field(
-        default=True,
+        default=False,
         description="let a free replica wait for a larger batch when the observed arrival rate "
         "needs it and the earliest deadline leaves slack (deadline-aware policies)",
     )

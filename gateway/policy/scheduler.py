@@ -10,8 +10,10 @@ Rules (each one is tested):
   being handed back from ``remove_replica``.
 - Admission (deadline-aware policies): a request is rejected at submit only if no healthy
   replica serves its model ("no_replica"), its rows exceed every replica's max batch, or its
-  finish predicted by :func:`gateway.policy.admission.predict_finish` (rows ahead of it in
-  EDF order in full batches) is past its deadline ("infeasible"; "shed" for best-effort).
+  finish predicted by :func:`gateway.policy.admission.predict_finish` is past its deadline
+  ("infeasible"; "shed" for best-effort). With ``admission="plan"`` the prediction counts
+  the rows ahead of it in EDF order (guaranteed rows all count ahead of best-effort ones);
+  with ``"alone"`` none.
 - Expiry: a queued request no replica can still finish alone in time is answered at the
   next poll ("expired"; "failed" after a failed batch; "shed" for best-effort).
 - Batches follow the EDF shape of :mod:`gateway.policy.batching`; a batch is never larger
@@ -137,10 +139,12 @@ class EdfScheduler:
                 f"request rows ({request.size}) exceed the largest max batch "
                 f"({max(r.info.max_batch for r in healthy)}) of model {request.model!r}")
         best_effort = request.priority == Priority.BEST_EFFORT
-        if self.policy.deadline_aware and self.config.admission:
+        if self.policy.deadline_aware:
             ahead = model.guaranteed.rows_before(request.deadline)
             if best_effort:
                 ahead = model.guaranteed.rows + model.best_effort.rows_before(request.deadline)
+            if self.config.admission == "alone":
+                ahead = 0
             finish = predict_finish(self._lanes(healthy, now), ahead, request.size)
             if finish > request.deadline:
                 reason = RejectReason.SHED if best_effort else RejectReason.INFEASIBLE
