@@ -19,7 +19,7 @@ Errors name the field and the value (:class:`ConfigError`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,7 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gateway.policy.types import Priority
-from profiles.profile import Profile, ProfileError, ProfileSet, load_profiles
+from profiles.profile import LatencyPoint, Profile, ProfileError, ProfileSet, load_profiles
 
 
 class ConfigError(ValueError):
@@ -54,6 +54,11 @@ class ReplicaConfig(BaseModel):
         description="latency profile: 'variant@gpu/slice' from the reference set, or a profile YAML path",
     )
     max_inflight: int = Field(default=1, ge=1, le=64, description="batches the replica runs at once")
+    overhead_ms: float = Field(
+        default=0.0, ge=0, le=10_000,
+        description="time every batch takes beyond the profile (network, Triton, gateway), added to "
+        "the profile's latencies the scheduler plans with",
+    )
     id: str | None = Field(default=None, description="replica id (default: variant@url)")
 
     @field_validator("url")
@@ -175,6 +180,12 @@ def resolve_profile(ref: str, max_batch: int, base_dir: Path | None = None,
     return p.with_max_batch(max_batch)
 
 
+def with_overhead(p: Profile, seconds: float) -> Profile:
+    """``p`` with ``seconds`` added to every latency point (what serving adds to the GPU time)."""
+    points = tuple(LatencyPoint(x.batch, x.p50 + seconds, x.p99 + seconds) for x in p.points)
+    return replace(p, points=points)
+
+
 def resolve(cfg: GatewayConfig) -> list[ServedModel]:
     """Profiles loaded and ids assigned; raises :class:`ConfigError` naming the bad reference."""
     reference = ProfileSet.reference()
@@ -186,6 +197,8 @@ def resolve(cfg: GatewayConfig) -> list[ServedModel]:
                 prof = resolve_profile(r.profile, m.max_batch, cfg.base_dir, reference)
             except ProfileError as e:
                 raise ConfigError(f"models.{i}.replicas.{j}.profile: {e}") from None
+            if r.overhead_ms:
+                prof = with_overhead(prof, r.overhead_ms / 1e3)
             replicas.append(ServedReplica(r.id or f"{r.variant}@{r.url}", r.url, r.protocol, r.variant, prof,
                                          r.max_inflight))
         prio = Priority.GUARANTEED if m.priority == "guaranteed" else Priority.BEST_EFFORT

@@ -142,6 +142,7 @@ class Driver:
         self._poll_scheduled = False
         self._tasks: set[asyncio.Task] = set()
         self._health_task: asyncio.Task | None = None
+        self._lag_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.draining = False
         self.started = False
@@ -176,6 +177,7 @@ class Driver:
                 self.metrics.of(self.metrics.healthy, m.served.name, r.id).set(1)
                 self.metrics.of(self.metrics.inflight, m.served.name, r.id).set(0)
         self._health_task = asyncio.create_task(self._health_loop())
+        self._lag_task = asyncio.create_task(self._lag_loop())
         self.started = True
 
     async def drain(self, timeout: float) -> bool:
@@ -188,10 +190,11 @@ class Driver:
 
     async def stop(self) -> None:
         self.draining = True
-        if self._health_task:
-            self._health_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._health_task
+        for task in (self._health_task, self._lag_task):
+            if task:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._timer:
             self._timer.cancel()
         for p in list(self._pending.values()):
@@ -405,6 +408,13 @@ class Driver:
         log.info("replica %s is %s", rep.id, "healthy" if healthy else "unhealthy")
         self.metrics.of(self.metrics.healthy, rep.model, rep.id).set(int(healthy))
         self.core.set_healthy(rep.id, healthy, now)
+
+    async def _lag_loop(self, period: float = 0.05) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t = loop.time()
+            await asyncio.sleep(period)
+            self.metrics.loop_lag.observe(max(0.0, loop.time() - t - period))
 
     async def _health_loop(self) -> None:
         while True:

@@ -39,6 +39,9 @@ class GatewayMetrics:
             "headrace_batch_late_seconds", "How much later than its predicted finish a batch came back "
             "(0 when on time): how far the replica strays from its profile",
             ["model", "variant"], buckets=LATENCY_BUCKETS, registry=r)
+        self.loop_lag = Histogram(
+            "headrace_event_loop_lag_seconds", "How late the gateway's event loop runs a 50 ms timer "
+            "(CPU starvation shows here first)", buckets=LATENCY_BUCKETS, registry=r)
         self.goodput = Counter(
             "headrace_goodput", "Successful answers within their deadline (rate() of it is goodput)",
             ["model"], registry=r)

@@ -114,6 +114,15 @@ def test_config_resolves_reference_profile_capped_at_max_batch():
     assert m.replicas[0].id == "resnet50@127.0.0.1:8001"
 
 
+def test_replica_overhead_is_added_to_every_planned_latency():
+    base = parse_config(_cfg(max_batch=8))
+    slow = parse_config(_cfg(max_batch=8, replicas=[{
+        "url": "127.0.0.1:8001", "variant": "resnet50", "profile": "resnet50@A100-80GB/1g.10gb", "overhead_ms": 3}]))
+    p0, p3 = resolve(base)[0].replicas[0].profile, resolve(slow)[0].replicas[0].profile
+    for b in (1, 4, 8):
+        assert p3.latency(b) == pytest.approx(p0.latency(b) + 0.003)
+
+
 @pytest.mark.parametrize("model,match", [
     ({"slo_ms": -5}, r"models\.0\.slo_ms.*-5"),
     ({"max_batch": 0}, r"models\.0\.max_batch.*0"),
