@@ -1,10 +1,13 @@
 """The EDF scheduler: one synchronous state machine per gateway (or simulation).
 
-Per served model it keeps two EDF queues (guaranteed and best-effort), an arrival-rate
-estimate and its replicas with their in-flight batches. Drivers call ``submit``, ``poll``,
+Per variant of each served model it keeps two EDF queues (guaranteed and best-effort), an
+arrival-rate estimate and its replicas with their in-flight batches. Drivers call ``submit``, ``poll``,
 ``on_complete`` and the replica methods with ``now``; it never reads a clock.
 
 Rules (each one is tested):
+- Variants: a request joins the queue of the most accurate variant meeting its accuracy
+  floor that is predicted to meet its deadline (:mod:`gateway.policy.selector`); under
+  sustained overload the model's level skips its most accurate variants first.
 - Accounting: every submitted request is answered exactly once: by a reject from ``submit``
   or ``poll``, by completing in a batch (``on_complete`` without it in ``retry``), or by
   being handed back from ``remove_replica``.
@@ -32,6 +35,7 @@ from gateway.policy.batching import SelectContext, get_policy
 from gateway.policy.config import SchedulerConfig
 from gateway.policy.edf import EdfQueue
 from gateway.policy.rate import RateEstimator
+from gateway.policy.selector import Level, VariantInfo, candidate_order, next_level
 from gateway.policy.types import (
     Batch,
     Decision,
@@ -61,12 +65,29 @@ class _Replica:
 
 
 @dataclass
-class _Model:
-    name: str
+class _Group:
+    """One variant of a served model: its EDF queues, its replicas and its admitted rate."""
+
+    variant: str
     rate: RateEstimator
+    accuracy: float | None = None
     guaranteed: EdfQueue = field(default_factory=EdfQueue)
     best_effort: EdfQueue = field(default_factory=EdfQueue)
     replicas: list[str] = field(default_factory=list)
+
+    def queue_of(self, r: Request) -> EdfQueue:
+        return self.best_effort if r.priority == Priority.BEST_EFFORT else self.guaranteed
+
+    def clear(self) -> list[Request]:
+        return self.guaranteed.clear() + self.best_effort.clear()
+
+
+@dataclass
+class _Model:
+    name: str
+    rate: RateEstimator
+    groups: dict[str, _Group] = field(default_factory=dict)
+    level: Level = field(default_factory=Level)
 
 
 class EdfScheduler:
@@ -96,19 +117,25 @@ class EdfScheduler:
                 f"({info.profile.max_batch}) for {info.profile.name}"
             )
         self._replicas[info.id] = _Replica(info)
-        self._model(info.model).replicas.append(info.id)
+        model = self._model(info.model)
+        if info.variant not in model.groups:
+            model.groups[info.variant] = _Group(info.variant, RateEstimator(self.config.rate_window_s),
+                                                info.profile.accuracy)
+        model.groups[info.variant].replicas.append(info.id)
 
     def remove_replica(self, replica_id: str, now: float) -> tuple[Request, ...]:
         """Forget a replica. Returns the requests the driver now owns and must answer: those
-        in flight on it, and those queued for its model when no replica is left."""
+        in flight on it, and those queued for its variant when no replica of it is left."""
         rep = self._replicas.pop(replica_id, None)
         if rep is None:
             return ()
         model = self._models[rep.info.model]
-        model.replicas.remove(replica_id)
+        group = model.groups[rep.info.variant]
+        group.replicas.remove(replica_id)
         out = [r for b in rep.inflight for r in b.requests]
-        if not model.replicas:
-            out += model.guaranteed.clear() + model.best_effort.clear()
+        if not group.replicas:
+            out += group.clear()
+            del model.groups[rep.info.variant]
         for r in out:
             self._forget(r)
         return tuple(out)
@@ -129,36 +156,48 @@ class EdfScheduler:
             raise ValueError(f"request id {request.id} is already pending")
         model = self._model(request.model)
         model.rate.observe(now, request.size)
-        healthy = self._healthy(model)
-        if not healthy:
+        live = {v: h for v, g in model.groups.items() if (h := self._healthy(g))}
+        if not live:
             return self._reject(request, RejectReason.NO_REPLICA, self.config.no_replica_retry_after_s,
                                 f"no healthy replica serves model {request.model!r}")
-        if request.size > max(r.info.max_batch for r in healthy):
+        infos = self._variant_infos(model, live)
+        model.level = next_level(model.level, infos, model.rate.rate(now), now,
+                                 high=self.config.variant_high_load, low=self.config.variant_low_load,
+                                 dwell=self.config.variant_dwell_s)
+        order = candidate_order(infos, request.accuracy_floor, model.level)
+        if not order:
+            return self._reject(
+                request, RejectReason.INFEASIBLE, self.config.no_replica_retry_after_s,
+                f"no variant of model {request.model!r} meets accuracy floor {request.accuracy_floor}")
+        fits = [v for v in order if request.size <= max(r.info.max_batch for r in live[v])]
+        if not fits:
             return self._reject(
                 request, RejectReason.INFEASIBLE, self.config.min_retry_after_s,
-                f"request rows ({request.size}) exceed the largest max batch "
-                f"({max(r.info.max_batch for r in healthy)}) of model {request.model!r}")
+                f"request rows ({request.size}) exceed the largest max batch of model {request.model!r}")
         best_effort = request.priority == Priority.BEST_EFFORT
+        choice, finish = fits[0], float("inf")
         if self.policy.deadline_aware:
-            ahead = model.guaranteed.rows_before(request.deadline)
-            if best_effort:
-                ahead = model.guaranteed.rows + model.best_effort.rows_before(request.deadline)
-            if self.config.admission == "alone":
-                ahead = 0
-            finish = predict_finish(self._lanes(healthy, now), ahead, request.size)
-            if finish > request.deadline:
+            for v in fits:
+                f = self._plan(model.groups[v], live[v], request, now)
+                if f <= request.deadline:
+                    choice, finish = v, f
+                    break
+                finish = min(finish, f)
+            else:
                 reason = RejectReason.SHED if best_effort else RejectReason.INFEASIBLE
                 return self._reject(
                     request, reason, max(self.config.min_retry_after_s, finish - request.deadline),
                     f"predicted finish {(finish - now) * 1e3:.1f} ms from now is past the deadline "
                     f"{(request.deadline - now) * 1e3:.1f} ms from now")
-        (model.best_effort if best_effort else model.guaranteed).push(request)
+        group = model.groups[choice]
+        group.rate.observe(now, request.size)
+        group.queue_of(request).push(request)
         self._pending[request.id] = request
         return None
 
     def on_complete(self, batch: Batch, now: float, retry: tuple[Request, ...] = ()) -> None:
-        """A dispatched batch finished. Requests in ``retry`` go back to the queue (they are
-        answered "failed" if no replica can still finish them in time); the rest are done."""
+        """A dispatched batch finished. Requests in ``retry`` go back to their variant's queue
+        (answered "failed" if no replica can still finish them in time); the rest are done."""
         rep = self._replicas.get(batch.replica)
         if rep is not None:
             for i, b in enumerate(rep.inflight):
@@ -169,9 +208,12 @@ class EdfScheduler:
         for r in batch.requests:
             if r.id not in self._pending:
                 continue  # already handed back by remove_replica
-            if r.id in retry_ids and r.model in self._models:
-                model = self._models[r.model]
-                (model.best_effort if r.priority == Priority.BEST_EFFORT else model.guaranteed).push(r)
+            model = self._models.get(r.model)
+            group = model.groups.get(batch.variant) if model else None
+            if group is None and model and model.groups:
+                group = next(iter(model.groups.values()))
+            if r.id in retry_ids and group is not None:
+                group.queue_of(r).push(r)
                 self._retried.add(r.id)
             else:
                 self._forget(r)
@@ -181,36 +223,41 @@ class EdfScheduler:
         rejects: list[Reject] = []
         wake = float("inf")
         for model in self._models.values():
-            healthy = self._healthy(model)
-            if not healthy:
-                for r in model.guaranteed.clear() + model.best_effort.clear():
-                    rejects.append(self._reject(
-                        r, RejectReason.NO_REPLICA, self.config.no_replica_retry_after_s,
-                        f"no healthy replica serves model {r.model!r}"))
-                continue
-            rejects += self._expire(model, healthy, now)
-            for rep in sorted(healthy, key=lambda r: r.info.profile.latency(1, self.config.quantile)):
-                while rep.has_slot():
-                    batch, w = self._select(model, rep, healthy, now)
-                    if w is not None:
-                        wake = min(wake, w)
-                    if batch is None:
-                        break
-                    rep.inflight.append(batch)
-                    batches.append(batch)
-            rejects += self._expire(model, healthy, now)
-            wake = min(wake, self._next_expiry(model, healthy, now))
+            for group in model.groups.values():
+                healthy = self._healthy(group)
+                if not healthy:
+                    for r in group.clear():
+                        rejects.append(self._reject(
+                            r, RejectReason.NO_REPLICA, self.config.no_replica_retry_after_s,
+                            f"no healthy replica serves variant {group.variant!r} of model {r.model!r}"))
+                    continue
+                rejects += self._expire(group, healthy, now)
+                for rep in sorted(healthy, key=lambda r: r.info.profile.latency(1, self.config.quantile)):
+                    while rep.has_slot():
+                        batch, w = self._select(group, rep, healthy, now)
+                        if w is not None:
+                            wake = min(wake, w)
+                        if batch is None:
+                            break
+                        rep.inflight.append(batch)
+                        batches.append(batch)
+                rejects += self._expire(group, healthy, now)
+                wake = min(wake, self._next_expiry(group, healthy, now))
         return Decision(tuple(batches), tuple(rejects), wake if wake < float("inf") else None)
 
     def queued(self, model: str | None = None) -> int:
         """Requests waiting in queues (of one model, or all)."""
         ms = [self._models[model]] if model in self._models else [] if model else self._models.values()
-        return sum(len(m.guaranteed) + len(m.best_effort) for m in ms)
+        return sum(len(g.guaranteed) + len(g.best_effort) for m in ms for g in m.groups.values())
 
     @property
     def pending(self) -> int:
         """Requests admitted and not yet answered (queued or in flight)."""
         return len(self._pending)
+
+    def level(self, model: str) -> int:
+        """How many of the model's most accurate variants overload currently skips first."""
+        return self._models[model].level.skip if model in self._models else 0
 
     # ------------------------------------------------------------------ internals
 
@@ -219,8 +266,24 @@ class EdfScheduler:
             self._models[name] = _Model(name, RateEstimator(self.config.rate_window_s))
         return self._models[name]
 
-    def _healthy(self, model: _Model) -> list[_Replica]:
-        return [self._replicas[i] for i in model.replicas if self._replicas[i].healthy]
+    def _healthy(self, group: _Group) -> list[_Replica]:
+        return [self._replicas[i] for i in group.replicas if self._replicas[i].healthy]
+
+    def _capacity(self, reps: list[_Replica]) -> float:
+        q = self.config.quantile
+        return sum(r.info.max_batch / r.info.profile.latency(r.info.max_batch, q) for r in reps)
+
+    def _variant_infos(self, model: _Model, live: dict[str, list[_Replica]]) -> list[VariantInfo]:
+        return [VariantInfo(v, model.groups[v].accuracy, self._capacity(reps)) for v, reps in live.items()]
+
+    def _plan(self, group: _Group, healthy: list[_Replica], request: Request, now: float) -> float:
+        """Admission prediction of the request's finish if it joins ``group``."""
+        ahead = group.guaranteed.rows_before(request.deadline)
+        if request.priority == Priority.BEST_EFFORT:
+            ahead = group.guaranteed.rows + group.best_effort.rows_before(request.deadline)
+        if self.config.admission == "alone":
+            ahead = 0
+        return predict_finish(self._lanes(healthy, now), ahead, request.size)
 
     def _latency(self, rep: _Replica):
         profile, q = rep.info.profile, self.config.quantile
@@ -249,9 +312,9 @@ class EdfScheduler:
                 return b
         return top
 
-    def _select(self, model: _Model, rep: _Replica, healthy: list[_Replica],
+    def _select(self, group: _Group, rep: _Replica, healthy: list[_Replica],
                 now: float) -> tuple[Batch | None, float | None]:
-        rate = model.rate.rate(now)
+        rate = group.rate.rate(now)
         ctx = SelectContext(
             now=now, start=rep.start(now), latency=self._latency(rep), max_batch=rep.info.max_batch,
             needed_batch=self._needed_batch(healthy, rate), rate=rate, wait=self.config.wait,
@@ -259,14 +322,14 @@ class EdfScheduler:
         )
         chosen: list[Request] = []
         wake = None
-        if len(model.guaranteed):
-            sel = self.policy.select(model.guaranteed, ctx)
+        if len(group.guaranteed):
+            sel = self.policy.select(group.guaranteed, ctx)
             wake = sel.wakeup
-            chosen = model.guaranteed.remove_indices(sel.take)
-            if not chosen or len(model.guaranteed):
+            chosen = group.guaranteed.remove_indices(sel.take)
+            if not chosen or len(group.guaranteed):
                 return self._batch(rep, chosen, now, ctx.start), wake
         # only capacity guaranteed traffic leaves: nothing guaranteed remains queued
-        if len(model.best_effort):
+        if len(group.best_effort):
             used = sum(r.size for r in chosen)
             room = rep.info.max_batch - used
             limit = min((r.deadline for r in chosen), default=float("inf"))
@@ -277,10 +340,10 @@ class EdfScheduler:
                 latency=(lambda rows: lat(rows + used)),
             )
             if room > 0:
-                sel = self.policy.select(model.best_effort, be_ctx)
-                extra_rows = sum(model.best_effort[i].size for i in sel.take)
+                sel = self.policy.select(group.best_effort, be_ctx)
+                extra_rows = sum(group.best_effort[i].size for i in sel.take)
                 if sel.take and ctx.start + lat(used + extra_rows) <= limit:
-                    chosen += model.best_effort.remove_indices(sel.take)
+                    chosen += group.best_effort.remove_indices(sel.take)
                 elif not chosen and sel.wakeup is not None:
                     wake = sel.wakeup if wake is None else min(wake, sel.wakeup)
         return self._batch(rep, chosen, now, ctx.start), wake
@@ -305,18 +368,18 @@ class EdfScheduler:
 
         return finish
 
-    def _expire(self, model: _Model, healthy: list[_Replica], now: float) -> list[Reject]:
+    def _expire(self, group: _Group, healthy: list[_Replica], now: float) -> list[Reject]:
         out: list[Reject] = []
         if not self.policy.deadline_aware:
             if self.config.queue_timeout_s is not None:
-                for q in (model.guaranteed, model.best_effort):
+                for q in (group.guaranteed, group.best_effort):
                     late = [i for i, r in enumerate(q) if now - r.arrival > self.config.queue_timeout_s]
                     for r in q.remove_indices(late):
                         out.append(self._reject(r, RejectReason.EXPIRED, self.config.min_retry_after_s,
                                                 "queued longer than the queue timeout"))
             return out
         finish = self._best_alone(healthy, now)
-        for q, be in ((model.guaranteed, False), (model.best_effort, True)):
+        for q, be in ((group.guaranteed, False), (group.best_effort, True)):
             gone = [i for i, r in enumerate(q) if finish(r.size) > r.deadline]
             for r in q.remove_indices(gone):
                 reason = (RejectReason.SHED if be else
@@ -326,17 +389,17 @@ class EdfScheduler:
                     f"no replica can finish it by its deadline ({(r.deadline - now) * 1e3:.1f} ms from now)"))
         return out
 
-    def _next_expiry(self, model: _Model, healthy: list[_Replica], now: float) -> float:
+    def _next_expiry(self, group: _Group, healthy: list[_Replica], now: float) -> float:
         """Earliest time a queued request turns infeasible if nothing else happens."""
         if not self.policy.deadline_aware:
             if self.config.queue_timeout_s is None:
                 return float("inf")
-            oldest = min((r.arrival for q in (model.guaranteed, model.best_effort) for r in q),
+            oldest = min((r.arrival for q in (group.guaranteed, group.best_effort) for r in q),
                          default=float("inf"))
             return oldest + self.config.queue_timeout_s + _EPS
         best = float("inf")
         q = self.config.quantile
-        for queue in (model.guaranteed, model.best_effort):
+        for queue in (group.guaranteed, group.best_effort):
             for r in queue:
                 last_start = max((r.deadline - rep.info.profile.latency(r.size, q) for rep in healthy
                                   if rep.info.max_batch >= r.size), default=now)
