@@ -49,6 +49,9 @@ def replica_capacity(profile: Profile, slo: float, share: float = 1.0, max_batch
         raise ValueError(f"MPS share ({share}) must be in (0, 1]")
     top = min(max_batch or profile.max_batch, profile.max_batch)
     budget = slo / 2.0
+    table = _tables.get(profile, share, top)
+    if table is not None:
+        return table.query(budget)
     if batch_latency(profile, 1, share) > budget:
         return None
     bmax = _largest_batch_within(profile, share, budget, top)
@@ -61,6 +64,60 @@ def replica_capacity(profile: Profile, slo: float, share: float = 1.0, max_batch
         if t <= budget and (best is None or b / t > best.rate):
             best = Capacity(b / t, b, t)
     return best
+
+
+@dataclass(frozen=True)
+class _Table:
+    """Every batch size's latency for one curve and share, sorted, with the best rate so far:
+    answers any SLO exactly with one bisection."""
+
+    times: tuple[float, ...]  # sorted latencies
+    best: tuple[Capacity, ...]  # best capacity among batches with latency <= times[i]
+
+    @classmethod
+    def build(cls, profile: Profile, share: float, top: int) -> _Table:
+        pts = sorted((batch_latency(profile, b, share), b) for b in range(1, top + 1))
+        best: list[Capacity] = []
+        for t, b in pts:
+            if not best or b / t > best[-1].rate:
+                best.append(Capacity(b / t, b, t))
+            else:
+                best.append(best[-1])
+        return cls(tuple(t for t, _ in pts), tuple(best))
+
+    def query(self, budget: float) -> Capacity | None:
+        i = bisect.bisect_right(self.times, budget)
+        return self.best[i - 1] if i else None
+
+
+class _Tables:
+    """Tables for curves asked about often (a fleet's many models share few curves); a curve
+    seen fewer than ``after`` times is answered by search instead. Memoisation only: the
+    answers are the same either way."""
+
+    def __init__(self, after: int = 3, limit: int = 4096) -> None:
+        self.after, self.limit = after, limit
+        self.seen: dict[tuple, int] = {}
+        self.tables: dict[tuple, _Table] = {}
+
+    def get(self, profile: Profile, share: float, top: int) -> _Table | None:
+        key = (profile.points, profile.mps_interference, share, top)
+        t = self.tables.get(key)
+        if t is not None:
+            return t
+        n = self.seen.get(key, 0) + 1
+        if n < self.after:
+            if len(self.seen) > 16 * self.limit:
+                self.seen.clear()
+            self.seen[key] = n
+            return None
+        if len(self.tables) >= self.limit:
+            self.tables.clear()
+        t = self.tables[key] = _Table.build(profile, share, top)
+        return t
+
+
+_tables = _Tables()
 
 
 def _largest_batch_within(profile: Profile, share: float, budget: float, top: int) -> int:

@@ -105,7 +105,6 @@ def candidates(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventory,
     """Every useful (model, variant, class, slice kind, share), dominated variants pruned:
     per (model, class, slice, share) a variant is kept only if no kept one has both more
     capacity and at least its accuracy."""
-    cache: dict[tuple, Capacity | None] = {}
     out: list[Candidate] = []
     by_model_gpu: dict[tuple[str, str], dict[str, list[Profile]]] = defaultdict(lambda: defaultdict(list))
     for p in profiles:
@@ -124,12 +123,7 @@ def candidates(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventory,
                     for p in profs:
                         if not fits_memory(p, g, k, share):
                             continue
-                        # memo by the curve, not the name: copies of one profile share the work
-                        # (``profiles`` keeps every points tuple alive for the whole call)
-                        key = (id(p.points), p.max_batch, p.mps_interference, d.slo, share)
-                        cap = cache.get(key, False)
-                        if cap is False:
-                            cap = cache[key] = replica_capacity(p, d.slo, share)
+                        cap = replica_capacity(p, d.slo, share)
                         if cap is not None:
                             group.append(Candidate(mi, p, ci, k, share, cap, share * frac))
                     group.sort(key=lambda x: (-x.cap.rate, -x.accuracy))
@@ -362,6 +356,37 @@ def _milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidat
 # --------------------------------------------------------------------------- entry point
 
 
+MILP_CHUNK = 150  # larger fleets are solved as a sequence of MILPs of about 100 models
+
+
+def _chunked_milp(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventory, opts: Options,
+                  time_limit: float) -> tuple[GpuPlan, ...]:
+    """Large fleets: models interleaved by size into chunks of about 100, each solved as a MILP
+    on the GPUs the earlier chunks left (each chunk rounds up at most a GPU or so). A chunk
+    without an integer solution in its share of the time gets the greedy's plan."""
+    from placement.greedy import greedy_gpus  # noqa: PLC0415
+
+    order = sorted(range(len(demands)), key=lambda i: -demands[i].required)
+    n = math.ceil(len(demands) / 100)
+    chunks = [[demands[i] for i in order[k::n]] for k in range(n)]
+    used: set[str] = set()
+    out: list[GpuPlan] = []
+    for chunk in chunks:
+        left = Inventory(tuple(
+            GpuClass(c.gpu, tuple(i for i in c.ids if i not in used), c.cost_per_hour, c.mig, c.mps)
+            for c in inv.classes), inv.objective)
+        left = Inventory(tuple(c for c in left.classes if c.ids), inv.objective)
+        cands = candidates(chunk, profiles, left, opts)
+        try:
+            chosen, lay, _ = _milp_choice(chunk, left, cands, opts, time_limit / n)
+            gpus = pack(chunk, left, profiles, chosen, cands, lay)
+        except MilpTimeout:
+            gpus = greedy_gpus(chunk, left, cands, opts)
+        out += gpus
+        used |= {g.id for g in gpus}
+    return tuple(out)
+
+
 def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory, method: str = "greedy",
           *, time_limit: float = 10.0, options: Options = DEFAULT, bound: bool = True) -> Plan:
     """Plan ``demands`` on ``inventory`` from ``profiles``. No I/O; the greedy is deterministic,
@@ -379,6 +404,9 @@ def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
     label = method if options == DEFAULT else f"{method}[mig={int(options.mig)},mps={int(options.mps)}]"
     if method == "greedy":
         gpus, proven = greedy_gpus(demands, inventory, cands, options), 0.0
+    elif len(demands) > MILP_CHUNK:
+        gpus, label = _chunked_milp(demands, profiles, inventory, options, time_limit), label + "-chunked"
+        proven = 0.0
     else:
         try:
             chosen, lay, proven = _milp_choice(demands, inventory, cands, options, time_limit)
