@@ -8,6 +8,7 @@ processes sharing one port), this measures:
    highest constant open-loop rate with p99 send lag <= 1 ms and no errors ("strict"), and
    the highest rate it keeps up with on this machine: p50 send lag <= 1 ms, p99 send lag <=
    floor + 5 ms and no errors ("keeps up"; on a busy machine the p99 is the scheduler's);
+   a rate that fails is tried once more (best of two), as spikes from other work are common;
    plus the loadgen's CPU time per request, whose inverse is the rate one free core sustains;
 3. the same for the raw client with 2 worker processes (the multi-process mode);
 4. closed-loop peak throughput (1 and 2 processes) and Locust FastHttpUser's peak throughput
@@ -50,6 +51,7 @@ from loadgen.stats import OK, Recorder
 RESULTS = Path(__file__).parent / "results"
 LAG_LIMIT_MS = 1.0
 RELATIVE_SLACK_MS = 5.0
+ATTEMPTS = 2
 INPUTS = (InputSpec(name="INPUT0", shape=(1, 4), datatype="FP32"),)
 LADDER = (500, 1000, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 10000, 12000, 14000, 16000, 20000)
 
@@ -181,11 +183,15 @@ async def capacity(url: str, client: str, processes: int, duration: float, floor
     floor_ms = floor["send_lag_p99_ms"] or 0.0
     rows, best_strict, best_rel, misses = [], None, None, 0
     for rate in ladder:
-        r = await trial(url, rate, duration, client, processes)
-        lag, lag50 = r["send_lag_p99_ms"] or 0.0, r["send_lag_p50_ms"] or 0.0
-        r["strict_ok"] = r["errors"] == 0 and lag <= LAG_LIMIT_MS
-        r["relative_ok"] = (r["errors"] == 0 and lag50 <= LAG_LIMIT_MS
-                            and lag <= floor_ms + RELATIVE_SLACK_MS)  # fmt: skip
+        for attempt in range(ATTEMPTS):  # a busy machine spikes: a failed rate gets a retry
+            r = await trial(url, rate, duration, client, processes)
+            lag, lag50 = r["send_lag_p99_ms"] or 0.0, r["send_lag_p50_ms"] or 0.0
+            r["attempt"] = attempt + 1
+            r["strict_ok"] = r["errors"] == 0 and lag <= LAG_LIMIT_MS
+            r["relative_ok"] = (r["errors"] == 0 and lag50 <= LAG_LIMIT_MS
+                                and lag <= floor_ms + RELATIVE_SLACK_MS)  # fmt: skip
+            if r["relative_ok"]:
+                break
         rows.append(r)
         if r["strict_ok"]:
             best_strict = rate
@@ -326,7 +332,7 @@ def markdown(r: dict[str, Any]) -> str:
     ]
     for o in r["open_loop"]:
         best = next((t for t in o["trials"] if t["rate"] == o["relative_rate"]), None)
-        cpu = best["marginal_cpu_us"] if best else None
+        cpu = (best["marginal_cpu_us"] or best["cpu_us_per_request"]) if best else None
         lines.append(
             f"| {o['client']} | {o['processes']} | {o['strict_rate'] or '-'} | "
             f"{o['relative_rate'] or '-'} | {f'{cpu:.0f}' if cpu else '-'} | "
