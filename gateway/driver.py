@@ -41,14 +41,20 @@ log = logging.getLogger("headrace.gateway")
 
 SLO_HEADER = "x-headrace-slo-ms"
 BACKENDS: dict[str, Callable[[str, int], Any]] = {"http": TritonHttpReplica, "grpc": TritonReplica}
-VARIANT_PARAM = "headrace_variant"
+VARIANT_PARAM = "headrace_variant"  # response parameters: who served the request
+REPLICA_PARAM = "headrace_replica"
 
 
 @dataclass(slots=True)
 class InferResult:
     outputs: list[Tensor]
     variant: str
+    replica: str
     met_deadline: bool
+
+    def parameters(self) -> dict[str, str]:
+        """Response parameters telling the client which variant and replica served it."""
+        return {VARIANT_PARAM: self.variant, REPLICA_PARAM: self.replica}
 
 
 @dataclass(slots=True)
@@ -337,7 +343,7 @@ class Driver:
             self.metrics.of(self.metrics.latency, model).observe(now - p.request.arrival)
             self.metrics.of(self.metrics.by_variant, model, b.variant).inc()
             if not p.future.done():
-                p.future.set_result(InferResult(outs, b.variant, met))
+                p.future.set_result(InferResult(outs, b.variant, b.replica, met))
         # with nothing queued a poll cannot dispatch or reject anything: skip it (hot path)
         if self._queued is None or self._queued():
             self._poll()

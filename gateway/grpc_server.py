@@ -18,7 +18,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from gateway.codec import encode_grpc_response, parse_grpc_infer
-from gateway.driver import SLO_HEADER, VARIANT_PARAM, Driver
+from gateway.driver import SLO_HEADER, Driver
 from gateway.errors import GatewayError, InvalidRequest, Rejected
 from gateway.stats import (
     SERVER_NAME,
@@ -67,7 +67,7 @@ class InferenceServicer:
             self.info.record(name, start, ok=False)
             raise
         self.info.record(name, start, ok=True)
-        return encode_grpc_response(name, req.model_version or "1", inp, res.outputs, {VARIANT_PARAM: res.variant})
+        return encode_grpc_response(name, req.model_version or "1", inp, res.outputs, res.parameters())
 
     async def ModelInfer(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
         return await self._infer(_parse(pb.ModelInferRequest, raw), _slo_header(context))

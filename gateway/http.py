@@ -14,7 +14,7 @@ from aiohttp import web
 from google.protobuf import json_format
 
 from gateway.codec import encode_http_response, parse_http_infer
-from gateway.driver import SLO_HEADER, VARIANT_PARAM, Driver
+from gateway.driver import SLO_HEADER, Driver
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, Rejected
 from gateway.stats import ServerInfo, model_config_dict, model_metadata_dict
 
@@ -118,7 +118,7 @@ async def infer(request: web.Request) -> web.Response:
         info.record(name, start, ok=False)
         raise
     info.record(name, start, ok=True)
-    out, header_len = encode_http_response(name, version or "1", inp, res.outputs, {VARIANT_PARAM: res.variant})
+    out, header_len = encode_http_response(name, version or "1", inp, res.outputs, res.parameters())
     if header_len is None:
         return web.Response(body=out, content_type=_JSON)
     return web.Response(body=out, content_type="application/octet-stream",

@@ -79,7 +79,7 @@ def make_driver(clock: Clock, n_replicas: int = 1, slo: float = 1.0) -> tuple[Dr
         fakes.append(FakeReplica(url))
         return fakes[-1]
 
-    reps = tuple(ServedReplica(f"r{i}", f"host:{9000 + i}", "http", f"v{i}", profile(), 1) for i in range(n_replicas))
+    reps = tuple(ServedReplica(f"r{i}", f"host:{9000 + i}", "http", "v", profile(), 1) for i in range(n_replicas))
     model = ServedModel("m", slo, 8, Priority.GUARANTEED, reps)
     core = EdfScheduler(SchedulerConfig(policy="adaptive", wait=False))
     return Driver([model], core, clock=clock, health_interval=3600, replica_factory=factory), fakes
@@ -108,17 +108,17 @@ def test_queued_requests_share_one_batch_and_get_their_own_rows():
         await settle()
         rest = [asyncio.create_task(d.infer("m", request([i, i], [i, -i]))) for i in (1, 2, 3)]
         await settle()
-        assert fake.calls == [("v0", 1)]  # the replica is busy: the others queue
+        assert fake.calls == [("v", 1)]  # the replica is busy: the others queue
         fake.release()
         await settle()
         # NOTE: everything queued while the replica was busy goes out as one batch of 6 rows
-        assert fake.calls == [("v0", 1), ("v0", 6)]
+        assert fake.calls == [("v", 1), ("v", 6)]
         fake.release()
         outs = await asyncio.gather(first, *rest)
         for i, res in enumerate(outs[1:], start=1):
             y = np.frombuffer(bytes(res.outputs[0].raw), np.float32).reshape(res.outputs[0].shape)
             np.testing.assert_array_equal(y, [[i, i], [i, -i]])
-            assert res.variant == "v0" and res.met_deadline
+            assert res.variant == "v" and res.replica == "r0" and res.met_deadline
         assert not d._pending  # noqa: SLF001  (the invariant under test: nothing left behind)
         await d.stop()
 
@@ -147,10 +147,10 @@ def test_unavailable_replica_fails_over_and_is_marked_unhealthy():
         (busy, idle) = (a, b) if a.calls else (b, a)
         busy.release(BackendError("gone", grpc.StatusCode.UNAVAILABLE, retryable=True))
         await settle()
-        assert idle.calls == [(idle.calls[0][0], 1)]  # retried on the other replica
+        assert idle.calls == [("v", 1)]  # retried on the other replica of the variant
         idle.release()
         res = await t
-        assert res.variant == idle.calls[0][0]
+        assert res.replica == ("r0" if idle is a else "r1")
         assert [r.healthy for r in d.replicas.values()].count(False) == 1
         await d.stop()
 

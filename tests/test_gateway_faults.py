@@ -47,7 +47,7 @@ async def _one(client: grpcaio.InferenceServerClient, model: str, out: list) -> 
     t = time.monotonic()
     try:
         r = await client.infer(model, [_x()])
-        out.append((t, "ok", r.get_response().parameters["headrace_variant"].string_param))
+        out.append((t, "ok", r.get_response().parameters["headrace_replica"].string_param))
     except InferenceServerException as e:
         out.append((t, e.status() or "error", str(e.message())))
 
@@ -68,19 +68,19 @@ def test_kill9_one_of_two_replicas_under_load(tmp_path):
     prof = slow_profile("emu", 30.0, 100.0)
     save_profiles(tmp_path / "emu.yaml", [prof])
     repo_a, repo_b = tmp_path / "a", tmp_path / "b"
-    write_replica(repo_a, "emu-a", prof)
-    write_replica(repo_b, "emu-b", prof)
+    write_replica(repo_a, "emu", prof)  # the same variant on two servers: two replicas of it
+    write_replica(repo_b, "emu", prof)
     with TritonServer(repo_a) as ta, TritonServer(repo_b) as tb:
         cfg = parse_config({
             "listen": {"http_port": 0, "grpc_port": 0},
             "health_interval_s": 0.2,
             "models": [{"name": "emu", "slo_ms": 5000, "max_batch": 8, "replicas": [
-                {"url": ta.http_url, "variant": "emu-a", "profile": str(tmp_path / "emu.yaml")},
-                {"url": tb.http_url, "variant": "emu-b", "profile": str(tmp_path / "emu.yaml")},
+                {"id": "a", "url": ta.http_url, "variant": "emu", "profile": str(tmp_path / "emu.yaml")},
+                {"id": "b", "url": tb.http_url, "variant": "emu", "profile": str(tmp_path / "emu.yaml")},
             ]}],
         })
         with GatewayThread(cfg) as gw:
-            rep_b = gw.driver.replicas[f"emu-b@{tb.http_url}"]
+            rep_b = gw.driver.replicas["b"]
 
             async def scenario() -> tuple[list, int, float]:
                 client = grpcaio.InferenceServerClient(gw.grpc_url)
@@ -104,7 +104,7 @@ def test_kill9_one_of_two_replicas_under_load(tmp_path):
     assert len(ok) >= 0.99 * sent, {o[2] for o in out if o[1] != "ok"}
     # the restarted replica was re-admitted: it serves again after the restart
     assert rep_b.healthy
-    assert any(t > restarted and variant == "emu-b" for t, _, variant in ok)
+    assert any(t > restarted and replica == "b" for t, _, replica in ok)
 
 
 def test_sigterm_drains_in_flight_requests(tmp_path):
