@@ -138,3 +138,13 @@ def test_unknown_profile_reference_lists_known_ones():
     cfg = parse_config(_cfg(replicas=[{"url": "h:1", "variant": "v", "profile": "nope@X/1g"}]))
     with pytest.raises(ConfigError, match=r"replicas\.0\.profile.*nope@X/1g.*known"):
         resolve(cfg)
+
+
+def test_shipped_example_config_resolves():
+    from pathlib import Path
+
+    from gateway.config import load_config
+
+    (m,) = resolve(load_config(Path(__file__).parents[1] / "gateway" / "example.yaml"))
+    assert [r.protocol for r in m.replicas] == ["http", "grpc"]
+    assert m.replicas[1].profile.latency(1) > m.replicas[0].profile.latency(1)  # overhead_ms applies
