@@ -11,11 +11,12 @@ import math
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 from google.protobuf import json_format
 
 from gateway.codec import encode_http_response, parse_http_infer
 from gateway.driver import SLO_HEADER, Driver
-from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, Rejected
+from gateway.errors import GatewayError, InvalidRequest, Rejected
 from gateway.stats import ServerInfo, model_config_dict, model_metadata_dict
 
 DRIVER = web.AppKey("driver", Driver)
@@ -108,7 +109,10 @@ async def infer(request: web.Request) -> web.Response:
     name = request.match_info["model"]
     version = _version(request)
     driver.model(name)  # unknown model: 404 before reading the body
-    body = await request.read()
+    try:  # aiohttp undoes gzip/deflate Content-Encoding, within client_max_size
+        body = await request.read()
+    except RequestPayloadError as e:
+        raise InvalidRequest(f"unreadable request body: {e.message if hasattr(e, 'message') else e}") from None
     inp = parse_http_infer(body, request.headers.get(HEADER_LEN))
     info = request.app[INFO]
     start = info.clock()
@@ -123,10 +127,6 @@ async def infer(request: web.Request) -> web.Response:
         return web.Response(body=out, content_type=_JSON)
     return web.Response(body=out, content_type="application/octet-stream",
                         headers={HEADER_LEN: str(header_len)})
-
-
-async def _not_found(request: web.Request) -> web.Response:
-    raise ModelNotFound(f"no route for {request.method} {request.path}")
 
 
 def create_app(driver: Driver, info: ServerInfo, max_body_bytes: int = 64 << 20) -> web.Application:

@@ -17,8 +17,8 @@ from gateway.errors import Unavailable
 
 SERVER_NAME = "headrace"
 SERVER_VERSION = "0.1.0"
-EXTENSIONS = ["classification", "model_repository", "schedule_policy", "model_configuration",
-              "binary_tensor_data", "parameters", "statistics"]
+EXTENSIONS = ["model_repository", "schedule_policy", "model_configuration", "binary_tensor_data",
+              "parameters", "statistics"]
 
 
 @dataclass

@@ -4,6 +4,7 @@ of a real Triton; malformed input gets a 4xx / INVALID_ARGUMENT and never a 5xx.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import http.client
 import json
 
@@ -75,6 +76,15 @@ def test_http_sync_infer_json_and_binary(gateway, binary):
     assert resp["id"] == "req-7"
     assert resp["parameters"]["headrace_variant"] == "affine-v1"
     assert resp["parameters"]["headrace_replica"].startswith("affine-v1@")
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_http_compressed_request(gateway, algorithm):
+    c = httpclient.InferenceServerClient(gateway.http_url)
+    x = httpclient.InferInput("x", [1, 3], "FP32")
+    x.set_data_from_numpy(_x(1))
+    r = c.infer("affine", [x], request_compression_algorithm=algorithm)
+    np.testing.assert_allclose(r.as_numpy("y"), _x(1) * 2)
 
 
 def test_http_sync_metadata_config_ready_stats(gateway):
@@ -189,6 +199,9 @@ def _infer_doc(**inp) -> bytes:
     ("/v2/models/affine/infer", _infer_doc(), {"Inference-Header-Content-Length": "99999"}, 400),
     ("/v2/models/affine/infer", _infer_doc(parameters={"binary_data_size": 12}, data=None), None, 400),
     ("/v2/models/affine/infer", b"x" * (65 << 20), None, 413),
+    # a small gzip body that inflates past the limit
+    ("/v2/models/affine/infer", gzip.compress(b" " * (65 << 20), 1), {"Content-Encoding": "gzip"}, 413),
+    ("/v2/models/affine/infer", b"not gzip at all", {"Content-Encoding": "gzip"}, 400),
 ])
 def test_http_malformed_input_is_4xx_with_error(gateway, path, body, headers, status):
     code, doc = _post(gateway, path, body, headers)
