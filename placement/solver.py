@@ -362,8 +362,8 @@ MILP_CHUNK = 150  # larger fleets are solved as a sequence of MILPs of about 100
 def _chunked_milp(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventory, opts: Options,
                   time_limit: float) -> tuple[GpuPlan, ...]:
     """Large fleets: models interleaved by size into chunks of about 100, each solved as a MILP
-    on the GPUs the earlier chunks left (each chunk rounds up at most a GPU or so). A chunk
-    without an integer solution in its share of the time gets the greedy's plan."""
+    on the GPUs the earlier chunks left (each chunk rounds up at most a GPU or so). Each chunk
+    keeps the better of its MILP and greedy plans (the MILP's share of the time may be short)."""
     from placement.greedy import greedy_gpus  # noqa: PLC0415
 
     order = sorted(range(len(demands)), key=lambda i: -demands[i].required)
@@ -377,11 +377,15 @@ def _chunked_milp(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventor
             for c in inv.classes), inv.objective)
         left = Inventory(tuple(c for c in left.classes if c.ids), inv.objective)
         cands = candidates(chunk, profiles, left, opts)
+        gpus = greedy_gpus(chunk, left, cands, opts)
         try:
             chosen, lay, _ = _milp_choice(chunk, left, cands, opts, time_limit / n)
-            gpus = pack(chunk, left, profiles, chosen, cands, lay)
+            milp_gpus = pack(chunk, left, profiles, chosen, cands, lay)
+            weight = {i: left.weight(c) for c in left.classes for i in c.ids}
+            if sum(weight[g.id] for g in milp_gpus) <= sum(weight[g.id] for g in gpus):
+                gpus = milp_gpus
         except MilpTimeout:
-            gpus = greedy_gpus(chunk, left, cands, opts)
+            pass
         out += gpus
         used |= {g.id for g in gpus}
     return tuple(out)
