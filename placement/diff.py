@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from placement.capacity import replica_capacity
-from placement.catalogue import GPUS, WHOLE
+from placement.catalogue import gpu_model
 from placement.plan import Demand, GpuClass, GpuPlan, Inventory, Plan, Replica, SlicePlan
 from placement.solver import DEFAULT, Options, SolverError, solve
 from profiles.profile import ProfileSet
@@ -120,9 +120,8 @@ def diff(old: Plan | None, new: Plan) -> PlanDiff:
             continue
         # a new slice: creatable now unless an old slice holds its region or the GPU changes mode
         old_g = old_gpus.get(g.id)
-        blocked = old_g is not None and (
-            old_g.mig != g.mig or any(_overlaps(os_, s) for os_ in old_g.slices if (g.id, os_.label) not in n
-                                      or o[(g.id, os_.label)][1].profile != s.profile))
+        # (a surviving old slice cannot overlap it: the new plan is legal)
+        blocked = old_g is not None and (old_g.mig != g.mig or any(_overlaps(g.gpu, os_, s) for os_ in old_g.slices))
         seq = late if blocked or (prev is not None) else make
         if g.mig and g.id not in mig_on:
             seq.append(Step("enable_mig", g.id, g.gpu))
@@ -155,16 +154,12 @@ def diff(old: Plan | None, new: Plan) -> PlanDiff:
     return PlanDiff(old, new, tuple(make + brk + late))
 
 
-def _overlaps(a: SlicePlan, b: SlicePlan) -> bool:
+def _overlaps(gpu: str, a: SlicePlan, b: SlicePlan) -> bool:
+    """Whether two slices of one GPU share a memory slice (a whole GPU overlaps everything)."""
     if a.start is None or b.start is None:
         return True
-    def span(s: SlicePlan) -> set[int]:
-        for g in GPUS.values():
-            for p in g.profiles:
-                if p.name == s.profile:
-                    return set(p.span(s.start))
-        return set()
-    return bool(span(a) & span(b))
+    g = gpu_model(gpu)
+    return bool(set(g.profile(a.profile).span(a.start)) & set(g.profile(b.profile).span(b.start)))
 
 
 def _with_slo(plan: Plan, demands: dict[str, Demand], profiles: ProfileSet) -> list[GpuPlan]:
@@ -225,6 +220,3 @@ def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory
         # the free GPUs do not suffice: plan from scratch (the diff may then have to move more)
         new = solve(demands, profiles, inventory, method, time_limit=time_limit, options=options)
     return new, diff(old, new)
-
-
-__all__ = ["PlanDiff", "Step", "diff", "replan", "replica_ids", "WHOLE"]
