@@ -6,7 +6,7 @@ max batch 32, SLO 100 ms, Poisson and Gamma(CV=4) arrivals, one replica. Every s
 same EdfScheduler with a different registered policy, driven by loadgen.sim, so the
 comparison is like for like and runs in one process.
 
-    .venv/bin/python -m bench.policy_study            # full study (~5 min on one core)
+    .venv/bin/python -m bench.policy_study            # full study (~15 min on one core)
     .venv/bin/python -m bench.policy_study --quick    # 15 s of arrivals per point
 
 Writes bench/results/policy_study.{json,md}. Results are virtual-time, hence exact for a seed
@@ -63,6 +63,8 @@ SYSTEMS = (
     System("skip-heads", SchedulerConfig(policy="skip-heads"), "skip-heads"),
     System("adaptive", SchedulerConfig(policy="adaptive"), "adaptive"),
     System("adaptive +wait", SchedulerConfig(policy="adaptive", wait=True), "adaptive +wait"),
+    System("adaptive admit-protect", SchedulerConfig(policy="adaptive", admission="protect"),
+           "adaptive admit-protect"),
     System("adaptive admit-alone", SchedulerConfig(policy="adaptive", admission="alone"),
            "adaptive admit-alone"),
 )

@@ -79,6 +79,24 @@ def test_alone_admission_leaves_queue_choices_to_the_batcher() -> None:
     assert s.submit(Request(998, "m", 0.0, 0.005), 0.0).reason == "infeasible"  # alone: 10.7 ms
 
 
+def test_protect_admission_refuses_a_request_that_would_push_an_admitted_one_late() -> None:
+    # NOTE: one 32-row batch ending by 85.1 ms; a 33rd row starts a second batch
+    s = sched(admission="protect")
+    s.add_replica(replica(), 0.0)
+    for r in make_requests(20, slo=0.061):  # 20 rows take 55.3 ms
+        assert s.submit(r, 0.0) is None
+    # with deadline 0.1 it would join the batch (21 rows, 57.7 ms) and push nobody late
+    assert s.submit(Request(500, "m", 0.0, 0.1), 0.0) is None
+    # 4 more rows: 22 rows take 60.0 ms and fit the admitted requests' 61 ms; 23 take 62.4 ms
+    rejects = [s.submit(Request(600 + i, "m", 0.0, 0.1), 0.0) for i in range(4)]
+    assert [r is None for r in rejects] == [True, False, False, False]
+    assert all(r.reason == "infeasible" for r in rejects if r is not None)
+    plain = sched(admission="plan")
+    plain.add_replica(replica(), 0.0)
+    for r in make_requests(20, slo=0.061) + [Request(600 + i, "m", 0.0, 0.1) for i in range(4)]:
+        assert plain.submit(r, 0.0) is None  # "plan" only asks whether the newcomer itself fits
+
+
 def test_batch_never_exceeds_max_and_meets_predicted_deadlines() -> None:
     s = sched(wait=False)
     s.add_replica(replica(max_batch=8, profile=fake_profile(max_batch=8)), 0.0)

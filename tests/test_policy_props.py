@@ -11,7 +11,9 @@ call against the rules stated in :mod:`gateway.policy.scheduler` and
 - with deterministic service = p99 (the latency model the core predicts with), every
   dispatched batch meets all its members' deadlines (deadline-aware policies);
 - rejections happen only when infeasible: at submit exactly when the admission plan (closed
-  form below, one replica; no rows ahead with ``admission="alone"``) misses the deadline; while queued only when no replica can finish
+  form below, one replica; no rows ahead with ``admission="alone"``) misses the deadline or,
+  with ``admission="protect"``, admitting it would push a request the plan finishes in time
+  past its deadline; while queued only when no replica can finish
   the request alone in time.
 """
 
@@ -35,6 +37,19 @@ def plan_finish_one_replica(start: float, lat, max_batch: int, rows_ahead: int, 
     if rest + size <= max_batch:
         return t + lat(rest + size)
     return t + lat(rest) + lat(size)
+
+
+def plan_finishes_one_replica(start: float, lat, max_batch: int, sizes: list[int]) -> list[float]:
+    """The queue in EDF order goes out in batches filled up to max_batch rows, back to back."""
+    out, t, k = [], start, 0
+    while k < len(sizes):
+        rows, first = 0, k
+        while k < len(sizes) and rows + sizes[k] <= max_batch:
+            rows += sizes[k]
+            k += 1
+        t += lat(rows)
+        out += [t] * (k - first)
+    return out
 
 
 class CheckedCore:
@@ -88,6 +103,8 @@ class CheckedCore:
                       if r.priority == Priority.GUARANTEED and r.deadline <= request.deadline)
         if self.core.config.admission == "alone":
             g_ahead = 0
+        queue = sorted((r for r in self.queued.values() if r.priority == Priority.GUARANTEED
+                        and r.model == request.model), key=lambda r: r.deadline)
         rej = self.core.submit(request, now)
         if rej is None:
             self.queued[request.id] = request
@@ -99,13 +116,22 @@ class CheckedCore:
             return rej
         if len(reps) == 1 and request.priority == Priority.GUARANTEED:
             rid = reps[0]
-            plan = plan_finish_one_replica(self._start(rid, now), self._lat(rid),
-                                           self.infos[rid].max_batch, g_ahead, request.size)
-            if (plan > request.deadline) != (rej is not None):
+            start, lat, mb = self._start(rid, now), self._lat(rid), self.infos[rid].max_batch
+            plan = plan_finish_one_replica(start, lat, mb, g_ahead, request.size)
+            hurts = False
+            if self.core.config.admission == "protect" and queue:
+                idx = sum(1 for r in queue if r.deadline <= request.deadline)
+                before = plan_finishes_one_replica(start, lat, mb, [r.size for r in queue])
+                after = plan_finishes_one_replica(start, lat, mb, [r.size for r in queue[:idx]] + [request.size]
+                                                  + [r.size for r in queue[idx:]])
+                after = after[:idx] + after[idx + 1:]
+                hurts = any(b <= r.deadline < a for r, b, a in zip(queue, before, after, strict=True))
+            if (plan > request.deadline or hurts) != (rej is not None):
                 self.violations.append(
                     f"submit of {request.id}: plan finish {plan:.6f} vs deadline {request.deadline:.6f}"
                     f" but reject={rej}")
-        elif rej is not None and g_ahead == 0 and request.priority == Priority.GUARANTEED:
+        elif (rej is not None and g_ahead == 0 and request.priority == Priority.GUARANTEED
+              and (self.core.config.admission != "protect" or not queue)):
             alone = min(self._start(i, now) + self._lat(i)(request.size) for i in reps)
             if alone <= request.deadline:
                 self.violations.append(f"request {request.id} rejected with nothing ahead though feasible")
@@ -174,7 +200,7 @@ class CheckedCore:
 scenario = st.fixed_dictionaries({
     "policy": st.sampled_from(["adaptive", "skip-heads", "largest-prefix", "take-all"]),
     "wait": st.booleans(),
-    "admission": st.sampled_from(["plan", "alone"]),
+    "admission": st.sampled_from(["plan", "protect", "alone"]),
     "rate": st.floats(20, 1500),
     "cv": st.sampled_from([1.0, 4.0]),
     "slo": st.floats(0.012, 0.3),

@@ -41,3 +41,30 @@ def predict_finish(lanes: Sequence[Lane], rows_ahead: int, size: int) -> float:
         chunk = min(lane.max_batch, rem)
         rem -= chunk
         heapq.heappush(heap, (s + lane.latency(chunk), i))
+
+
+def plan_finishes(lanes: Sequence[Lane], sizes: Sequence[int]) -> list[float]:
+    """Predicted finish of each request of an EDF-ordered queue (``sizes`` in rows) when the
+    queue goes out in order, as many rows per batch as fit, on whichever replica starts first."""
+    out = [float("inf")] * len(sizes)
+    if not lanes:
+        return out
+    heap = [(ln.start, i) for i, ln in enumerate(lanes)]
+    heapq.heapify(heap)
+    k = 0
+    while k < len(sizes):
+        s, i = heapq.heappop(heap)
+        lane = lanes[i]
+        rows, first = 0, k
+        while k < len(sizes) and rows + sizes[k] <= lane.max_batch:
+            rows += sizes[k]
+            k += 1
+        if rows == 0:  # too large for this replica; no other does better in this plan
+            k += 1
+        else:
+            finish = s + lane.latency(rows)
+            for j in range(first, k):
+                out[j] = finish
+            s = finish
+        heapq.heappush(heap, (s, i))
+    return out

@@ -21,10 +21,12 @@ class SchedulerConfig(BaseModel):
     quantile: Literal["p50", "p99"] = Field(
         default="p99", description="profile latency quantile used to predict batch completion"
     )
-    admission: Literal["plan", "alone"] = Field(
+    admission: Literal["plan", "protect", "alone"] = Field(
         default="plan",
         description="deadline-aware policies reject at submit a request predicted to miss its "
         "deadline: 'plan' counts the rows queued ahead of it in EDF order (answers early), "
+        "'protect' also refuses a request whose admission would push an admitted request past "
+        "its deadline in that plan (rejects at arrival instead of skipping heads later); "
         "'alone' only asks whether it could finish alone on the replica that starts first "
         "(leaves the choice to the batcher; more goodput under overload, later rejects)",
     )

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gateway.policy.admission import Lane, predict_finish
+from gateway.policy.admission import Lane, plan_finishes, predict_finish
 from gateway.policy.batching import SelectContext, get_policy
 from gateway.policy.config import SchedulerConfig
 from gateway.policy.edf import EdfQueue
@@ -179,7 +179,7 @@ class EdfScheduler:
         if self.policy.deadline_aware:
             for v in fits:
                 f = self._plan(model.groups[v], live[v], request, now)
-                if f <= request.deadline:
+                if f <= request.deadline and self._protects(model.groups[v], live[v], request, now):
                     choice, finish = v, f
                     break
                 finish = min(finish, f)
@@ -275,6 +275,26 @@ class EdfScheduler:
 
     def _variant_infos(self, model: _Model, live: dict[str, list[_Replica]]) -> list[VariantInfo]:
         return [VariantInfo(v, model.groups[v].accuracy, self._capacity(reps)) for v, reps in live.items()]
+
+    def _protects(self, group: _Group, healthy: list[_Replica], request: Request, now: float) -> bool:
+        """With ``admission="protect"``: admitting ``request`` pushes no queued guaranteed
+        request that the plan finishes in time past its deadline."""
+        if self.config.admission != "protect" or request.priority == Priority.BEST_EFFORT:
+            return True
+        queue = list(group.guaranteed)
+        if not queue:
+            return True
+        lanes = self._lanes(healthy, now)
+        before = plan_finishes(lanes, [r.size for r in queue])
+        pos = group.guaranteed.rows_before(request.deadline)  # rows, not index: find the index
+        idx, acc = 0, 0
+        while idx < len(queue) and acc < pos:
+            acc += queue[idx].size
+            idx += 1
+        with_new = queue[:idx] + [request] + queue[idx:]
+        after = plan_finishes(lanes, [r.size for r in with_new])
+        after_old = after[:idx] + after[idx + 1:]
+        return all(not (b <= r.deadline < a) for r, b, a in zip(queue, before, after_old, strict=True))
 
     def _plan(self, group: _Group, healthy: list[_Replica], request: Request, now: float) -> float:
         """Admission prediction of the request's finish if it joins ``group``."""
