@@ -156,7 +156,7 @@ def register(subparsers: Any) -> None:
     g.add_argument("--search-range", default="10:1000", help="LO:HI for --find-max-rate")
     g.add_argument("--target-attainment", type=float, default=0.99, help="e.g. 0.99")
     g.add_argument("--stability", type=float, default=10.0,
-                   help="%% the last 3 windows may differ in throughput and p99 (10)")  # fmt: skip
+                   help="%% the last 3 windows may differ in throughput and p50 (10)")  # fmt: skip
 
     g = p.add_argument_group("output")
     g.add_argument("--window", type=float, help="timeline / measurement window s (1; search 5)")

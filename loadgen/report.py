@@ -210,8 +210,8 @@ def plot(s: dict[str, Any], rec: Recorder, prefix: Path) -> list[Path]:
     tl = s["timeline"]
     fig, ax1 = plt.subplots(figsize=(8, 4.5))
     t = [r["t"] for r in tl]
-    ax1.plot(t, [r["offered_rps"] for r in tl], label="offered /s")
-    ax1.plot(t, [r["goodput_rps"] for r in tl], label="goodput /s")
+    ax1.plot(t, [r["offered_rps"] for r in tl], label="offered /s", drawstyle="steps-post")
+    ax1.plot(t, [r["goodput_rps"] for r in tl], label="goodput /s", drawstyle="steps-post")
     ax1.set_xlabel("time (s, by scheduled send)")
     ax1.set_ylabel("requests per second")
     ax2 = ax1.twinx()

@@ -2,8 +2,9 @@
 highest rate that holds a target SLO attainment.
 
 Each search trial measures consecutive windows (perf_analyzer's measurement windows) and is
-*stable* when the last ``STABLE_WINDOWS`` windows agree on throughput and p99 within
-``stability`` (a fraction of their mean), as perf_analyzer's ``-s`` does. A trial passes when
+*stable* when the last ``STABLE_WINDOWS`` windows agree on throughput and median latency
+within ``stability`` (a fraction of their mean; latency also within ``STABLE_SLACK_MS``), as
+perf_analyzer's ``-s`` does. A trial passes when
 it is stable and both the whole run and every one of those windows meet the target.
 """
 
@@ -19,6 +20,7 @@ from loadgen.run import LoadResult, run_load
 from loadgen.spec import LoadSpec
 
 STABLE_WINDOWS = 3
+STABLE_SLACK_MS = 1.0  # latency differences below this are noise, not instability
 
 
 def parse_range(text: str) -> list[float]:
@@ -46,12 +48,12 @@ def stability(summary: dict[str, Any], tolerance: float) -> bool:
     if len(tl) < STABLE_WINDOWS:
         return False
     last = tl[-STABLE_WINDOWS:]
-    for key in ("throughput_rps", "p99_ms"):
+    for key, slack in (("throughput_rps", 0.0), ("p50_ms", STABLE_SLACK_MS)):
         vals = [w[key] for w in last]
         if any(v is None for v in vals):
             return False
         mean = float(np.mean(vals))
-        if mean > 0 and max(abs(v - mean) for v in vals) > tolerance * mean:
+        if max(abs(v - mean) for v in vals) > tolerance * mean + slack:
             return False
     return True
 

@@ -35,8 +35,8 @@ def test_parse_range() -> None:
             parse_range(bad)
 
 
-def window(t: float, thr: float, p99: float) -> dict:
-    return {"t": t, "offered_rps": thr, "throughput_rps": thr, "p99_ms": p99, "attainment": 1.0}
+def window(t: float, thr: float, p50: float) -> dict:
+    return {"t": t, "offered_rps": thr, "throughput_rps": thr, "p50_ms": p50, "attainment": 1.0}
 
 
 def test_stability_needs_three_agreeing_windows() -> None:
@@ -51,6 +51,12 @@ def test_stability_needs_three_agreeing_windows() -> None:
     assert stability(steady, 0.1)
     drifting = {"timeline": [window(1, 100, 10), window(2, 100, 14), window(3, 100, 20)]}
     assert not stability(drifting, 0.1)
+    jitter_below_a_ms = {
+        "timeline": [window(1, 100, 0.5), window(2, 100, 1.2), window(3, 100, 0.6)]
+    }
+    assert stability(jitter_below_a_ms, 0.1)
+    falling_throughput = {"timeline": [window(1, 100, 10), window(2, 80, 10), window(3, 60, 10)]}
+    assert not stability(falling_throughput, 0.1)
     assert not stability({"timeline": [window(0, 100, 10)]}, 0.1)
 
 
@@ -60,19 +66,21 @@ def test_max_rate_search_finds_the_servers_capacity() -> None:
         stop = await serve(Behaviour(delay=single_server_queue(SERVICE_S)), port, None)
         try:
             spec = LoadSpec(target=f"http://127.0.0.1:{port}", model=MODEL, slo_ms=60, warmup_s=0.3,
-                            arrival="poisson", lag_warn_ms=1000)  # fmt: skip
-            return await find_max_rate(spec, 50, 500, target=0.95, window_s=0.5, tolerance=0.5,
-                                       max_windows=6, precision=0.1)  # fmt: skip
+                            arrival="constant", lag_warn_ms=1000)  # fmt: skip
+            return await find_max_rate(spec, 100, 400, target=0.95, window_s=0.4, tolerance=0.3,
+                                       max_windows=6, precision=0.2)  # fmt: skip
         finally:
             await stop()
 
     res = asyncio.run(go())
-    # NOTE: capacity is 1 / SERVICE_S = 250 req/s; past it the queue grows without bound
-    assert res.best_rate is not None
-    assert 100 <= res.best_rate <= 260
+    seen = [(t["rate"], t["attainment"], t["stable"], t["passed"]) for t in res.trials]
+    # NOTE: capacity is 1 / SERVICE_S = 250 req/s; past it the queue grows without bound, and
+    # below it constant arrivals never queue
+    assert res.best_rate is not None, seen
+    assert 150 <= res.best_rate <= 260, seen
     rates = [t["rate"] for t in res.trials]
-    assert rates[:2] == [50, 500]
-    assert not next(t for t in res.trials if t["rate"] == 500)["passed"]
+    assert rates[:2] == [100, 400]
+    assert not next(t for t in res.trials if t["rate"] == 400)["passed"]
 
 
 def test_weighted_mix_reports_each_model() -> None:
