@@ -196,7 +196,10 @@ def _load_pynvml() -> Any:
         import pynvml  # noqa: PLC0415  (only where a GPU is present)
     except ImportError as e:
         raise ExecutorError("the nvml executor needs nvidia-ml-py: pip install nvidia-ml-py") from e
-    pynvml.nvmlInit()
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # noqa: BLE001  (NVMLError subclasses vary by failure)
+        raise ExecutorError(f"NVML did not initialise (no NVIDIA driver or GPU here?): {e}") from e
     return pynvml
 
 
@@ -224,6 +227,7 @@ class Nvml:
         return self._n().nvmlDeviceGetHandleByIndex(gpu_index(gpu))
 
     def apply(self, plan_or_diff: Plan | PlanDiff) -> dict[tuple[str, str], str]:
+        self._n()
         for st in _steps(plan_or_diff):
             try:
                 self.run(st)
