@@ -78,16 +78,23 @@ class _Conn(asyncio.Protocol):
             return
         head = bytes(buf[:hend]).lower()
         clen = _header_int(head, b"\r\ncontent-length:")
-        if clen is None:  # chunked or close-delimited answers are not supported
+        if clen is not None:
+            end = hend + 4 + clen
+            if len(buf) < end:
+                return
+            body = bytes(buf[hend + 4 : end])
+        elif b"\r\ntransfer-encoding: chunked" in head:
+            parsed = _dechunk(buf, hend + 4)
+            if parsed is None:
+                return
+            body, end = parsed
+        else:  # close-delimited answers are not supported
             self._fail("http_protocol")
-            return
-        end = hend + 4 + clen
-        if len(buf) < end:
             return
         status = int(head[9:12])
         if status == 200:
             hlen = _header_int(head, b"\r\ninference-header-content-length:")
-            variant = variant_from_http(bytes(buf[hend + 4 : end]), hlen)
+            variant = variant_from_http(body, hlen)
             outcome = OK
         else:
             variant, outcome = None, http_outcome(status)
@@ -106,6 +113,23 @@ class _Conn(asyncio.Protocol):
             self.transport.close()
         if done is not None:
             done(outcome, None)
+
+
+def _dechunk(buf: bytearray, start: int) -> tuple[bytes, int] | None:
+    """A complete chunked body at ``buf[start:]`` -> (body, end offset), or None if partial."""
+    parts, pos = [], start
+    while True:
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            return None
+        size = int(bytes(buf[pos:eol]).split(b";", 1)[0], 16)
+        if size == 0:
+            end = buf.find(b"\r\n\r\n", eol)  # no trailers expected: usually eol itself
+            return (b"".join(parts), end + 4) if end >= 0 else None
+        if len(buf) < eol + 2 + size + 2:
+            return None
+        parts.append(bytes(buf[eol + 2 : eol + 2 + size]))
+        pos = eol + 2 + size + 2
 
 
 def _header_int(head: bytes, name: bytes) -> int | None:

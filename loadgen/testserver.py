@@ -34,6 +34,7 @@ class Behaviour:
     reject_every: int = 0  # 0: never
     variant: str | None = None
     models: tuple[str, ...] = (MODEL,)  # names served, all with the same signature
+    chunked: bool = False  # HTTP: answer with Transfer-Encoding: chunked
     count: int = field(default=0)
 
     async def decide(self) -> bool:
@@ -74,6 +75,14 @@ def http_app(b: Behaviour):
             return web.json_response({"error": "unknown model"}, status=404)
         if await b.decide():
             return web.json_response({"error": "rejected"}, status=429)
+        if b.chunked:
+            resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+            resp.enable_chunked_encoding()
+            await resp.prepare(req)
+            await resp.write(body[:10])
+            await resp.write(body[10:])
+            await resp.write_eof()
+            return resp
         return web.Response(body=body, content_type="application/json")
 
     app = web.Application(client_max_size=64 * 1024 * 1024)

@@ -185,3 +185,18 @@ def test_closed_loop_result_explains_coordinated_omission() -> None:
     assert r.summary["ok"] > 0 and r.summary["concurrency"] == 2
     assert CLOSED_LOOP_NOTE in r.warnings
     assert REJECTED not in r.summary["errors"]
+
+
+def test_raw_client_reads_chunked_answers() -> None:
+    async def go():
+        hp = free_port()
+        stop = await serve(Behaviour(chunked=True, variant="v"), hp, None)
+        try:
+            return await run_load(LoadSpec(target=f"http://127.0.0.1:{hp}", model=MODEL, rate=100,
+                                           duration_s=0.5, warmup_s=0.1, lag_warn_ms=1000))  # fmt: skip
+        finally:
+            await stop()
+
+    s = asyncio.run(go()).summary
+    assert s["error_count"] == 0 and s["ok"] == s["offered"] > 0
+    assert [v["variant"] for v in s["per_variant"]] == ["v"]
