@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -66,9 +67,14 @@ def table(s: dict[str, Any]) -> Table:
     detail = f"{s.get('arrival')} {s['rate']:g}/s" if head == "open" and s.get("rate") else head
     if head == "closed":
         detail = f"closed loop, concurrency {s.get('concurrency')}"
-    t = Table(title=f"headrace load: {s.get('target', '')} ({detail}, {s['duration_s']:.1f} s)")
-    for col in ("scope", "offered/s", "goodput/s", "attainment", "p50 ms", "p90 ms", "p99 ms",
-                "p99.9 ms", "rejected", "errors"):  # fmt: skip
+    t = Table(
+        title=f"headrace load: {s.get('target', '')} ({detail}, {s['duration_s']:.1f} s)",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for col in ("scope", "offered", "goodput", "in SLO", "p50", "p90", "p99", "p99.9", "rej",
+                "err"):  # fmt: skip
         t.add_column(col, justify="left" if col == "scope" else "right")
 
     def row(name: str, d: dict[str, Any]) -> None:
@@ -89,13 +95,16 @@ def table(s: dict[str, Any]) -> Table:
     row("all", s)
     if len(s["per_model"]) > 1:
         for m, d in s["per_model"].items():
-            row(f"model {m}", d)
+            row(m, d)
     if len(s["per_variant"]) > 1 or any(v["variant"] != "-" for v in s["per_variant"]):
         for d in s["per_variant"]:
-            row(f"{d['model']} / {d['variant']}", d)
+            row(f"{d['model']}/{d['variant']}", d)
     lag = s["send_lag_ms"]
     slo = f"SLO {s['slo_ms']:g} ms" if s.get("slo_ms") else "no SLO (attainment = OK answers)"
-    t.caption = f"{slo}; send lag p50 {lag['p50'] or 0:.3f} ms p99 {lag['p99'] or 0:.3f} ms"
+    t.caption = (
+        f"rates per second; latencies in ms from the scheduled send; {slo}; "
+        f"send lag p50 {lag['p50'] or 0:.3f} ms p99 {lag['p99'] or 0:.3f} ms"
+    )
     return t
 
 
