@@ -68,32 +68,37 @@ def candidates(queue: Sequence[Request], ctx: SelectContext) -> list[Candidate]:
     For each target size b: take the EDF run of requests whose deadlines allow a b-row batch,
     then add back, latest first, any skipped head that still fits and makes the finish.
     """
+    queue = list(queue)
     deadlines = [r.deadline for r in queue]
+    prefix = [0]  # prefix[k] = rows of queue[:k]
+    for r in queue:
+        prefix.append(prefix[-1] + r.size)
     out: list[Candidate] = []
-    seen: set[tuple[int, ...]] = set()
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
     n = len(queue)
     for b in range(1, ctx.max_batch + 1):
         i0 = bisect.bisect_left(deadlines, ctx.start + ctx.latency(b))
         if i0 >= n:
             break
-        take: list[int] = []
-        rows = 0
-        while i0 + len(take) < n and rows + queue[i0 + len(take)].size <= b:
-            rows += queue[i0 + len(take)].size
-            take.append(i0 + len(take))
-        if not take:
+        end = bisect.bisect_right(prefix, prefix[i0] + b) - 1  # EDF run from i0 within b rows
+        if end <= i0:
             continue
+        rows = prefix[end] - prefix[i0]
+        heads: list[int] = []
         for j in range(i0 - 1, -1, -1):
+            if rows >= ctx.max_batch or deadlines[j] < ctx.start + ctx.latency(rows + 1):
+                break  # earlier heads have earlier deadlines: none of them can join either
             size = queue[j].size
             if rows + size <= ctx.max_batch and ctx.start + ctx.latency(rows + size) <= deadlines[j]:
                 rows += size
-                take.append(j)
-        key = tuple(sorted(take))
+                heads.append(j)
+        key = (i0, end, tuple(heads))
         if key in seen:
             continue
         seen.add(key)
-        out.append(Candidate(key, rows, ctx.start + ctx.latency(rows), key[-1] + 1 - len(key)))
-        if key[-1] == n - 1 and rows < b:
+        take = (*reversed(heads), *range(i0, end))
+        out.append(Candidate(take, rows, ctx.start + ctx.latency(rows), take[-1] + 1 - len(take)))
+        if end == n and rows < b:
             break  # larger b only skips more
     return out
 

@@ -16,6 +16,7 @@ class EdfQueue:
         self._items: list[Request] = []
         self._seq = 0
         self.rows = 0  # total rows queued
+        self.max_size = 0  # at least the largest request queued (reset when emptied)
 
     def push(self, request: Request) -> None:
         key = (request.deadline, self._seq)
@@ -24,6 +25,7 @@ class EdfQueue:
         self._keys.insert(i, key)
         self._items.insert(i, request)
         self.rows += request.size
+        self.max_size = max(self.max_size, request.size)
 
     def deadlines(self) -> list[float]:
         return [k[0] for k in self._keys]
@@ -41,11 +43,13 @@ class EdfQueue:
         self._keys = [k for i, k in enumerate(self._keys) if i not in drop]
         self._items = [r for i, r in enumerate(self._items) if i not in drop]
         self.rows -= sum(r.size for r in taken)
+        if not self._items:
+            self.max_size = 0
         return taken
 
     def clear(self) -> list[Request]:
         out = self._items
-        self._keys, self._items, self.rows = [], [], 0
+        self._keys, self._items, self.rows, self.max_size = [], [], 0, 0
         return out
 
     def __getitem__(self, i: int) -> Request:

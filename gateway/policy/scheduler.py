@@ -53,6 +53,7 @@ _EPS = 1e-6  # a wake-up lands this long after the instant a request turns infea
 @dataclass
 class _Replica:
     info: ReplicaInfo
+    table: list[float]  # predicted seconds of a batch by rows (index 0 unused)
     healthy: bool = True
     inflight: list[Batch] = field(default_factory=list)
 
@@ -116,7 +117,9 @@ class EdfScheduler:
                 f"replica {info.id!r}: max_batch ({info.max_batch}) exceeds profile max "
                 f"({info.profile.max_batch}) for {info.profile.name}"
             )
-        self._replicas[info.id] = _Replica(info)
+        q = self.config.quantile
+        self._replicas[info.id] = _Replica(info, [0.0] + [info.profile.latency(b, q)
+                                                          for b in range(1, info.max_batch + 1)])
         model = self._model(info.model)
         if info.variant not in model.groups:
             model.groups[info.variant] = _Group(info.variant, RateEstimator(self.config.rate_window_s),
@@ -160,11 +163,14 @@ class EdfScheduler:
         if not live:
             return self._reject(request, RejectReason.NO_REPLICA, self.config.no_replica_retry_after_s,
                                 f"no healthy replica serves model {request.model!r}")
-        infos = self._variant_infos(model, live)
-        model.level = next_level(model.level, infos, model.rate.rate(now), now,
-                                 high=self.config.variant_high_load, low=self.config.variant_low_load,
-                                 dwell=self.config.variant_dwell_s)
-        order = candidate_order(infos, request.accuracy_floor, model.level)
+        if len(live) == 1 and request.accuracy_floor is None:
+            order = list(live)
+        else:
+            infos = self._variant_infos(model, live)
+            model.level = next_level(model.level, infos, model.rate.rate(now), now,
+                                     high=self.config.variant_high_load, low=self.config.variant_low_load,
+                                     dwell=self.config.variant_dwell_s)
+            order = candidate_order(infos, request.accuracy_floor, model.level)
         if not order:
             return self._reject(
                 request, RejectReason.INFEASIBLE, self.config.no_replica_retry_after_s,
@@ -270,8 +276,7 @@ class EdfScheduler:
         return [self._replicas[i] for i in group.replicas if self._replicas[i].healthy]
 
     def _capacity(self, reps: list[_Replica]) -> float:
-        q = self.config.quantile
-        return sum(r.info.max_batch / r.info.profile.latency(r.info.max_batch, q) for r in reps)
+        return sum(r.info.max_batch / r.table[r.info.max_batch] for r in reps)
 
     def _variant_infos(self, model: _Model, live: dict[str, list[_Replica]]) -> list[VariantInfo]:
         return [VariantInfo(v, model.groups[v].accuracy, self._capacity(reps)) for v, reps in live.items()]
@@ -306,8 +311,7 @@ class EdfScheduler:
         return predict_finish(self._lanes(healthy, now), ahead, request.size)
 
     def _latency(self, rep: _Replica):
-        profile, q = rep.info.profile, self.config.quantile
-        return lambda rows: profile.latency(rows, q)
+        return rep.table.__getitem__
 
     def _lanes(self, reps: list[_Replica], now: float) -> list[Lane]:
         return [Lane(r.start(now), self._latency(r), r.info.max_batch) for r in reps]
@@ -325,9 +329,7 @@ class EdfScheduler:
         top = max(r.info.max_batch for r in healthy)
         want = rate * (1.0 + self.config.headroom)
         for b in range(1, top + 1):
-            cap = sum(min(b, r.info.max_batch) / r.info.profile.latency(min(b, r.info.max_batch),
-                                                                          self.config.quantile)
-                      for r in healthy)
+            cap = sum(min(b, r.info.max_batch) / r.table[min(b, r.info.max_batch)] for r in healthy)
             if cap >= want:
                 return b
         return top
@@ -372,18 +374,18 @@ class EdfScheduler:
         if not chosen:
             return None
         rows = sum(r.size for r in chosen)
-        finish = start + rep.info.profile.latency(rows, self.config.quantile)
+        finish = start + rep.table[rows]
         return Batch(rep.info.id, rep.info.variant, tuple(chosen), now, finish)
 
     def _best_alone(self, healthy: list[_Replica], now: float):
+        """finish(size): earliest predicted finish of a lone request of ``size`` rows."""
         starts = [(r.start(now), r) for r in healthy]
         cache: dict[int, float] = {}
 
         def finish(size: int) -> float:
             if size not in cache:
-                cache[size] = min(
-                    (s + r.info.profile.latency(size, self.config.quantile) for s, r in starts
-                     if r.info.max_batch >= size), default=float("inf"))
+                cache[size] = min((s + r.table[size] for s, r in starts if r.info.max_batch >= size),
+                                  default=float("inf"))
             return cache[size]
 
         return finish
@@ -400,7 +402,15 @@ class EdfScheduler:
             return out
         finish = self._best_alone(healthy, now)
         for q, be in ((group.guaranteed, False), (group.best_effort, True)):
-            gone = [i for i, r in enumerate(q) if finish(r.size) > r.deadline]
+            if not len(q):
+                continue
+            bound = finish(q.max_size)  # requests with later deadlines are surely feasible
+            gone = []
+            for i, r in enumerate(q):
+                if r.deadline >= bound:
+                    break
+                if finish(r.size) > r.deadline:
+                    gone.append(i)
             for r in q.remove_indices(gone):
                 reason = (RejectReason.SHED if be else
                           RejectReason.FAILED if r.id in self._retried else RejectReason.EXPIRED)
@@ -418,10 +428,14 @@ class EdfScheduler:
                          default=float("inf"))
             return oldest + self.config.queue_timeout_s + _EPS
         best = float("inf")
-        q = self.config.quantile
         for queue in (group.guaranteed, group.best_effort):
+            if not len(queue):
+                continue
+            longest = max(rep.table[min(queue.max_size, rep.info.max_batch)] for rep in healthy)
             for r in queue:
-                last_start = max((r.deadline - rep.info.profile.latency(r.size, q) for rep in healthy
+                if r.deadline - longest >= best:
+                    break  # later deadlines cannot turn infeasible sooner
+                last_start = max((r.deadline - rep.table[r.size] for rep in healthy
                                   if rep.info.max_batch >= r.size), default=now)
                 if last_start >= now:
                     best = min(best, last_start + _EPS)
