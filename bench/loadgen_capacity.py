@@ -10,7 +10,9 @@ processes sharing one port), this measures:
    floor + 5 ms and no errors ("keeps up"; on a busy machine the p99 is the scheduler's);
    a rate that fails is tried once more (best of two), as spikes from other work are common;
    plus the loadgen's CPU time per request, whose inverse is the rate one free core sustains;
-3. the same for the raw client with 2 worker processes (the multi-process mode);
+3. the same for the raw client with 2 worker processes (the multi-process mode), and for the
+   raw client sending under SCHED_RR (``--realtime``, row ``raw+rt``), which takes the host
+   scheduler's tick out of the send lag;
 4. closed-loop peak throughput (1 and 2 processes) and Locust FastHttpUser's peak throughput
    against the same endpoint (headless, one process, bounded duration), as the comparison.
 
@@ -131,10 +133,13 @@ class TritonclientHttp:
 
 
 def _spec(url: str, rate: float, duration: float, client: str, processes: int) -> LoadSpec:
+    """``client`` is raw, aiohttp or tritonclient; a ``+rt`` suffix adds ``realtime``."""
+    base = client.removesuffix("+rt")
     return LoadSpec(
         target=url, model="echo", rate=rate, duration_s=duration, warmup_s=1.0,
-        arrival="constant", inputs=INPUTS, http_client=client if client != "tritonclient" else "raw",
+        arrival="constant", inputs=INPUTS, http_client=base if base != "tritonclient" else "raw",
         processes=processes, connections=64, lag_warn_ms=LAG_LIMIT_MS,
+        realtime=client.endswith("+rt"),
     )  # fmt: skip
 
 
@@ -299,6 +304,8 @@ async def main_async(a: argparse.Namespace) -> dict[str, Any]:
         out["noise_floor"] = floor
         print(f"noise floor: p99 send lag {floor_ms:.2f} ms at 200/s", flush=True)
         configs = [("raw", 1), ("aiohttp", 1), ("tritonclient", 1), ("raw", 2)]
+        if a.realtime:
+            configs.append(("raw+rt", 1))
         out["open_loop"] = [await capacity(srv.url, c, p, a.duration, floor, ladder)
                             for c, p in configs]  # fmt: skip
         out["closed_loop_peak_rps"] = {
@@ -384,6 +391,8 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=3.0, help="measured seconds per trial")
     ap.add_argument("--servers", type=int, default=2, help="trivial endpoint processes")
     ap.add_argument("--quick", action="store_true", help="every other rate of the ladder")
+    ap.add_argument("--no-realtime", dest="realtime", action="store_false",
+                    help="skip the raw+rt row (raw client under SCHED_RR, needs root)")  # fmt: skip
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--markdown-only", action="store_true", help="re-render the .md from the .json")
     a = ap.parse_args()

@@ -146,6 +146,9 @@ def register(subparsers: Any) -> None:
                    help="raw keep-alive asyncio pool (fastest, default) or aiohttp")  # fmt: skip
     g.add_argument("--connections", type=int, default=64, help="HTTP connections per process")
     g.add_argument("--request-timeout", type=float, default=30.0, help="client gives up after")
+    g.add_argument("--realtime", action="store_true",
+                   help="send under SCHED_RR (root/CAP_SYS_NICE) so a busy host does not delay "
+                        "sends by a scheduler tick; leaves other work 5%% of each second")  # fmt: skip
     g.add_argument("--processes", type=int, default=1,
                    help="worker processes sharing the schedule (when one falls behind)")  # fmt: skip
 
@@ -182,7 +185,7 @@ def spec_from_args(a: argparse.Namespace) -> LoadSpec:
         input_file=a.input_file, batch=a.batch, protocol=a.protocol,
         http_client=a.http_client, concurrency=a.concurrency, connections=a.connections,
         processes=a.processes, seed=a.seed, request_timeout_s=a.request_timeout,
-        lag_warn_ms=a.lag_warn_ms,
+        lag_warn_ms=a.lag_warn_ms, realtime=a.realtime,
     )  # fmt: skip
     if a.window is not None:
         fields["window_s"] = a.window

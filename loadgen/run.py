@@ -121,6 +121,7 @@ async def _drive(
     """One process's part of the run; returns the measured duration (closed loop)."""
     client = make_client(spec, prep)
     slo_s = spec.slo_ms / 1e3 if spec.slo_ms else None
+    restore = _go_realtime() if spec.realtime else None
     try:
         if spec.mode == "open":
             assert share is not None
@@ -136,7 +137,20 @@ async def _drive(
             slo_s, rec, prog,
         )  # fmt: skip
     finally:
+        if restore is not None:
+            os.sched_setscheduler(0, *restore)
         await client.close()
+
+
+def _go_realtime() -> tuple[int, os.sched_param]:
+    """Put this thread (the event loop's) under SCHED_RR priority 1; returns how to undo it.
+    The kernel keeps 5% of each period for other work (sched_rt_runtime_us)."""
+    before = (os.sched_getscheduler(0), os.sched_getparam(0))
+    try:
+        os.sched_setscheduler(0, os.SCHED_RR, os.sched_param(1))
+    except PermissionError:
+        raise LoadError("--realtime needs root or CAP_SYS_NICE (SCHED_RR)") from None
+    return before
 
 
 async def run_load(spec: LoadSpec, on_progress: ProgressFn | None = None) -> LoadResult:

@@ -139,6 +139,11 @@ class LoadSpec(BaseModel):
     request_timeout_s: float = Field(
         default=30.0, gt=0, le=3600, description="client gives up (error 'timeout') after this"
     )
+    realtime: bool = Field(
+        default=False,
+        description="send under SCHED_RR priority 1 (root or CAP_SYS_NICE): on a busy host a "
+        "woken sender otherwise waits for a scheduler tick (ms of send lag)",
+    )
     window_s: float = Field(default=1.0, gt=0, le=3600, description="timeline window")
     lag_warn_ms: float = Field(
         default=1.0, gt=0, le=60_000, description="warn when p99 send lag exceeds this"

@@ -200,3 +200,26 @@ def test_raw_client_reads_chunked_answers() -> None:
     s = asyncio.run(go()).summary
     assert s["error_count"] == 0 and s["ok"] == s["offered"] > 0
     assert [v["variant"] for v in s["per_variant"]] == ["v"]
+
+
+def test_realtime_sending_is_undone_after_the_run() -> None:
+    import os
+
+    async def go():
+        hp = free_port()
+        stop = await serve(Behaviour(), hp, None)
+        try:
+            return await run_load(LoadSpec(target=f"http://127.0.0.1:{hp}", model=MODEL, rate=200,
+                                           duration_s=0.5, warmup_s=0.1, realtime=True,
+                                           lag_warn_ms=1000))  # fmt: skip
+        finally:
+            await stop()
+
+    before = os.sched_getscheduler(0)
+    try:
+        r = asyncio.run(go())
+    except LoadError as e:  # not permitted here: the message says what is needed
+        assert "CAP_SYS_NICE" in str(e)
+        return
+    assert r.summary["ok"] == r.summary["offered"] > 0
+    assert os.sched_getscheduler(0) == before
