@@ -25,6 +25,7 @@ import platform
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,19 @@ TUNING = {  # name -> Triton dynamic batching; the request's timeout overrides u
     "delay5ms-queue50ms": DynamicBatching(max_queue_delay_us=5000, default_timeout_us=50000,
                                           allow_timeout_override=False),
 }
+
+
+def gateway_counters(http_port: int) -> dict[str, float]:
+    """The gateway's rejection counters by reason, and its event-loop lag sum/count."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("headrace_rejections_total{"):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            out[f"rejected_{reason}"] = out.get(f"rejected_{reason}", 0.0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith(("headrace_event_loop_lag_seconds_sum", "headrace_event_loop_lag_seconds_count")):
+            out[line.split(" ", 1)[0].removeprefix("headrace_event_loop_")] = float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def reference_profile():
@@ -122,8 +136,12 @@ async def run(duration: float, warmup: float, quick: bool) -> dict[str, Any]:
             for arrival, rates in (("poisson", POISSON_RATES), ("gamma", GAMMA_RATES)):
                 for rate in rates:
                     for sysname, (target, model) in systems.items():
+                        before = gateway_counters(hp) if sysname == "headrace" else {}
                         r = await point(target, model, arrival, rate, duration, warmup, 1)
                         r.update(system=sysname, arrival=arrival, rate=rate)
+                        if sysname == "headrace":  # the gateway's own view: why it rejected
+                            after = gateway_counters(hp)
+                            r["gateway"] = {k: after[k] - before.get(k, 0.0) for k in after}
                         out["points"].append(r)
                         print(f"{sysname:15s} {arrival:8s} {rate:5d}/s  attainment {r['attainment'] or 0:.4f}  "
                               f"goodput {r['goodput_rps']:.0f}/s  p99 {r['p99_ms'] or 0:.1f} ms  "
@@ -167,6 +185,15 @@ def verdict(points: list[dict]) -> dict[str, Any]:
     return v
 
 
+def _reasons(p: dict[str, Any]) -> str:
+    g = p.get("gateway")
+    if not g:
+        return ""
+    at_arrival = g.get("rejected_infeasible", 0) + g.get("rejected_shed", 0) + g.get("rejected_no_replica", 0)
+    lag = 1e3 * g.get("lag_seconds_sum", 0) / max(g.get("lag_seconds_count", 0), 1)
+    return f"{at_arrival:.0f} / {g.get('rejected_expired', 0):.0f} / {lag:.2f}"
+
+
 def markdown(res: dict[str, Any]) -> str:
     v = res["verdict"]
     lines = [
@@ -193,14 +220,15 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         "## All points",
         "",
-        "| arrival | rate /s | system | attainment | goodput /s | p50 ms | p99 ms | rejected | reject p99 ms | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| arrival | rate /s | system | attainment | goodput /s | p50 ms | p99 ms | rejected | reject p99 ms | errors | gateway: at arrival / expired in queue / loop lag ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in res["points"]:
         lines.append(
             f"| {p['arrival']} | {p['rate']} | {p['system']} | {(p['attainment'] or 0):.4f} | {p['goodput_rps']:.1f} | "
             f"{p['p50_ms'] or 0:.1f} | {p['p99_ms'] or 0:.1f} | {p['rejected']} | "
-            f"{p['reject_latency_p99_ms'] or 0:.2f} | {p['errors']}{' (client lagged)' if p['fell_behind'] else ''} |"
+            f"{p['reject_latency_p99_ms'] or 0:.2f} | {p['errors']}{' (client lagged)' if p['fell_behind'] else ''} | "
+            f"{_reasons(p)} |"
         )
     lines += ["", "## Triton tuning phase (goodput /s summed over Poisson 330 and Gamma 350)", ""]
     for k, val in res["tuning"].items():

@@ -182,6 +182,11 @@ class Driver:
                 )
                 self.metrics.of(self.metrics.healthy, m.served.name, r.id).set(1)
                 self.metrics.of(self.metrics.inflight, m.served.name, r.id).set(0)
+        reps = list(self.replicas.values())  # a replica down at startup starts unhealthy
+        oks = await asyncio.gather(*(r.client.ready(r.variant) for r in reps), return_exceptions=True)
+        for r, ok in zip(reps, oks, strict=True):
+            if ok is not True:
+                self._set_health(r, False, self.clock())
         self._health_task = asyncio.create_task(self._health_loop())
         self._lag_task = asyncio.create_task(self._lag_loop())
         self.started = True
@@ -189,8 +194,9 @@ class Driver:
     async def drain(self, timeout: float) -> bool:
         """Refuse new requests and wait for admitted ones; True when none is left."""
         self.draining = True
-        end = self.clock() + timeout
-        while self._pending and self.clock() < end:
+        loop = asyncio.get_running_loop()  # real time: the injected clock may be virtual
+        end = loop.time() + timeout
+        while self._pending and loop.time() < end:
             await asyncio.sleep(0.01)
         return not self._pending
 

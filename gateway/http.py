@@ -135,6 +135,9 @@ def create_app(driver: Driver, info: ServerInfo, max_body_bytes: int = 64 << 20)
     app[INFO] = info
     m = "/v2/models/{model}"
     v = "/v2/models/{model}/versions/{version}"
+    # the hot route first: aiohttp matches resources in order
+    app.router.add_post(m + "/infer", infer)
+    app.router.add_post(v + "/infer", infer)
     app.router.add_get("/v2/health/live", live)
     app.router.add_get("/v2/health/ready", ready)
     app.router.add_get("/v2", server_metadata)
@@ -144,7 +147,6 @@ def create_app(driver: Driver, info: ServerInfo, max_body_bytes: int = 64 << 20)
         app.router.add_get(base + "/ready", model_ready)
         app.router.add_get(base + "/config", model_config)
         app.router.add_get(base + "/stats", model_stats)
-        app.router.add_post(base + "/infer", infer)
     app.router.add_post("/v2/repository/index", repository_index)
     app.router.add_get("/metrics", metrics)
     return app
