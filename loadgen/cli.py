@@ -55,8 +55,10 @@ examples:
       --search-range 50:2000 --target-attainment 0.99
 
 Inputs come from the model's metadata (-1 dims sent as --batch) unless --input or
---input-file say otherwise. If one process cannot keep the schedule, the report says so
-(send lag); add --processes.
+--input-file say otherwise. Send lag (how late each send was against its schedule) is
+reported: a high p50 means the generator cannot keep up (add --processes); a high p99 with a
+low p50 means a busy host delayed it at times (--realtime sends under SCHED_RR).
+Exit codes: 0 done, 1 target unreachable or unusable, 2 bad arguments, 3 search found no rate.
 """
 
 FLAGS = {  # LoadSpec field -> CLI flag, for error messages
