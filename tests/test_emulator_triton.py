@@ -143,3 +143,15 @@ def test_unreachable_arbiter_is_a_clear_inference_error_not_a_hang(served):
     server, _ = served
     with pytest.raises(Exception, match="cannot reach emulated-GPU arbiter"):
         infer(server.http_url, "lost", np.zeros((1, 16), np.float32))
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_fidelity_benchmark_passes_its_strict_bounds():
+    # NOTE: the acceptance bounds (5% / 0.5 ms, MIG >= 95%, MPS and time-slicing within 10%);
+    # meaningful on a quiet host only, hence opt-in
+    from bench.emulator_fidelity import run
+
+    res = run(samples=9, duration=3.0, rounds=3, calibrate=True)
+    failed = [r for r in res["latency"] + res["sharing"] if not r["pass"]]
+    assert res["pass"], failed
