@@ -71,7 +71,7 @@ def calibrate_overhead(protocol: Literal["http", "grpc"] = "http", samples: int 
         for name, ms in lat_ms.items():
             prof = Profile(name, name, "none", "none", 1, (LatencyPoint(1, ms / 1e3, ms / 1e3),))
             write_emulated_model(repo, name, prof, slice_id=name, overhead=Overhead.none())
-        with TritonServer(repo) as server:
+        with TritonServer(repo, ready_timeout=120) as server:
             mod = grpcclient if protocol == "grpc" else httpclient
             client = mod.InferenceServerClient(server.grpc_url if protocol == "grpc" else server.http_url)
             x = mod.InferInput("INPUT0", [1, 16], "FP32")
