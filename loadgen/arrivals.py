@@ -282,7 +282,10 @@ class AzureReplay:
         names: list[str] = []
         minute_len = 60.0 / self.time_scale
         ts, idx = [], []
-        for f in self.functions:
+        # NOTE: each (function, minute) draws from its own stream, so a longer replay extends a
+        # shorter one with the same seed instead of reshuffling it
+        base = int(rng.integers(2**63))
+        for fi, f in enumerate(self.functions):
             end = len(f.counts) if self.minutes is None else self.start_minute + self.minutes
             counts = f.counts[self.start_minute : end] * self.rate_scale
             mi = _index(names, fmap[f.function])
@@ -291,7 +294,8 @@ class AzureReplay:
                     continue
                 rate = c / minute_len
                 proc = Poisson(rate) if self.cv == 1.0 else Gamma(rate, self.cv)
-                t = times(proc, minute_len, rng) + k * minute_len
+                sub = np.random.default_rng([base, fi, self.start_minute + k])
+                t = times(proc, minute_len, sub) + k * minute_len
                 ts.append(t)
                 idx.append(np.full(len(t), mi, dtype=np.int32))
         t = np.concatenate(ts) if ts else np.empty(0)

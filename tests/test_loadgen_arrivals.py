@@ -101,10 +101,12 @@ def test_trace_replay_keeps_counts_maps_round_robin_and_scales_time() -> None:
         assert int(np.sum(s.model_idx == mi)) == pytest.approx(want, rel=0.07)
 
 
-def test_trace_replay_is_seeded() -> None:
+def test_trace_replay_is_seeded_and_a_longer_replay_extends_a_shorter_one() -> None:
     funcs = tuple(read_azure_trace(SAMPLE))
     r = AzureReplay(funcs, ("m",), time_scale=120.0, cv=2.0, minutes=10)
     assert np.array_equal(r.schedule(rng(3)).times, r.schedule(rng(3)).times)
+    longer = AzureReplay(funcs, ("m",), time_scale=120.0, cv=2.0, minutes=20).schedule(rng(3))
+    assert np.array_equal(longer.window(0, 5.0).times, r.schedule(rng(3)).times)
 
 
 def _write_trace(tmp_path: Path, rows: list[str], minutes: int = 3) -> Path:

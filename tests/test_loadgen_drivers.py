@@ -4,6 +4,7 @@ scheduled during it; the closed loop hides it. Plus the end-to-end API over HTTP
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -223,3 +224,34 @@ def test_realtime_sending_is_undone_after_the_run() -> None:
         return
     assert r.summary["ok"] == r.summary["offered"] > 0
     assert os.sched_getscheduler(0) == before
+
+
+def test_trace_and_timestamp_replays_drive_the_open_loop(tmp_path) -> None:
+    from loadgen.arrivals import AzureReplay, read_azure_trace
+
+    sample = Path(__file__).parents[1] / "loadgen" / "data" / "azure_sample.csv"
+    ts = tmp_path / "ts.txt"
+    ts.write_text("\n".join(str(0.05 * i) for i in range(40)) + "\n")
+
+    async def go():
+        hp = free_port()
+        stop = await serve(Behaviour(models=("a", "b")), hp, None)
+        target = f"http://127.0.0.1:{hp}"
+        try:
+            trace = await run_load(LoadSpec(target=target, arrival="trace", trace=sample,
+                                            trace_models=("a", "b"), time_scale=60, duration_s=1.0,
+                                            warmup_s=0.0, lag_warn_ms=1000))  # fmt: skip
+            stamps = await run_load(LoadSpec(target=target, model="a", arrival="timestamps",
+                                             timestamps=ts, duration_s=1.5, warmup_s=0.5,
+                                             lag_warn_ms=1000))  # fmt: skip
+            return trace.summary, stamps.summary
+        finally:
+            await stop()
+
+    trace, stamps = asyncio.run(go())
+    # NOTE: at 60x one trace minute lasts a second: its counts are what was offered
+    funcs = read_azure_trace(sample)
+    replay = AzureReplay(tuple(funcs), ("a", "b"), time_scale=60, minutes=1)
+    assert trace["offered"] == len(replay.schedule(np.random.default_rng(0)).window(0, 1.0))
+    assert set(trace["per_model"]) == {"a", "b"} and trace["error_count"] == 0
+    assert stamps["offered"] == 30  # 0.5 s .. 1.95 s of the file, one per 50 ms
