@@ -238,7 +238,8 @@ async def _run(spec: LoadSpec, a: argparse.Namespace) -> int:
             tolerance=a.stability / 100.0,
             on_trial=None if a.quiet else lambda s: err.print(
                 f"rate {s['rate']:.1f}/s: {report.compact(s)} "
-                f"[{'stable' if s['stable'] else 'unstable'}, {'pass' if s['passed'] else 'fail'}]"
+                f"({'stable' if s['stable'] else 'unstable'}, {'pass' if s['passed'] else 'fail'})",
+                markup=False, highlight=False,
             ),
         )  # fmt: skip
         rows = sorted(res.trials, key=lambda s: s["rate"])
@@ -256,7 +257,8 @@ async def _run(spec: LoadSpec, a: argparse.Namespace) -> int:
         results = await sweep_rates(
             spec, parse_range(a.rate_range),
             on_result=None if a.quiet else lambda r: err.print(
-                f"rate {r.spec.rate:g}/s: {report.compact(r.summary)}"
+                f"rate {r.spec.rate:g}/s: {report.compact(r.summary)}", markup=False,
+                highlight=False,
             ),
         )  # fmt: skip
         rows = [r.summary for r in results]

@@ -35,8 +35,9 @@ def test_parse_range() -> None:
             parse_range(bad)
 
 
-def window(t: float, thr: float, p50: float) -> dict:
-    return {"t": t, "offered_rps": thr, "throughput_rps": thr, "p50_ms": p50, "attainment": 1.0}
+def window(t: float, thr: float, p50: float, offered: float | None = None) -> dict:
+    return {"t": t, "offered_rps": offered or thr, "throughput_rps": thr, "p50_ms": p50,
+            "attainment": 1.0}  # fmt: skip
 
 
 def test_stability_needs_three_agreeing_windows() -> None:
@@ -55,8 +56,13 @@ def test_stability_needs_three_agreeing_windows() -> None:
         "timeline": [window(1, 100, 0.5), window(2, 100, 1.2), window(3, 100, 0.6)]
     }
     assert stability(jitter_below_a_ms, 0.1)
-    falling_throughput = {"timeline": [window(1, 100, 10), window(2, 80, 10), window(3, 60, 10)]}
-    assert not stability(falling_throughput, 0.1)
+    # Poisson arrivals: the offered load varies, all of it is answered: stable
+    bursty = {"timeline": [window(1, 100, 10), window(2, 70, 10), window(3, 130, 10)]}
+    assert stability(bursty, 0.1)
+    falling_share = {
+        "timeline": [window(1, 100, 10, 100), window(2, 80, 10, 100), window(3, 60, 10, 100)]
+    }
+    assert not stability(falling_share, 0.1)
     assert not stability({"timeline": [window(0, 100, 10)]}, 0.1)
 
 
