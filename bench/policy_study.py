@@ -30,6 +30,7 @@ from loadgen.sim import SimReplica, Simulator, make_requests
 from profiles.profile import LatencyPoint, Profile, ProfileError, ProfileSet, Provenance
 
 RATES = (150, 250, 300, 330, 350, 500, 1000)
+DEFAULT = "adaptive"  # the family whose config is SchedulerConfig()'s default
 SLO = 0.100
 MAX_BATCH = 32
 OUT = Path(__file__).parent / "results"
@@ -137,8 +138,28 @@ def markdown(result: dict) -> str:
     lines += ["Cells: attainment / goodput req/s / p99 ms / rejections (p99 ms from arrival to the reject).", "",
               "## Highest Poisson rate at >= 99% attainment", "", "| system | req/s |", "|---|---:|"]
     lines += [f"| {k} | {v:g} |" for k, v in result["max_rate_99"].items()]
-    lines += ["", "## Targets (for the live gateway; here in zero-overhead virtual time)", ""]
-    lines += [f"- {t['name']}: {t['value']} -> {'met' if t['met'] else 'NOT met'}" for t in result["targets"]]
+    b = best_of_family(result["points"])
+
+    def att(f: str, arrival: str, rate: float) -> str:
+        return f"{b[(f, arrival, rate)]['attainment'] * 100:.1f}%"
+
+    lines += ["", "## Reading", "",
+              f"- At 330 req/s Poisson: largest-prefix {att('largest-prefix', 'poisson', 330.0)}, Triton's "
+              f"take-all {att('triton default', 'poisson', 330.0)}, skip-heads {att('skip-heads', 'poisson', 330.0)}, "
+              f"adaptive {att(DEFAULT, 'poisson', 330.0)}: the largest-feasible-prefix rule starves throughput, "
+              "skipping hopeless heads does not.",
+              "- Waiting for a larger batch (adaptive +wait) never paid on this single-replica profile; it is "
+              "off by default.",
+              "- Admission 'protect' answers every reject at arrival (reject p99 ~0 ms instead of 60-90 ms) "
+              "for about 1 point of attainment near capacity and 2-4% goodput under overload; 'alone' "
+              "admits more and lets the batcher skip, best goodput under overload, latest rejects.",
+              f"- Default policy: {DEFAULT} (admission plan). Best on the study's criteria (99% rate, then "
+              f"Gamma goodput): {result['chosen']}.", ""]
+    for who in dict.fromkeys([DEFAULT, result["chosen"]]):
+        lines += [f"## Targets for {who} (the live gateway's; here in zero-overhead virtual time)", ""]
+        lines += [f"- {t['name']}: {t['value']} -> {'met' if t['met'] else 'NOT met'}"
+                  for t in targets(result, who)]
+        lines.append("")
     lines.append("")
     return "\n".join(lines)
 
@@ -151,14 +172,14 @@ def targets(result: dict, chosen: str) -> list[dict]:
     peak = max(best[(chosen, "poisson", float(r))]["goodput_rps"] for r in RATES)
     at1000 = best[(chosen, "poisson", 1000.0)]["goodput_rps"]
     return [
-        {"name": f"{chosen}: Poisson rate at >= 99% attainment (>= 320, goal 330)",
+        {"name": "Poisson rate at >= 99% attainment (>= 320, goal 330)",
          "value": result["max_rate_99"][chosen], "met": result["max_rate_99"][chosen] >= 320},
-        {"name": f"{chosen}: Gamma CV=4 350 req/s goodput vs triton default (>= 3.5x, goal 4x)",
+        {"name": "Gamma CV=4 350 req/s goodput vs triton default (>= 3.5x, goal 4x)",
          "value": f"{ratio:.2f}x ({mine_g['goodput_rps']:.0f} vs {tri_g['goodput_rps']:.0f})", "met": ratio >= 3.5},
-        {"name": f"{chosen}: Gamma CV=4 350 req/s admitted attainment (>= 99%)",
+        {"name": "Gamma CV=4 350 req/s admitted attainment (>= 99%)",
          "value": f"{(mine_g['admitted_attainment'] or 0) * 100:.2f}%",
          "met": (mine_g["admitted_attainment"] or 0) >= 0.99},
-        {"name": f"{chosen}: Poisson goodput at 1000 req/s within 5% of peak",
+        {"name": "Poisson goodput at 1000 req/s within 5% of peak",
          "value": f"{at1000:.0f} vs peak {peak:.0f}", "met": at1000 >= 0.95 * peak},
     ]
 
@@ -170,7 +191,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--search-seeds", type=int, default=2, help="seeds averaged in the 99%% search")
     ap.add_argument("--quick", action="store_true", help="15 s per point, one search seed")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--render", action="store_true", help="only re-render the markdown from the JSON in --out")
     args = ap.parse_args(argv)
+    if args.render:
+        result = json.loads((args.out / "policy_study.json").read_text())
+        result["targets"] = {f: targets(result, f) for f in dict.fromkeys([DEFAULT, result["chosen"]])}
+        (args.out / "policy_study.json").write_text(json.dumps(result, indent=1))
+        (args.out / "policy_study.md").write_text(markdown(result))
+        print(markdown(result))
+        return 0
     if args.quick:
         args.duration, args.search_seeds = 15.0, 1
     profile = study_profile()
@@ -196,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": seeds, "rates": list(RATES), "points": points, "max_rate_99": max99,
         "chosen": chosen, "wall_s": round(time.perf_counter() - t0, 1),
     }
-    result["targets"] = targets(result, chosen)
+    result["targets"] = {f: targets(result, f) for f in dict.fromkeys([DEFAULT, chosen])}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "policy_study.json").write_text(json.dumps(result, indent=1))
     (args.out / "policy_study.md").write_text(markdown(result))
