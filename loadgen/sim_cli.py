@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         config = SchedulerConfig(
             policy=args.policy,
             wait=args.wait,
+            admission=args.admission,
             quantile=args.quantile,
             max_queue_delay_s=args.max_queue_delay_ms / 1e3,
             queue_timeout_s=None if args.queue_timeout_ms is None else args.queue_timeout_ms / 1e3,
@@ -119,7 +120,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     p.add_argument("--policy", default="adaptive", help=f"one of: {', '.join(sorted(POLICIES))}")
     p.add_argument(
-        "--no-wait", dest="wait", action="store_false", help="never wait for a larger batch"
+        "--wait",
+        action="store_true",
+        help="let a free replica wait for a larger batch when rate and slack allow",
+    )
+    p.add_argument(
+        "--admission",
+        choices=("plan", "protect", "alone"),
+        default="plan",
+        help="plan: count the queue ahead at submit; protect: also refuse requests that would "
+        "push admitted ones late; alone: only the request itself",
     )
     p.add_argument(
         "--quantile", choices=("p50", "p99"), default="p99", help="latency the policy predicts with"

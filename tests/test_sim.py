@@ -111,6 +111,9 @@ def test_cli_runs_and_reports_bad_input(tmp_path, capsys) -> None:
     assert headrace(["sim", "--rate", "200", "--duration", "3", "--json", str(out)]) == 0
     s = json.loads(out.read_text())
     assert s["offered"] > 0 and s["sim"]["unanswered"] == 0
+    prot = tmp_path / "p.json"
+    assert headrace(["sim", "--rate", "400", "--duration", "3", "--admission", "protect", "--json", str(prot)]) == 0
+    assert json.loads(prot.read_text())["sim"]["reject_p99_ms"] < 1.0  # every reject at arrival
     assert headrace(["sim", "--policy", "nope", "--duration", "1"]) == 2
     assert "known: adaptive" in capsys.readouterr().err
     assert headrace(["sim", "--profile", "resnet50@A100-80GB/9g.1gb", "--duration", "1"]) == 2
