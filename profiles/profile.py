@@ -65,7 +65,7 @@ class Profile:
         if batches != sorted(set(batches)):
             raise ProfileError(f"profile {self.key}: batch sizes {batches} must be strictly increasing")
         for p in self.points:
-            if p.batch < 1 or p.p50 <= 0 or p.p99 < p.p50:
+            if p.batch < 1 or p.p50 <= 0 or p.p99 < p.p50 * (1 - 1e-9):  # float noise of scaled points
                 raise ProfileError(
                     f"profile {self.key}: bad latency point batch={p.batch} p50={p.p50 * 1e3:g}ms "
                     f"p99={p.p99 * 1e3:g}ms (need batch>=1, 0<p50<=p99)"
