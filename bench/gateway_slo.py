@@ -194,6 +194,17 @@ def _reasons(p: dict[str, Any]) -> str:
     return f"{at_arrival:.0f} / {g.get('rejected_expired', 0):.0f} / {lag:.2f}"
 
 
+TESTBED_NOTE = (
+    "Testbed caveat: on this CPU-only Triton (2.51, python backend) a model whose execute() sleeps or "
+    "spins for ~10-40 ms answers about 2-15% of back-to-back requests ~500 ms late, with tritonclient "
+    "HTTP or gRPC alike and without any gateway (measured on a plain time.sleep model too). One such "
+    "stall blocks headrace's only lane (max_inflight 1) and everything queued behind it expires; the "
+    "gateway logs each as 'slow batch' and counts it in headrace_batch_late_seconds. Triton's own "
+    "batcher suffers the same stalls. Rejection latency here includes requests expired in the queue "
+    "(answered when they become infeasible, not at arrival)."
+)
+
+
 def markdown(res: dict[str, Any]) -> str:
     v = res["verdict"]
     lines = [
@@ -205,6 +216,8 @@ def markdown(res: dict[str, Any]) -> str:
         f"(load average at the end: {', '.join(f'{x:.1f}' for x in res['load_average'])}).",
         f"triton-tuned = `{res['triton_tuned']['name']}`: `{res['triton_tuned']['config']}`",
         "Command: `.venv/bin/python -m bench.gateway_slo`",
+        "",
+        TESTBED_NOTE,
         "",
         "## Targets",
         "",

@@ -337,6 +337,10 @@ class Driver:
         self.metrics.of(self.metrics.inflight, model, rep.id).set(rep.inflight)
         now = self.clock()
         self.metrics.of(self.metrics.batch_duration, model, b.variant).observe(now - sent)
+        planned = b.predicted_finish - b.dispatched
+        if now - sent > 2 * planned + 0.05:
+            log.warning("slow batch on %s: %d rows took %.1f ms (planned %.1f ms)",
+                        rep.id, b.rows, (now - sent) * 1e3, planned * 1e3)
         self.metrics.of(self.metrics.batch_late, model, b.variant).observe(max(0.0, now - b.predicted_finish))
         try:
             self.core.on_complete(b, now)

@@ -34,7 +34,7 @@ SERVICE = "inference.GRPCInferenceService"
 def _parse(cls: type, raw: bytes) -> Any:
     try:
         return cls.FromString(raw)
-    except (DecodeError, RuntimeWarning) as e:
+    except DecodeError as e:
         raise InvalidRequest(f"malformed {cls.__name__}: {e}") from None
 
 
