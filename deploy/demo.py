@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
     workdir = Path(tempfile.mkdtemp(prefix="headrace-demo-"))
     gateway: subprocess.Popen | None = None
-    with Emulated(profiles, triton_batching=False) as ex:  # the gateway forms the batches
+    with Emulated(profiles) as ex:
         out.rule("[bold]2. apply (emulated GPUs, real Triton)")
         for e in ex.apply(plan):
             out.print(f"{e.replica_id}: Triton grpc://{e.grpc_url} serving {e.variant} "

@@ -41,12 +41,13 @@ class Endpoint:
 class Emulated:
     """Apply plans by starting emulated GPUs and Triton servers locally.
 
-    ``triton_batching`` turns on Triton's dynamic batcher in each model (max batch = the
-    planned one), so direct clients get batching too; a gateway batches on its own anyway.
+    ``triton_batching`` turns on Triton's dynamic batcher in each model, for clients that call
+    Triton directly. It is off by default: the gateway forms the batches, and on this Triton
+    build a batcher-enabled model answers some lone requests ~500 ms late (bench/gateway_slo).
     """
 
     profiles: ProfileSet
-    triton_batching: bool = True
+    triton_batching: bool = False
     ready_timeout: float = 60.0
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="headrace-plan-")))
     gpus: dict = field(default_factory=dict)  # gpu id -> EmulatedGpu
