@@ -58,7 +58,7 @@ def measure(plan: Plan, ps: ProfileSet, duration: float, seed: int = 0, fraction
 
     plan.verify()
     predicted = plan.capacity("resnet50")
-    with Emulated(ps) as ex:
+    with Emulated(ps, triton_batching=via == "triton") as ex:  # Triton batches only when it is the batcher
         endpoints = ex.apply(plan)
         if via == "triton":
             res = run_load_sync(LoadSpec(target=f"grpc://{endpoints[0].grpc_url}", model="resnet50",

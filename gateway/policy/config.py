@@ -63,6 +63,22 @@ class SchedulerConfig(BaseModel):
     variant_dwell_s: float = Field(
         default=2.0, ge=0.0, le=600.0, description="least seconds between two variant-level moves"
     )
+    learn_overhead: bool = Field(
+        default=True,
+        description="learn, per replica, the time a batch takes beyond its profile (network, Triton, "
+        "the driver's own loop) from completions, and plan with profile + that overhead",
+    )
+    overhead_quantile: float = Field(
+        default=0.9, gt=0.0, lt=1.0,
+        description="quantile of the observed per-batch overhead the scheduler plans with",
+    )
+    overhead_step_s: float = Field(
+        default=2e-4, gt=0.0, le=0.01,
+        description="step of the online quantile estimate per completed batch (seconds)",
+    )
+    max_overhead_s: float = Field(
+        default=0.05, ge=0.0, le=10.0, description="cap on the learned per-batch overhead (seconds)",
+    )
     max_queue_delay_s: float = Field(
         default=0.0,
         ge=0.0,

@@ -24,6 +24,10 @@ Rules (each one is tested):
   request is left queued for the model.
 - A replica executes its in-flight batches one after another: a new batch is predicted to
   start when the last one in flight is predicted to finish.
+- Overhead: with ``learn_overhead`` each replica's predictions are its profile plus a learned
+  per-batch overhead, an online estimate of the ``overhead_quantile`` of how late completed
+  batches finish against their prediction (``on_complete``'s ``now``). Batches that finish
+  exactly as predicted (the simulator) keep it at zero.
 """
 
 from __future__ import annotations
@@ -50,12 +54,32 @@ from gateway.policy.types import (
 _EPS = 1e-6  # a wake-up lands this long after the instant a request turns infeasible
 
 
+_RETABLE_S = 1e-4  # rebuild a replica's latency table when the learned overhead moves this much
+
+
 @dataclass
 class _Replica:
     info: ReplicaInfo
-    table: list[float]  # predicted seconds of a batch by rows (index 0 unused)
+    base: list[float]  # profile seconds of a batch by rows (index 0 unused)
+    table: list[float] = field(default_factory=list)  # base + overhead: what the core plans with
     healthy: bool = True
     inflight: list[Batch] = field(default_factory=list)
+    overhead: float = 0.0  # learned seconds every batch takes beyond its profile
+    applied: float = 0.0  # the overhead ``table`` was built with
+
+    def __post_init__(self) -> None:
+        if not self.table:
+            self.table = list(self.base)
+
+    def learn(self, lateness: float, cfg: SchedulerConfig) -> None:
+        """One completion finished ``lateness`` seconds after its prediction: move the estimate
+        of the overhead's ``overhead_quantile`` one step (stochastic quantile tracking)."""
+        q, step = cfg.overhead_quantile, cfg.overhead_step_s
+        est = self.overhead + (step * q if lateness > 0 else -step * (1 - q))
+        self.overhead = min(max(est, 0.0), cfg.max_overhead_s)
+        if abs(self.overhead - self.applied) >= _RETABLE_S or (self.overhead == 0.0 < self.applied):
+            self.applied = self.overhead
+            self.table = [0.0] + [t + self.overhead for t in self.base[1:]]
 
     def start(self, now: float) -> float:
         """When a new batch would begin executing."""
@@ -210,6 +234,8 @@ class EdfScheduler:
                 if b is batch or b == batch:
                     del rep.inflight[i]
                     break
+            if self.config.learn_overhead and not retry:
+                rep.learn(now - batch.predicted_finish, self.config)
         retry_ids = {r.id for r in retry}
         for r in batch.requests:
             if r.id not in self._pending:
