@@ -79,6 +79,11 @@ class ModelConfig(BaseModel):
     priority: Literal["guaranteed", "best-effort"] = Field(
         default="guaranteed", description="default priority class of the model's requests"
     )
+    deadline_margin: float = Field(
+        default=0.03, ge=0.0, le=0.5,
+        description="fraction of each request's SLO kept outside the plan for what the gateway "
+        "cannot see (client send, network, the answer's way back); batches aim at the rest",
+    )
     replicas: list[ReplicaConfig] = Field(min_length=1, description="where the model runs")
 
 
@@ -158,6 +163,7 @@ class ServedModel:
     max_batch: int
     priority: Priority
     replicas: tuple[ServedReplica, ...]
+    margin: float = 0.0  # fraction of the SLO kept outside the plan
 
 
 def resolve_profile(ref: str, max_batch: int, base_dir: Path | None = None,
@@ -202,5 +208,5 @@ def resolve(cfg: GatewayConfig) -> list[ServedModel]:
             replicas.append(ServedReplica(r.id or f"{r.variant}@{r.url}", r.url, r.protocol, r.variant, prof,
                                          r.max_inflight))
         prio = Priority.GUARANTEED if m.priority == "guaranteed" else Priority.BEST_EFFORT
-        out.append(ServedModel(m.name, m.slo_ms / 1e3, m.max_batch, prio, tuple(replicas)))
+        out.append(ServedModel(m.name, m.slo_ms / 1e3, m.max_batch, prio, tuple(replicas), m.deadline_margin))
     return out

@@ -80,14 +80,21 @@ class _Model:
     info: ModelInfo | None = None
 
 
-def deadline_of(inp: InferInput, slo_header: str | None, default_slo: float, now: float) -> float:
-    """Triton's ``timeout`` parameter (µs) first, then the SLO header (ms), then the model's SLO."""
+def deadline_of(inp: InferInput, slo_header: str | None, default_slo: float, now: float,
+                margin: float = 0.0) -> float:
+    """Triton's ``timeout`` parameter (µs) first, then the SLO header (ms), then the model's SLO.
+    The core plans toward ``1 - margin`` of that budget: the rest is kept for what happens
+    outside the gateway's view (the client's send, the network, the answer's way back)."""
+    return now + _budget(inp, slo_header, default_slo) * (1.0 - margin)
+
+
+def _budget(inp: InferInput, slo_header: str | None, default_slo: float) -> float:
     t = inp.parameters.get("timeout")
     if t is not None:
         if not isinstance(t, int) or isinstance(t, bool) or t < 0:
             raise InvalidRequest(f"parameter timeout {t!r} must be a non-negative integer (microseconds)")
         if t > 0:
-            return now + t / 1e6
+            return t / 1e6
     if slo_header:
         try:
             ms = float(slo_header)
@@ -95,8 +102,8 @@ def deadline_of(inp: InferInput, slo_header: str | None, default_slo: float, now
             raise InvalidRequest(f"{SLO_HEADER} {slo_header!r} is not a number of milliseconds") from None
         if not 0 < ms <= 3_600_000:
             raise InvalidRequest(f"{SLO_HEADER} ({ms:g}) must be in (0, 3600000] milliseconds")
-        return now + ms / 1e3
-    return now + default_slo
+        return ms / 1e3
+    return default_slo
 
 
 def priority_of(inp: InferInput, default: Priority) -> Priority:
@@ -245,7 +252,7 @@ class Driver:
         now = self.clock()
         served = m.served
         req = Request(
-            next(self._ids), name, now, deadline_of(inp, slo_header, served.slo, now),
+            next(self._ids), name, now, deadline_of(inp, slo_header, served.slo, now, served.margin),
             priority_of(inp, served.priority), rows,
         )
         reject = self.core.submit(req, now)

@@ -223,6 +223,13 @@ def test_deadline_sources_in_order_of_precedence():
         deadline_of(request([1, 1], timeout="5"), None, 0.1, now)
 
 
+def test_deadline_keeps_a_margin_of_each_budget_outside_the_plan():
+    now = 10.0
+    # NOTE: the margin is a fraction of whichever budget applies, so tight SLOs keep a small one
+    assert deadline_of(request([1, 1], timeout=5000), None, 0.1, now, 0.1) == pytest.approx(10.0045)
+    assert deadline_of(request([1, 1]), None, 0.1, now, 0.03) == pytest.approx(10.097)
+
+
 def test_priority_parameter_maps_to_classes():
     assert priority_of(request([1, 1]), Priority.BEST_EFFORT) == Priority.BEST_EFFORT
     assert priority_of(request([1, 1], priority=1), Priority.BEST_EFFORT) == Priority.GUARANTEED
