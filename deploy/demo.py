@@ -5,14 +5,19 @@
 2. apply: the emulated executor starts one arbiter per planned GPU and one real Triton
    server per replica, each serving an emulated model that replays its slice's profile;
 3. serve: ``headrace serve`` runs as its own process in front of those Triton servers;
-4. load: ``headrace load``'s engine drives the gateway open-loop and prints the report.
+4. load: ``headrace load``'s engine drives the gateway open-loop and prints the report;
+5. real models: the digits MLP family (trained here on scikit-learn's bundled data set, held-out
+   accuracy measured) served by real Triton behind the gateway as one model with three
+   variants; the gateway picks the most accurate variant predicted to meet each deadline.
 Every process started here is stopped by PID / process group, also on failure or Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +25,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -28,6 +34,8 @@ from rich.console import Console
 from deploy.triton import free_port
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "placement" / "examples"
+DIGITS_RATE = 200.0  # req/s offered to the digits model
+DIGITS_SLO = 0.05  # seconds
 
 
 class DemoError(RuntimeError):
@@ -63,10 +71,62 @@ def _stop(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def run(args: argparse.Namespace) -> int:
+@contextlib.contextmanager
+def serving(cfg: dict, workdir: Path) -> Iterator[tuple[str, str]]:
+    """``headrace serve`` on ``cfg`` as its own process group; yields (http, grpc) addresses."""
+    cfg_path = workdir / f"gateway-{len(list(workdir.glob('gateway-*.yaml')))}.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    log_path = cfg_path.with_suffix(".log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deploy.cli", "serve", "--config", str(cfg_path), "--log-level", "WARNING"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        http = f"127.0.0.1:{cfg['listen']['http_port']}"
+        try:
+            _wait_ready(http, proc, 60)
+        except DemoError as e:
+            raise DemoError(f"{e}; gateway log:\n{log_path.read_text(errors='replace')[-4000:]}") from None
+        yield http, f"127.0.0.1:{cfg['listen']['grpc_port']}"
+    finally:
+        _stop(proc)
+
+
+def _load(out: Console, args: argparse.Namespace, target: str, model: str, rate: float, slo: float,
+          duration: float) -> None:
     from loadgen.report import print_report
     from loadgen.run import run_load_sync
     from loadgen.spec import LoadSpec
+
+    spec = LoadSpec(target=target, model=model, arrival=args.arrival, cv=args.cv, rate=rate,
+                    duration_s=duration, warmup_s=1.0, slo_ms=slo * 1e3, seed=args.seed)
+    print_report(run_load_sync(spec).summary, out)
+
+
+def _digits(out: Console, args: argparse.Namespace, workdir: Path) -> None:
+    from deploy.triton import TritonServer
+    from profiles.digits import MEASURED_DIR, write_digits_models
+
+    repo = workdir / "digits-repo"
+    accuracy = write_digits_models(repo)
+    out.print("held-out accuracy: " + ", ".join(f"{v} {a:.1%}" for v, a in accuracy.items()))
+    with TritonServer(repo) as triton:
+        cfg = {
+            "listen": {"host": "127.0.0.1", "http_port": free_port(), "grpc_port": free_port()},
+            "models": [{
+                "name": "digits", "slo_ms": DIGITS_SLO * 1e3, "max_batch": 64,
+                "replicas": [{"url": triton.http_url, "variant": v, "profile": str(MEASURED_DIR / f"{v}.yaml")}
+                             for v in accuracy],
+            }],
+        }
+        with serving(cfg, workdir) as (http, grpc):
+            out.print(f"gateway: model 'digits' = variants {', '.join(accuracy)} on Triton {triton.http_url}")
+            _load(out, args, f"{args.protocol}://{grpc if args.protocol == 'grpc' else http}", "digits",
+                  DIGITS_RATE, DIGITS_SLO, min(args.duration, 5.0))
+
+
+def run(args: argparse.Namespace) -> int:
     from placement.cli import load_profile_set, render
     from placement.emulated import Emulated, gateway_config
     from placement.solver import solve
@@ -85,44 +145,29 @@ def run(args: argparse.Namespace) -> int:
     render(plan, out)
 
     workdir = Path(tempfile.mkdtemp(prefix="headrace-demo-"))
-    gateway: subprocess.Popen | None = None
-    with Emulated(profiles) as ex:
-        out.rule("[bold]2. apply (emulated GPUs, real Triton)")
-        for e in ex.apply(plan):
-            out.print(f"{e.replica_id}: Triton grpc://{e.grpc_url} serving {e.variant} "
-                      f"(planned {e.capacity:.0f} req/s)")
-        cfg = gateway_config(ex, plan, http_port=free_port(), grpc_port=free_port())
-        cfg_path = workdir / "gateway.yaml"
-        cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        out.rule("[bold]3. serve (headrace gateway)")
-        http = f"127.0.0.1:{cfg['listen']['http_port']}"
-        grpc = f"127.0.0.1:{cfg['listen']['grpc_port']}"
-        log = open(workdir / "gateway.log", "wb")  # noqa: SIM115  (owned by the child)
-        try:
-            gateway = subprocess.Popen(
-                [sys.executable, "-m", "deploy.cli", "serve", "--config", str(cfg_path), "--log-level", "WARNING"],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        finally:
-            log.close()
-        try:
-            _wait_ready(http, gateway, 60)
-            out.print(f"gateway ready: http {http}  grpc {grpc}")
-            for d in plan.demands:
-                out.rule(f"[bold]4. load: {d.model}, {args.arrival} {d.rate:g} req/s, SLO {d.slo * 1e3:g} ms, "
-                         f"{args.duration:g} s")
-                spec = LoadSpec(target=f"{args.protocol}://{grpc if args.protocol == 'grpc' else http}",
-                                model=d.model, arrival=args.arrival, cv=args.cv, rate=d.rate,
-                                duration_s=args.duration, warmup_s=1.0, slo_ms=d.slo * 1e3, seed=args.seed)
-                result = run_load_sync(spec)
-                print_report(result.summary, out)
-        except DemoError as e:
-            out.print(f"[red]headrace demo: {e}; gateway log:[/red]")
-            out.print((workdir / "gateway.log").read_text(errors="replace")[-4000:], highlight=False)
-            return 1
-        finally:
-            if gateway is not None:
-                _stop(gateway)
+    try:
+        with Emulated(profiles) as ex:
+            out.rule("[bold]2. apply (emulated GPUs, real Triton)")
+            for e in ex.apply(plan):
+                out.print(f"{e.replica_id}: Triton grpc://{e.grpc_url} serving {e.variant} "
+                          f"(planned {e.capacity:.0f} req/s)")
+            out.rule("[bold]3. serve (headrace gateway)")
+            cfg = gateway_config(ex, plan, http_port=free_port(), grpc_port=free_port())
+            with serving(cfg, workdir) as (http, grpc):
+                out.print(f"gateway ready: http {http}  grpc {grpc}")
+                for d in plan.demands:
+                    out.rule(f"[bold]4. load: {d.model}, {args.arrival} {d.rate:g} req/s, SLO {d.slo * 1e3:g} ms, "
+                             f"{args.duration:g} s")
+                    _load(out, args, f"{args.protocol}://{grpc if args.protocol == 'grpc' else http}",
+                          d.model, d.rate, d.slo, args.duration)
+        if not args.no_digits:
+            out.rule("[bold]5. real models: the digits family, one model, three variants")
+            _digits(out, args, workdir)
+    except DemoError as e:
+        out.print(f"[red]headrace demo: {e}[/red]", highlight=False)
+        return 1
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 
@@ -141,6 +186,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cv", type=float, default=1.0, help="gamma coefficient of variation")
     p.add_argument("--protocol", choices=("grpc", "http"), default="grpc")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-digits", action="store_true", help="skip the real-model (digits) phase")
 
     def _run(args: argparse.Namespace) -> int:
         if not args.file:

@@ -32,3 +32,9 @@ def test_demo_plans_serves_and_reports():
     # NOTE: every request got an answer: no transport errors, and goodput is real traffic
     assert int(m.group(4)) == 0
     assert float(m.group(2)) > 0
+    # the real-model phase: trained variants with measured accuracy, served through the gateway
+    assert re.search(r"held-out accuracy: digits-small [\d.]+%, digits-medium [\d.]+%, digits-large", flat)
+    d = re.findall(r"attainment ([\d.]+)% within 50 ms .*? errors (\d+)", flat)
+    assert d and int(d[-1][1]) == 0, out[-3000:]
+    # the report breaks answers down by the variant that served them
+    assert re.search(r"digits ?/ ?digits-(small|medium|large)", flat), out[-3000:]
