@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import grpc
@@ -28,6 +27,7 @@ import numpy as np
 import yaml
 from tritonclient.grpc import service_pb2 as pb
 
+from deploy.process import stop_group, wait_http_ready
 from deploy.repository import ModelConfig, TensorSpec, write_model
 from deploy.triton import TritonServer, free_port
 from profiles.profile import LatencyPoint, Profile, Provenance, save_profiles
@@ -136,28 +136,15 @@ def start_gateway(cfg_path: Path, http_port: int, profile_out: Path | None) -> s
         cmd += ["-m", "pyinstrument", "-r", "text", "-o", str(profile_out)]
     cmd += ["-m", "deploy.cli", "serve", "--config", str(cfg_path), "--log-level", "WARNING"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    end = time.monotonic() + 60
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gateway exited: {proc.stderr.read().decode() if proc.stderr else ''}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=1) as r:
-                if r.status == 200:
-                    return proc
-        except OSError:
-            time.sleep(0.1)
-    stop_gateway(proc)
-    raise RuntimeError("gateway not ready after 60 s")
+    why = wait_http_ready(f"127.0.0.1:{http_port}", proc, 60)
+    if why is not None:
+        stop_group(proc)
+        raise RuntimeError(f"gateway {why}: {proc.stderr.read().decode() if proc.stderr else ''}")
+    return proc
 
 
 def stop_gateway(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, sig)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+    stop_group(proc, sig)
 
 
 def run(requests: int, rounds: int, profile: bool) -> dict:

@@ -16,21 +16,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
 from rich.console import Console
 
+from deploy.process import stop_group, wait_http_ready
 from deploy.triton import free_port
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "placement" / "examples"
@@ -40,35 +36,6 @@ DIGITS_SLO = 0.05  # seconds
 
 class DemoError(RuntimeError):
     pass
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise DemoError(f"the gateway exited with code {proc.returncode} before becoming ready")
-        try:
-            with urllib.request.urlopen(f"http://{url}/v2/health/ready", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.1)
-    raise DemoError(f"the gateway was not ready after {timeout:g}s")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
 
 
 @contextlib.contextmanager
@@ -84,13 +51,12 @@ def serving(cfg: dict, workdir: Path) -> Iterator[tuple[str, str]]:
         )
     try:
         http = f"127.0.0.1:{cfg['listen']['http_port']}"
-        try:
-            _wait_ready(http, proc, 60)
-        except DemoError as e:
-            raise DemoError(f"{e}; gateway log:\n{log_path.read_text(errors='replace')[-4000:]}") from None
+        why = wait_http_ready(http, proc, 60)
+        if why is not None:
+            raise DemoError(f"the gateway {why}; gateway log:\n{log_path.read_text(errors='replace')[-4000:]}")
         yield http, f"127.0.0.1:{cfg['listen']['grpc_port']}"
     finally:
-        _stop(proc)
+        stop_group(proc)
 
 
 def _load(out: Console, args: argparse.Namespace, target: str, model: str, rate: float, slo: float,

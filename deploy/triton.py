@@ -15,11 +15,10 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from deploy.process import http_ready, stop_group, wait_http_ready
 
 INSTALL_HINT = (
     "the tritonserver binary was not found; install it with `pip install nvidia-pytriton` "
@@ -84,18 +83,6 @@ def triton_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     if extra:
         env.update(extra)
     return env
-
-
-def _wait_group_gone(pgid: int, timeout: float) -> bool:
-    """True once no process of group ``pgid`` is left (killed children are reaped by init)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @dataclass
@@ -186,24 +173,12 @@ class TritonServer:
         return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-tail:])
 
     def is_ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=1) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return http_ready(self.http_url)
 
     def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise TritonError(
-                    f"tritonserver exited with code {self.proc.returncode} before becoming ready; "
-                    f"log {self.log_path}:\n{self.logs()}"
-                )
-            if self.is_ready():
-                return
-            time.sleep(0.1)
-        raise TritonError(f"tritonserver not ready after {timeout:.0f}s; log {self.log_path}:\n{self.logs()}")
+        why = wait_http_ready(self.http_url, self.proc, timeout)
+        if why is not None:
+            raise TritonError(f"tritonserver {why}; log {self.log_path}:\n{self.logs()}")
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to the server's process group (fault injection in tests)."""
@@ -216,23 +191,7 @@ class TritonServer:
     def stop(self, grace: float = 10.0) -> None:
         proc, self.proc = self.proc, None
         if proc is not None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-            try:  # the group may outlive the server (python stubs): always reap it
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                pass
-            _wait_group_gone(proc.pid, 5.0)
+            stop_group(proc, grace=grace)
 
     def restart(self) -> TritonServer:
         """Start again on the same ports (a replica coming back after a crash)."""
