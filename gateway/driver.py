@@ -353,9 +353,12 @@ class Driver:
             self.core.on_complete(b, now)
         except Exception:
             log.exception("policy core failed in on_complete")
+        # deadline met or missed against the request's whole SLO budget, not the planned part
+        keep = 1.0 - self.models[model].served.margin
         for p, outs in zip(live, results, strict=True):
             self._pending.pop(p.request.id, None)
-            met = now <= p.request.deadline
+            r = p.request
+            met = now <= r.arrival + (r.deadline - r.arrival) / keep
             self.metrics.of(self.metrics.goodput if met else self.metrics.missed, model).inc()
             self.metrics.of(self.metrics.latency, model).observe(now - p.request.arrival)
             self.metrics.of(self.metrics.by_variant, model, b.variant).inc()
