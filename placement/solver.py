@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -321,11 +321,12 @@ def lower_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
 
 
 def _milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
-                 time_limit: float) -> tuple[dict[int, int], dict[int, list[LayoutOption]], float]:
+                 time_limit: float, clock: Callable[[], float] = time.perf_counter,
+                 ) -> tuple[dict[int, int], dict[int, list[LayoutOption]], float]:
     """Two stages: the fewest GPUs (or least cost) first, an integer objective HiGHS proves
     fast; then, with that objective held, the most accurate variants and the least share
     (so no idle replicas). Returns the choice, the layouts and the proven lower bound."""
-    t0 = time.perf_counter()
+    t0 = clock()
     p = _program(demands, inv, cands, opts, tie_break=False)
     cons = [LinearConstraint(p.a, p.lo, p.hi)]
     integ = np.ones(len(p.c))
@@ -336,7 +337,7 @@ def _milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidat
             raise MilpTimeout(f"MILP found no feasible plan within {time_limit:g} s")
         raise SolverError(f"MILP found no feasible plan ({res.message})")
     best, proven = res.x, float(getattr(res, "mip_dual_bound", 0.0) or 0.0)
-    left = time_limit - (time.perf_counter() - t0)
+    left = time_limit - (clock() - t0)
     if left > 0.5:
         tie = _program(demands, inv, cands, opts, tie_break=True).c
         tie[p.n_x:] = 0.0
@@ -360,7 +361,7 @@ MILP_CHUNK = 150  # larger fleets are solved as a sequence of MILPs of about 100
 
 
 def _chunked_milp(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventory, opts: Options,
-                  time_limit: float) -> tuple[GpuPlan, ...]:
+                  time_limit: float, clock: Callable[[], float] = time.perf_counter) -> tuple[GpuPlan, ...]:
     """Large fleets: models interleaved by size into chunks of about 100, each solved as a MILP
     on the GPUs the earlier chunks left (each chunk rounds up at most a GPU or so). Each chunk
     keeps the better of its MILP and greedy plans (the MILP's share of the time may be short)."""
@@ -379,7 +380,7 @@ def _chunked_milp(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventor
         cands = candidates(chunk, profiles, left, opts)
         gpus = greedy_gpus(chunk, left, cands, opts)
         try:
-            chosen, lay, _ = _milp_choice(chunk, left, cands, opts, time_limit / n)
+            chosen, lay, _ = _milp_choice(chunk, left, cands, opts, time_limit / n, clock)
             milp_gpus = pack(chunk, left, profiles, chosen, cands, lay)
             weight = {i: left.weight(c) for c in left.classes for i in c.ids}
             if sum(weight[g.id] for g in milp_gpus) <= sum(weight[g.id] for g in gpus):
@@ -392,15 +393,17 @@ def _chunked_milp(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventor
 
 
 def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory, method: str = "greedy",
-          *, time_limit: float = 10.0, options: Options = DEFAULT, bound: bool = True) -> Plan:
+          *, time_limit: float = 10.0, options: Options = DEFAULT, bound: bool = True,
+          clock: Callable[[], float] = time.perf_counter) -> Plan:
     """Plan ``demands`` on ``inventory`` from ``profiles``. No I/O; the greedy is deterministic,
-    the MILP too unless its time limit cuts the search short."""
+    the MILP too unless its time limit cuts the search short. ``clock`` (injected) only meters
+    the MILP's time budget and the reported solve time; no decision reads it."""
     if method not in METHODS:
         raise SolverError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
     names = [d.model for d in demands]
     if len(set(names)) != len(names):
         raise SolverError(f"models must be unique, got duplicates {sorted({n for n in names if names.count(n) > 1})}")
-    t0 = time.perf_counter()
+    t0 = clock()
     cands = candidates(demands, profiles, inventory, options)
     _check_coverable(demands, cands)
     from placement.greedy import greedy_gpus  # noqa: PLC0415  (greedy builds on this module)
@@ -409,15 +412,15 @@ def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
     if method == "greedy":
         gpus, proven = greedy_gpus(demands, inventory, cands, options), 0.0
     elif len(demands) > MILP_CHUNK:
-        gpus, label = _chunked_milp(demands, profiles, inventory, options, time_limit), label + "-chunked"
+        gpus, label = _chunked_milp(demands, profiles, inventory, options, time_limit, clock), label + "-chunked"
         proven = 0.0
     else:
         try:
-            chosen, lay, proven = _milp_choice(demands, inventory, cands, options, time_limit)
+            chosen, lay, proven = _milp_choice(demands, inventory, cands, options, time_limit, clock)
             gpus = pack(demands, inventory, profiles, chosen, cands, lay)
         except MilpTimeout:
             # no integer solution within the limit: the greedy's plan stands, and says so
             gpus, proven, label = greedy_gpus(demands, inventory, cands, options), 0.0, label + "->greedy"
     lb = lower_bound(demands, inventory, cands, options) if bound else 0.0
-    return Plan(gpus, tuple(demands), inventory, label, lb, time.perf_counter() - t0, profiles, proven)
+    return Plan(gpus, tuple(demands), inventory, label, lb, clock() - t0, profiles, proven)
 
