@@ -53,7 +53,12 @@ class ReplicaConfig(BaseModel):
         min_length=1,
         description="latency profile: 'variant@gpu/slice' from the reference set, or a profile YAML path",
     )
-    max_inflight: int = Field(default=1, ge=1, le=64, description="batches the replica runs at once")
+    max_inflight: int = Field(
+        default=2, ge=1, le=64,
+        description="batches sent to the replica at once; it runs them one after another, so 2 "
+        "keeps the next batch waiting at Triton while one runs (the round trip overlaps it; the "
+        "scheduler's pipeline_lead_s says how early the next batch is formed)",
+    )
     overhead_ms: float = Field(
         default=0.0, ge=0, le=10_000,
         description="time every batch takes beyond the profile (network, Triton, gateway), added to "

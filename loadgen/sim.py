@@ -153,6 +153,16 @@ class _Finish:
 
 
 @dataclass(frozen=True, slots=True)
+class _Deliver:  # a dispatched batch reaches its replica
+    batch: Batch
+
+
+@dataclass(frozen=True, slots=True)
+class _Done:  # a finished batch's answer reaches the driver
+    batch: Batch
+
+
+@dataclass(frozen=True, slots=True)
 class _Down:
     fault: Fault
 
@@ -175,7 +185,7 @@ class _Slice:
     version: int = 0
 
 
-Event = _Arrival | _Wake | _Finish | _Down | _Up
+Event = _Arrival | _Wake | _Finish | _Deliver | _Done | _Down | _Up
 
 
 class Simulator:
@@ -188,12 +198,22 @@ class Simulator:
         *,
         service: Quantile = "p50",
         faults: Sequence[Fault] = (),
+        overhead: float = 0.0,
+        jitter: float = 0.0,
+        transit: float = 0.0,
+        seed: int = 0,
     ) -> None:
         ids = [r.info.id for r in replicas]
         if len(set(ids)) != len(ids):
             raise ValueError(f"replica ids must be unique, got {ids}")
         self.core = core
         self.service = service
+        # what a live batch costs beyond its profile: ``overhead`` seconds on the replica plus
+        # an exponential jitter of mean ``jitter``, and ``transit`` seconds each way between
+        # the driver and the replica (a batch sent ahead to a busy replica hides its transit)
+        self.overhead, self.jitter, self.transit = overhead, jitter, transit
+        self._down_now: set[str] = set()
+        self._rng = np.random.default_rng(seed)
         self.replicas = {r.info.id: r for r in replicas}
         self.faults = tuple(faults)
         for f in self.faults:
@@ -252,9 +272,20 @@ class Simulator:
             return []
         if isinstance(ev, _Finish):
             return self._finish(ev, now)
+        if isinstance(ev, _Deliver):
+            if ev.batch.replica in self._down_now:
+                self.core.on_complete(ev.batch, now, retry=ev.batch.requests)
+                return []
+            self._backlog[ev.batch.replica].append(ev.batch)
+            return self._reschedule(self.replicas[ev.batch.replica].slice_key, now)
+        if isinstance(ev, _Done):
+            self.core.on_complete(ev.batch, now)
+            self._answer_batch(ev.batch, now)
+            return []
         if isinstance(ev, _Down):
             return self._down(ev.fault, now)
         if isinstance(ev, _Up):
+            self._down_now.discard(ev.replica)
             self.core.set_healthy(ev.replica, True, now)
             return []
         raise TypeError(f"unknown event {ev!r}")
@@ -264,8 +295,11 @@ class Simulator:
             self._answer_reject(rej.request, rej.reason, now)
         touched: set[str] = set()
         for batch in decision.batches:
-            self._backlog[batch.replica].append(batch)
             self._batch_rows.append(batch.rows)
+            if self.transit > 0:
+                self._push(now + self.transit, P_FINISH, _Deliver(batch))
+                continue
+            self._backlog[batch.replica].append(batch)
             touched.add(self.replicas[batch.replica].slice_key)
         for key in touched:
             for t, prio, ev in self._reschedule(key, now):
@@ -341,7 +375,8 @@ class Simulator:
         for rid, rep in self.replicas.items():
             if rep.slice_key == key and rid not in sl.jobs and self._backlog[rid]:
                 b = self._backlog[rid].pop(0)
-                sl.jobs[rid] = _Job(b, rep.info.profile.latency(b.rows, self.service))
+                extra = self.overhead + (self._rng.exponential(self.jitter) if self.jitter > 0 else 0.0)
+                sl.jobs[rid] = _Job(b, rep.info.profile.latency(b.rows, self.service) + extra)
         sl.version += 1
         rates = self._rates(key, sl)
         return [
@@ -358,6 +393,8 @@ class Simulator:
             job.remaining = max(0.0, job.remaining - rates[rid] * (now - sl.updated))
         sl.updated = now
         job = sl.jobs.pop(ev.replica)
+        if self.transit > 0:
+            return [*self._reschedule(ev.slice_key, now), (now + self.transit, P_FINISH, _Done(job.batch))]
         self.core.on_complete(job.batch, now)
         self._answer_batch(job.batch, now)
         return self._reschedule(ev.slice_key, now)
@@ -374,6 +411,7 @@ class Simulator:
             sl.updated = now
             failed.insert(0, sl.jobs.pop(f.replica).batch)
         self.core.set_healthy(f.replica, False, now)
+        self._down_now.add(f.replica)
         for b in failed:
             self.core.on_complete(b, now, retry=b.requests)
         return [*self._reschedule(key, now), (now + f.down_for, P_FAULT, _Up(f.replica))]

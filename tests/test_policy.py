@@ -236,3 +236,27 @@ def test_remove_replica_hands_back_inflight_and_orphaned_queue() -> None:
     assert s.pending == 0 and s.queued() == 0
     s.on_complete(b, 0.01)  # a late completion for handed-back requests changes nothing
     assert s.pending == 0
+
+
+def test_pipelined_replica_gets_its_next_batch_just_before_the_running_one_ends() -> None:
+    """max_inflight=2: the next batch is formed ``pipeline_lead_s`` before the batch in flight
+    is predicted to finish (so it catches the arrivals until then), and it is planned to start
+    when that batch finishes."""
+    core = sched(learn_overhead=False, pipeline_lead_s=0.002)
+    core.add_replica(replica(max_inflight=2), 0.0)
+    first = make_requests(1, start=0.0)
+    assert core.submit(first[0], 0.0) is None
+    d = core.poll(0.0)
+    assert len(d.batches) == 1
+    busy_until = d.batches[0].predicted_finish
+    later = make_requests(3, start=0.001, gap=0.001, first_id=10)
+    for r in later:
+        assert core.submit(r, r.arrival) is None
+    d = core.poll(0.004)
+    assert d.batches == () and d.wakeup == pytest.approx(busy_until - 0.002)
+    d = core.poll(d.wakeup)
+    assert [len(b.requests) for b in d.batches] == [3]
+    assert d.batches[0].predicted_finish == pytest.approx(busy_until + fake_profile().latency(3, "p99"))
+    # a third batch waits for a slot, whatever the lead
+    core.submit(make_requests(1, start=0.02, first_id=20)[0], 0.02)
+    assert core.poll(busy_until - 0.001).batches == ()

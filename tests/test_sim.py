@@ -118,3 +118,20 @@ def test_cli_runs_and_reports_bad_input(tmp_path, capsys) -> None:
     assert "known: adaptive" in capsys.readouterr().err
     assert headrace(["sim", "--profile", "resnet50@A100-80GB/9g.1gb", "--duration", "1"]) == 2
     assert "no profile for resnet50@A100-80GB/9g.1gb" in capsys.readouterr().err
+
+
+def test_transit_costs_a_serial_replica_and_pipelining_hides_it() -> None:
+    """The live round trip, modelled as ``transit`` each way: with one batch in flight every
+    batch pays it twice; with two in flight the next batch waits at the replica instead."""
+    reqs = poisson_requests(330, 20, seed=3)
+
+    def attain(inflight: int, transit: float) -> float:
+        p = fake_profile()
+        rep = SimReplica(ReplicaInfo("r0", "m", p.variant, p, 32, inflight))
+        res = Simulator(EdfScheduler(SchedulerConfig()), [rep], transit=transit).run(reqs)
+        assert res.unanswered == 0
+        return res.summary()["attainment"]
+
+    base, slow, piped = attain(1, 0.0), attain(1, 0.002), attain(2, 0.002)
+    assert slow < base - 0.01  # 4 ms a batch of dead time near capacity costs attainment
+    assert piped > slow + 0.005  # the pipelined replica gets most of it back

@@ -79,6 +79,12 @@ class SchedulerConfig(BaseModel):
     max_overhead_s: float = Field(
         default=0.05, ge=0.0, le=10.0, description="cap on the learned per-batch overhead (seconds)",
     )
+    pipeline_lead_s: float = Field(
+        default=0.003, ge=0.0, le=1.0,
+        description="with max_inflight > 1: send a replica its next batch this long before the "
+        "batch in flight is predicted to finish, so the round trip to Triton overlaps the "
+        "running batch while the batch still forms from the latest arrivals",
+    )
     max_queue_delay_s: float = Field(
         default=0.0,
         ge=0.0,

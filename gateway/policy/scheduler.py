@@ -266,6 +266,11 @@ class EdfScheduler:
                 rejects += self._expire(group, healthy, now)
                 for rep in sorted(healthy, key=lambda r: r.info.profile.latency(1, self.config.quantile)):
                     while rep.has_slot():
+                        if rep.inflight:  # pipelined: form the next batch just before it can start
+                            ready_at = rep.start(now) - self.config.pipeline_lead_s
+                            if now < ready_at:
+                                wake = min(wake, ready_at)
+                                break
                         batch, w = self._select(group, rep, healthy, now)
                         if w is not None:
                             wake = min(wake, w)
