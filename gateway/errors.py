@@ -25,8 +25,13 @@ class ModelNotFound(GatewayError):
     grpc_code = grpc.StatusCode.NOT_FOUND
 
 
+REASON_HEADER = "x-headrace-reject-reason"  # on 429 / RESOURCE_EXHAUSTED: RejectReason's value
+
+
 class Rejected(GatewayError):
-    """Answered early: the request cannot finish within its deadline (or was shed)."""
+    """Answered early: the request cannot finish within its deadline (or was shed). The
+    reason travels as :data:`REASON_HEADER` (HTTP header, gRPC trailing metadata), so a
+    client can tell a refusal at arrival from a request that expired in the queue."""
 
     http_status = 429
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED

@@ -19,7 +19,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from gateway.codec import encode_grpc_response, parse_grpc_infer
 from gateway.driver import SLO_HEADER, Driver
-from gateway.errors import GatewayError, InvalidRequest, Rejected
+from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected
 from gateway.stats import (
     SERVER_NAME,
     SERVER_VERSION,
@@ -47,7 +47,8 @@ def _slo_header(context: grpc.aio.ServicerContext) -> str | None:
 
 async def _abort(context: grpc.aio.ServicerContext, e: GatewayError) -> None:
     if isinstance(e, Rejected):
-        context.set_trailing_metadata((("retry-after", str(max(1, math.ceil(e.retry_after)))),))
+        context.set_trailing_metadata((("retry-after", str(max(1, math.ceil(e.retry_after)))),
+                                       (REASON_HEADER, e.reason)))
     await context.abort(e.grpc_code, str(e))
 
 

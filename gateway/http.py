@@ -16,7 +16,7 @@ from google.protobuf import json_format
 
 from gateway.codec import encode_http_response, parse_http_infer
 from gateway.driver import SLO_HEADER, Driver
-from gateway.errors import GatewayError, InvalidRequest, Rejected
+from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected
 from gateway.stats import ServerInfo, model_config_dict, model_metadata_dict
 
 DRIVER = web.AppKey("driver", Driver)
@@ -36,7 +36,8 @@ async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitab
     try:
         return await handler(request)
     except Rejected as e:
-        return _error(429, str(e), {"Retry-After": str(max(1, math.ceil(e.retry_after)))})
+        return _error(429, str(e), {"Retry-After": str(max(1, math.ceil(e.retry_after))),
+                                    REASON_HEADER: e.reason})
     except GatewayError as e:
         return _error(e.http_status, str(e))
     except web.HTTPRequestEntityTooLarge as e:

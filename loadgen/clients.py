@@ -1,6 +1,7 @@
 """KServe v2 transports for the drivers: each sends one pre-built request for a model and
 returns ``(outcome, variant)``, where outcome is ``stats.OK``, ``stats.REJECTED`` (HTTP 429 /
-gRPC RESOURCE_EXHAUSTED) or an error kind (``http_503``, ``grpc_unavailable``, ``timeout``,
+gRPC RESOURCE_EXHAUSTED), ``stats.EXPIRED`` (the same, with headrace's reject-reason header
+saying the request expired in the queue) or an error kind (``http_503``, ``grpc_unavailable``, ``timeout``,
 ``connection``).
 
 - :class:`RawHttpClient`: a keep-alive pool of asyncio protocols writing pre-built HTTP/1.1
@@ -19,8 +20,9 @@ import os
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gateway.errors import REASON_HEADER
 from loadgen.payload import HttpBody, variant_from_grpc, variant_from_http
-from loadgen.stats import OK, REJECTED
+from loadgen.stats import EXPIRED, OK, QUEUED_REASONS, REJECTED
 
 GRPC_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 GRPC_MAX_MESSAGE = 256 * 1024 * 1024
@@ -35,12 +37,21 @@ class Client(Protocol):
     async def close(self) -> None: ...
 
 
-def http_outcome(status: int) -> str:
+def http_outcome(status: int, reason: str | None = None) -> str:
     if status == 200:
         return OK
     if status == 429:
-        return REJECTED
+        return EXPIRED if reason in QUEUED_REASONS else REJECTED
     return f"http_{status}"
+
+
+def _reason_of(head: bytes) -> str | None:
+    """The reject-reason header's value in a lower-cased HTTP head, if present."""
+    i = head.find(b"\r\n" + REASON_HEADER.encode() + b":")
+    if i < 0:
+        return None
+    j = head.find(b"\r\n", i + 2)
+    return head[i + 3 + len(REASON_HEADER): j if j >= 0 else len(head)].strip().decode()
 
 
 # ---- raw HTTP/1.1 keep-alive pool -------------------------------------------------------------
@@ -97,7 +108,7 @@ class _Conn(asyncio.Protocol):
             variant = variant_from_http(body, hlen)
             outcome = OK
         else:
-            variant, outcome = None, http_outcome(status)
+            variant, outcome = None, http_outcome(status, _reason_of(head) if status == 429 else None)
         del buf[:end]
         if b"\r\nconnection: close" in head:
             self.closed = True
@@ -275,7 +286,7 @@ class AiohttpClient:
             async with self.session.post(url, data=body, headers=headers) as resp:
                 data = await resp.read()
                 if resp.status != 200:
-                    return http_outcome(resp.status), None
+                    return http_outcome(resp.status, resp.headers.get(REASON_HEADER)), None
                 h = resp.headers.get("Inference-Header-Content-Length")
                 return OK, variant_from_http(data, int(h) if h else None)
         except TimeoutError:
@@ -314,7 +325,8 @@ class GrpcClient:
         except grpc.aio.AioRpcError as e:
             code = e.code()
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                return REJECTED, None
+                reason = dict(e.trailing_metadata() or ()).get(REASON_HEADER)
+                return (EXPIRED if reason in QUEUED_REASONS else REJECTED), None
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return "timeout", None
             return f"grpc_{code.name.lower()}", None

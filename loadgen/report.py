@@ -36,6 +36,7 @@ CSV_COLUMNS = (
     "SLO Attainment",
     "Goodput/Second",
     "Rejected",
+    "Expired",
     "Errors",
     "Send Lag p99 (us)",
 )
@@ -49,6 +50,11 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.2f}%"
 
 
+def _rejected(s: dict[str, Any]) -> str:
+    """Refused at arrival, plus those refused after queueing (expired) when there are any."""
+    return f"{s['rejected']} + {s['expired']} expired" if s.get("expired") else str(s["rejected"])
+
+
 def compact(s: dict[str, Any]) -> str:
     """One line for scripts and READMEs: attainment, goodput, p50/p99, rejections, errors."""
     lat = s["latency_ms"]
@@ -56,7 +62,7 @@ def compact(s: dict[str, Any]) -> str:
     return (
         f"attainment {_pct(s['attainment'])}{slo} | goodput {s['goodput_rps']:.1f}/s of "
         f"{s['offered_rps']:.1f}/s offered | p50 {_f(lat['p50'], '{:.2f}')} ms p99 "
-        f"{_f(lat['p99'], '{:.2f}')} ms | rejected {s['rejected']} | errors {s['error_count']}"
+        f"{_f(lat['p99'], '{:.2f}')} ms | rejected {_rejected(s)} | errors {s['error_count']}"
     )
 
 
@@ -88,7 +94,7 @@ def table(s: dict[str, Any]) -> Table:
             _f(lat["p90"], "{:.2f}"),
             _f(lat["p99"], "{:.2f}"),
             _f(lat["p99.9"], "{:.2f}"),
-            str(d["rejected"]),
+            _rejected(d),
             str(d["error_count"]),
         )
 
@@ -130,7 +136,7 @@ def sweep_table(rows: list[dict[str, Any]], title: str) -> Table:
             _pct(s["attainment"]),
             _f(lat["p50"], "{:.2f}"),
             _f(lat["p99"], "{:.2f}"),
-            str(s["rejected"]),
+            _rejected(s),
             str(s["error_count"]),
             _f(s["send_lag_ms"]["p99"], "{:.3f}"),
             {True: "yes", False: "no"}.get(s.get("stable"), "-"),
@@ -165,6 +171,7 @@ def csv_row(s: dict[str, Any]) -> dict[str, Any]:
         "SLO Attainment": "" if s["attainment"] is None else f"{s['attainment']:.6f}",
         "Goodput/Second": f"{s['goodput_rps']:.2f}",
         "Rejected": s["rejected"],
+        "Expired": s.get("expired", 0),
         "Errors": s["error_count"],
         "Send Lag p99 (us)": us(s["send_lag_ms"]["p99"]),
     }

@@ -420,11 +420,14 @@ class Simulator:
 def to_recorder(records: Iterable[RequestRecord], window_s: float = 1.0):
     """The same :class:`loadgen.stats.Recorder` a live load test fills, from simulated records
     (latency from the arrival, as live runs measure from the scheduled send time)."""
-    from loadgen.stats import OK, REJECTED, Recorder
+    from loadgen.stats import EXPIRED, OK, QUEUED_REASONS, REJECTED, Recorder
 
     rec = Recorder(window_s)
     for r in records:
-        outcome = {"ok": OK, "late": OK, "rejected": REJECTED}.get(r.outcome, r.outcome)
+        if r.reason in QUEUED_REASONS:
+            outcome = EXPIRED
+        else:
+            outcome = {"ok": OK, "late": OK, "rejected": REJECTED}.get(r.outcome, r.outcome)
         rec.record(
             r.model,
             r.variant or None,

@@ -18,8 +18,15 @@ from typing import Any
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
+from gateway.policy.types import RejectReason
+
 OK = "ok"  # answered successfully
 REJECTED = "rejected"  # answered at once with 429 / RESOURCE_EXHAUSTED (admission control)
+# 429 / RESOURCE_EXHAUSTED for a request the target had queued and then found it could no longer
+# finish in time (headrace's x-headrace-reject-reason "expired" or "failed"): answered before
+# its deadline, but not at arrival
+EXPIRED = "expired"
+QUEUED_REASONS = frozenset({RejectReason.EXPIRED, RejectReason.FAILED})
 NO_VARIANT = "-"  # the response did not name a variant
 
 LATENCY_MAX_US = 3_600_000_000  # one hour
@@ -93,7 +100,7 @@ class Series:
     """Counts and latencies of one (model, variant) stream."""
 
     __slots__ = (
-        "offered", "ok", "good", "rejected", "errors", "latency_sum_us", "_latency",
+        "offered", "ok", "good", "rejected", "expired", "errors", "latency_sum_us", "_latency",
         "_reject_latency",
     )  # fmt: skip
 
@@ -101,7 +108,8 @@ class Series:
         self.offered = 0
         self.ok = 0
         self.good = 0  # answered OK within its SLO
-        self.rejected = 0
+        self.rejected = 0  # refused at arrival
+        self.expired = 0  # refused after queueing
         self.errors: Counter[str] = Counter()
         self.latency_sum_us = 0  # of OK answers, for an exact mean
         self._latency = _Buffered()  # OK answers, µs from the scheduled time
@@ -120,6 +128,7 @@ class Series:
         self.ok += other.ok
         self.good += other.good
         self.rejected += other.rejected
+        self.expired += other.expired
         self.errors.update(other.errors)
         self.latency_sum_us += other.latency_sum_us
         self.latency.add(other.latency)
@@ -131,6 +140,7 @@ class Series:
             "ok": self.ok,
             "good": self.good,
             "rejected": self.rejected,
+            "expired": self.expired,
             "errors": dict(self.errors),
             "latency_sum_us": self.latency_sum_us,
             "latency": _encode(self.latency),
@@ -141,6 +151,7 @@ class Series:
     def decode(cls, d: dict[str, Any]) -> Series:
         s = cls()
         s.offered, s.ok, s.good, s.rejected = d["offered"], d["ok"], d["good"], d["rejected"]
+        s.expired = d.get("expired", 0)
         s.errors = Counter(d["errors"])
         s.latency_sum_us = d["latency_sum_us"]
         _merge_into(s.latency, d["latency"])
@@ -195,7 +206,7 @@ class Recorder:
         send_lag_s: float | None = None,
     ) -> None:
         """One request: ``scheduled`` (s from the measured start), ``latency_s`` from the
-        scheduled time to the answer, ``outcome`` = OK, REJECTED or an error kind."""
+        scheduled time to the answer, ``outcome`` = OK, REJECTED, EXPIRED or an error kind."""
         key = (model, variant or NO_VARIANT)
         s = self.series.get(key)
         if s is None:
@@ -220,6 +231,9 @@ class Recorder:
             s.rejected += 1
             w.rejected += 1
             s._reject_latency.add_value(us)
+        elif outcome == EXPIRED:
+            s.expired += 1
+            w.rejected += 1
         else:
             s.errors[outcome] += 1
             w.errors += 1
@@ -348,6 +362,7 @@ def summarize(s: Series, duration_s: float) -> dict[str, Any]:
         "ok": s.ok,
         "good": s.good,
         "rejected": s.rejected,
+        "expired": s.expired,
         "errors": dict(sorted(s.errors.items())),
         "error_count": sum(s.errors.values()),
         "attainment": s.good / s.offered if s.offered else None,

@@ -3,7 +3,8 @@
 It serves one model ``echo`` (one FP32 input ``INPUT0`` [-1, 4], one output) over HTTP
 (aiohttp) and/or gRPC (grpc.aio). Behaviour is injected: ``delay(now) -> seconds`` (e.g. a
 1-s stall), ``reject_every`` (answer 429 / RESOURCE_EXHAUSTED to every n-th request) and
-``variant`` (returned as the ``headrace_variant`` response parameter).
+``variant`` (returned as the ``headrace_variant`` response parameter) and ``reject_reason``
+(sent with each reject as headrace's reject-reason header / trailing metadata).
 
 ``python -m loadgen.testserver --http-port P [--grpc-port Q] [--raw]`` runs it standalone;
 ``--raw`` serves HTTP with a minimal asyncio protocol (fixed answer, no parsing), the
@@ -17,6 +18,8 @@ import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from gateway.errors import REASON_HEADER
 
 MODEL = "echo"
 METADATA = {
@@ -32,6 +35,7 @@ METADATA = {
 class Behaviour:
     delay: Callable[[float], float] = lambda now: 0.0  # seconds to hold a request
     reject_every: int = 0  # 0: never
+    reject_reason: str | None = None  # e.g. "infeasible" (at arrival) or "expired" (queued)
     variant: str | None = None
     models: tuple[str, ...] = (MODEL,)  # names served, all with the same signature
     chunked: bool = False  # HTTP: answer with Transfer-Encoding: chunked
@@ -74,7 +78,8 @@ def http_app(b: Behaviour):
         if req.match_info["model"] not in b.models:
             return web.json_response({"error": "unknown model"}, status=404)
         if await b.decide():
-            return web.json_response({"error": "rejected"}, status=429)
+            headers = {REASON_HEADER: b.reject_reason} if b.reject_reason else None
+            return web.json_response({"error": "rejected"}, status=429, headers=headers)
         if b.chunked:
             resp = web.StreamResponse(headers={"Content-Type": "application/json"})
             resp.enable_chunked_encoding()
@@ -119,6 +124,8 @@ def grpc_servicer(b: Behaviour):
             if request.model_name not in b.models:
                 await context.abort(grpc.StatusCode.NOT_FOUND, "unknown model")
             if await b.decide():
+                if b.reject_reason:
+                    context.set_trailing_metadata(((REASON_HEADER, b.reject_reason),))
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected")
             r = pb.ModelInferResponse(model_name=request.model_name)
             if b.variant:

@@ -261,6 +261,7 @@ def test_infeasible_deadline_is_429_with_retry_after_over_http(gateway):
     finally:
         conn.close()
     assert r.status == 429 and int(r.getheader("Retry-After")) >= 1
+    assert r.getheader("x-headrace-reject-reason") == "infeasible"  # refused at arrival
     assert "deadline" in doc["error"]
 
 
@@ -271,6 +272,20 @@ def test_infeasible_slo_header_is_resource_exhausted_over_grpc(gateway):
     with pytest.raises(InferenceServerException) as e:
         c.infer("affine", [x], headers={"x-headrace-slo-ms": "0.001"})
     assert e.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+    ch = grpc.insecure_channel(gateway.grpc_url)
+    try:
+        infer = ch.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                               request_serializer=pb.ModelInferRequest.SerializeToString,
+                               response_deserializer=pb.ModelInferResponse.FromString)
+        req = pb.ModelInferRequest(model_name="affine")
+        req.inputs.add(name="x", datatype="FP32", shape=[1, 3])
+        req.raw_input_contents.append(_x(1).tobytes())
+        with pytest.raises(grpc.RpcError) as raw:
+            infer(req, metadata=(("x-headrace-slo-ms", "0.001"),))
+        assert raw.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert dict(raw.value.trailing_metadata())["x-headrace-reject-reason"] == "infeasible"
+    finally:
+        ch.close()
     conn = http.client.HTTPConnection(gateway.http_url, timeout=10)
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()

@@ -99,18 +99,19 @@ def test_closed_loop_hides_the_stall() -> None:
 
 
 @pytest.mark.parametrize(
-    ("scheme", "client", "protocol"),
+    ("scheme", "client", "protocol", "reason"),
     [
-        ("http", "raw", "binary"),
-        ("http", "raw", "json"),
-        ("http", "aiohttp", "binary"),
-        ("grpc", "raw", "binary"),
+        ("http", "raw", "binary", None),
+        ("http", "raw", "json", "expired"),
+        ("http", "aiohttp", "binary", "expired"),
+        ("grpc", "raw", "binary", "expired"),
+        ("grpc", "raw", "binary", "infeasible"),
     ],
 )
-def test_run_load_end_to_end(scheme, client, protocol) -> None:
+def test_run_load_end_to_end(scheme, client, protocol, reason) -> None:
     async def go():
         hp, gp = free_port(), free_port()
-        stop = await serve(Behaviour(reject_every=5, variant="small"), hp, gp)
+        stop = await serve(Behaviour(reject_every=5, variant="small", reject_reason=reason), hp, gp)
         port = hp if scheme == "http" else gp
         try:
             return await run_load(
@@ -126,8 +127,11 @@ def test_run_load_end_to_end(scheme, client, protocol) -> None:
     r = asyncio.run(go())
     s = r.summary
     assert s["offered"] == pytest.approx(200, abs=2)
-    # every fifth answer is a rejection; the rest carry the server's variant
-    assert s["rejected"] == pytest.approx(s["offered"] / 5, abs=2)
+    # every fifth answer is a rejection (at arrival, or "expired" in the target's queue, as the
+    # reject-reason header says); the rest carry the server's variant
+    refused = s["expired"] if reason == "expired" else s["rejected"]
+    assert refused == pytest.approx(s["offered"] / 5, abs=2)
+    assert s["expired" if reason != "expired" else "rejected"] == 0
     assert s["error_count"] == 0
     by_variant = {v["variant"]: v for v in s["per_variant"]}
     assert by_variant["small"]["ok"] == s["ok"]

@@ -5,13 +5,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from placement.capacity import batch_latency, replica_capacity
 from placement.catalogue import Instance, gpu_model, layouts, overlap_reason
 from placement.diff import diff, replan
 from placement.executors import DryRun, ExecutorError, Nvml
 from placement.plan import Demand, GpuClass, GpuPlan, Inventory, Plan, PlanError, Replica, SlicePlan
-from placement.solver import solve
+from placement.solver import Options, SolverError, candidates, lower_bound, solve
 from placement.spec import SpecError, load_problem
 from profiles.derive import with_derived
 from profiles.profile import LatencyPoint, Profile, ProfileSet
@@ -190,6 +192,62 @@ def test_unservable_slo_is_a_clear_error():
     ps = ProfileSet([fake_profile("m", "1g.10gb")])
     with pytest.raises(SolverError, match="model m: no allowed variant meets SLO 5 ms"):
         solve([Demand("m", 10.0, 0.005)], ps, pool(1))
+
+
+# ------------------------------------------------------------------ lower bound
+
+
+def test_the_bound_charges_each_model_whole_replicas():
+    # one 7g slice kind with MPS, where a half-share replica serves 39% of a full one and a
+    # quarter 14% (interference). a needs 1.1 full replicas' worth: at best 1 full + 1 quarter,
+    # 1.25 GPUs; b needs 1.6: at best 2 GPUs' worth. 3.25 GPUs round up to 4, while the LP
+    # relaxation spreads 2.7 GPUs of full replicas (2.87 with its rounding cuts) and says 3.
+    ps = ProfileSet([fake_profile(m, "7g.80gb") for m in "ab"])
+    full = replica_capacity(ps.get("a", "A100-80GB", "7g.80gb"), 0.1).rate
+    demands = [Demand("a", 1.1 * full, 0.1), Demand("b", 1.6 * full, 0.1)]
+    inv, opts = pool(6), Options()
+    cands = candidates(demands, ps, inv, opts)
+    assert lower_bound(demands, inv, cands, opts, lagrangian=False) == 3
+    assert lower_bound(demands, inv, cands, opts) == 4
+    plan = solve(demands, ps, inv, "milp")
+    plan.verify()
+    assert plan.gpu_count == 4 and plan.lower_bound == 4 and plan.gap == 0
+
+
+SLICE_KINDS = ("gpu", "1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")
+
+
+@st.composite
+def small_fleets(draw) -> tuple[list[Demand], ProfileSet, Inventory]:
+    """1-3 models with linear latency curves on 1-3 slice kinds of A100s and/or H100s, each
+    needing 0.2-2.5 replicas' worth, on pools of 8 GPUs per class (MPS on or off, GPU count
+    or cost objective)."""
+    gpus = draw(st.sampled_from([("A100-80GB",), ("H100-80GB",), ("A100-80GB", "H100-80GB")]))
+    demands, profiles = [], []
+    for i in range(draw(st.integers(1, 3))):
+        m = f"m{i}"
+        a_ms, c_ms = draw(st.floats(1.0, 10.0)), draw(st.floats(0.2, 4.0))
+        kinds = draw(st.lists(st.sampled_from(SLICE_KINDS), min_size=1, max_size=3, unique=True))
+        mine = [fake_profile(m, k, a_ms, c_ms, gpu=g) for g in gpus for k in kinds]
+        full = replica_capacity(mine[0], 0.1).rate
+        demands.append(Demand(m, round(draw(st.floats(0.2, 2.5)) * full, 1), 0.1))
+        profiles += mine
+    classes = tuple(GpuClass(g, tuple(f"{g}/gpu{k}" for k in range(8)), draw(st.sampled_from([1.0, 2.0, 3.5])),
+                             True, draw(st.booleans())) for g in gpus)
+    return demands, ProfileSet(profiles), Inventory(classes, draw(st.sampled_from(["gpus", "cost"])))
+
+
+@settings(max_examples=40, deadline=None)
+@given(small_fleets())
+def test_no_plan_beats_the_lower_bound(fleet):
+    # NOTE: the bound is valid: the MILP's plan (optimal on instances this small) never costs less
+    demands, ps, inv = fleet
+    try:
+        plan = solve(demands, ps, inv, "milp")
+    except SolverError:
+        assume(False)  # the pool is too small for this draw
+    plan.verify()
+    assert plan.lower_bound <= plan.objective + 1e-6
 
 
 # ------------------------------------------------------------------ diff and replan
