@@ -329,8 +329,9 @@ class Driver:
         rep.inflight += 1
         self.metrics.of(self.metrics.inflight, model, rep.id).set(rep.inflight)
         now = self.clock()
+        queue = self.metrics.of(self.metrics.queue, model)
         for p in live:
-            self.metrics.of(self.metrics.queue, model).observe(now - p.request.arrival)
+            queue.observe(now - p.request.arrival)
         self.metrics.of(self.metrics.batch_size, model, b.variant).observe(b.rows)
         sent = now
         try:
@@ -355,15 +356,21 @@ class Driver:
             log.exception("policy core failed in on_complete")
         # deadline met or missed against the request's whole SLO budget, not the planned part
         keep = 1.0 - self.models[model].served.margin
+        latency = self.metrics.of(self.metrics.latency, model)
+        n_met = 0
         for p, outs in zip(live, results, strict=True):
             self._pending.pop(p.request.id, None)
             r = p.request
             met = now <= r.arrival + (r.deadline - r.arrival) / keep
-            self.metrics.of(self.metrics.goodput if met else self.metrics.missed, model).inc()
-            self.metrics.of(self.metrics.latency, model).observe(now - p.request.arrival)
-            self.metrics.of(self.metrics.by_variant, model, b.variant).inc()
+            n_met += met
+            latency.observe(now - r.arrival)
             if not p.future.done():
                 p.future.set_result(InferResult(outs, b.variant, b.replica, met))
+        if n_met:
+            self.metrics.of(self.metrics.goodput, model).inc(n_met)
+        if len(live) > n_met:
+            self.metrics.of(self.metrics.missed, model).inc(len(live) - n_met)
+        self.metrics.of(self.metrics.by_variant, model, b.variant).inc(len(live))
         # with nothing queued a poll cannot dispatch or reject anything: skip it (hot path)
         if self._queued is None or self._queued():
             self._poll()

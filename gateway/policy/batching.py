@@ -103,6 +103,19 @@ def candidates(queue: Sequence[Request], ctx: SelectContext) -> list[Candidate]:
     return out
 
 
+def whole_queue(queue: Sequence[Request], ctx: SelectContext) -> Candidate | None:
+    """The whole queue as one batch, if it fits and meets every deadline (the earliest, at
+    index 0, is the binding one). Then it is every deadline-aware policy's choice: it skips
+    nothing and is the largest and longest prefix, so they take it without enumerating."""
+    rows = sum(r.size for r in queue)
+    if not queue or rows > ctx.max_batch:
+        return None
+    finish = ctx.start + ctx.latency(rows)
+    if finish > queue[0].deadline:
+        return None
+    return Candidate(tuple(range(len(queue))), rows, finish, 0)
+
+
 def _maybe_wait(queue: Sequence[Request], c: Candidate, ctx: SelectContext) -> Selection:
     """Dispatch ``c`` now, or wait for the rows the arrival rate says will come, if the
     earliest deadline in the batch still allows a batch of the needed size after the wait."""
@@ -148,6 +161,8 @@ class LargestPrefix(BatchPolicy):
     name = "largest-prefix"
 
     def select(self, queue: Sequence[Request], ctx: SelectContext) -> Selection:
+        if (whole := whole_queue(queue, ctx)) is not None:
+            return _maybe_wait(queue, whole, ctx)
         prefixes = [c for c in candidates(queue, ctx) if c.skip == 0]
         if not prefixes:
             return Selection()
@@ -158,6 +173,8 @@ class SkipHeads(BatchPolicy):
     name = "skip-heads"
 
     def select(self, queue: Sequence[Request], ctx: SelectContext) -> Selection:
+        if (whole := whole_queue(queue, ctx)) is not None:
+            return _maybe_wait(queue, whole, ctx)
         cands = candidates(queue, ctx)
         if not cands:
             return Selection()
@@ -168,6 +185,8 @@ class Adaptive(BatchPolicy):
     name = "adaptive"
 
     def select(self, queue: Sequence[Request], ctx: SelectContext) -> Selection:
+        if (whole := whole_queue(queue, ctx)) is not None:
+            return _maybe_wait(queue, whole, ctx)
         cands = candidates(queue, ctx)
         if not cands:
             return Selection()

@@ -263,9 +263,11 @@ class EdfScheduler:
                             r, RejectReason.NO_REPLICA, self.config.no_replica_retry_after_s,
                             f"no healthy replica serves variant {group.variant!r} of model {r.model!r}"))
                     continue
+                if not len(group.guaranteed) and not len(group.best_effort):
+                    continue  # nothing to dispatch, expire or wake up for (the common case)
                 rejects += self._expire(group, healthy, now)
                 for rep in sorted(healthy, key=lambda r: r.info.profile.latency(1, self.config.quantile)):
-                    while rep.has_slot():
+                    while rep.has_slot() and (len(group.guaranteed) or len(group.best_effort)):
                         if rep.inflight:  # pipelined: form the next batch just before it can start
                             ready_at = rep.start(now) - self.config.pipeline_lead_s
                             if now < ready_at:
@@ -278,8 +280,9 @@ class EdfScheduler:
                             break
                         rep.inflight.append(batch)
                         batches.append(batch)
-                rejects += self._expire(group, healthy, now)
-                wake = min(wake, self._next_expiry(group, healthy, now))
+                if len(group.guaranteed) or len(group.best_effort):
+                    rejects += self._expire(group, healthy, now)
+                    wake = min(wake, self._next_expiry(group, healthy, now))
         return Decision(tuple(batches), tuple(rejects), wake if wake < float("inf") else None)
 
     def queued(self, model: str | None = None) -> int:
