@@ -13,8 +13,9 @@ the replicas. Shares come from a power-of-two grid, so the share constraint pack
 slices (first-fit decreasing); the integer program is therefore exact for that grid.
 
 Methods: ``greedy`` (:mod:`placement.greedy`) fills concrete GPUs first-fit decreasing;
-``milp`` solves the program with HiGHS under a time limit. Both report the LP relaxation as a
-lower bound, hence a gap.
+``milp`` solves the program with HiGHS under a time limit. Both report a lower bound, hence a
+gap: the better of the LP relaxation (with rounding cuts) and a Lagrangian bound that keeps each
+model's replicas integer (:func:`lower_bound`).
 """
 
 from __future__ import annotations
@@ -307,19 +308,6 @@ def _program(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], 
     return _Program(cost, a, lo, hi, ub, n_x, y_index)
 
 
-def lower_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options) -> float:
-    """The LP relaxation's optimum: no plan on this candidate grid costs less."""
-    if not cands:
-        return 0.0
-    p = _program(demands, inv, cands, opts, tie_break=False, cuts=True)
-    res = milp(p.c, constraints=LinearConstraint(p.a, p.lo, p.hi), bounds=Bounds(0, p.ub),
-               options={"time_limit": 60.0})
-    if res.status != 0 or res.fun is None:
-        return 0.0
-    # with the GPU count as objective the optimum is an integer
-    return float(math.ceil(res.fun - 1e-6)) if inv.objective == "gpus" else float(res.fun)
-
-
 def _milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
                  time_limit: float, clock: Callable[[], float] = time.perf_counter,
                  ) -> tuple[dict[int, int], dict[int, list[LayoutOption]], float]:
@@ -352,6 +340,198 @@ def _milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidat
     for yi, (ci, lo) in enumerate(p.y_index):
         lay[ci] += [lo] * int(x[p.n_x + yi])
     return chosen, dict(lay), proven
+
+
+# --------------------------------------------------------------------------- lower bound
+
+
+def lower_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
+                *, lagrangian: bool = True) -> float:
+    """A lower bound on every plan on this candidate grid: the better of the LP relaxation
+    (with the rounding cuts) and, unless ``lagrangian`` is off, Lagrangian bounds that keep
+    each model's replicas integer.
+
+    The LP lets a model run 2.3 replicas of its most efficient candidate; every real plan rounds
+    each model up to whole replicas, often with less efficient small MPS replicas, and on a
+    fleet of small models that rounding is what the LP misses (about a GPU per 100 models). The
+    Lagrangian bound prices each slice kind (the LP's duals, then those of a small column-
+    generation master) and charges every model its cheapest *whole-replica* set at those
+    prices, so it pays for that rounding."""
+    if not cands:
+        return 0.0
+    p = _program(demands, inv, cands, opts, tie_break=False, cuts=True)
+    lp = _solve_lp(p)
+    if lp is None:
+        return 0.0
+    best, duals = lp
+    if lagrangian:
+        best = max(best, _lagrangian_bound(demands, inv, cands, opts, duals))
+    # with the GPU count as objective the optimum is an integer
+    return float(math.ceil(best - 1e-6)) if inv.objective == "gpus" else float(best)
+
+
+def _solve_lp(p: _Program) -> tuple[float, np.ndarray] | None:
+    """The program's LP relaxation: its optimum and each row's dual price (>= 0 on a binding
+    upper side), or None if HiGHS finds no optimum."""
+    from scipy.optimize import linprog
+    from scipy.sparse import vstack
+
+    up, down = np.isfinite(p.hi), np.isfinite(p.lo)
+    res = linprog(p.c, A_ub=vstack([p.a[up], -p.a[down]]), b_ub=np.r_[p.hi[up], -p.lo[down]],
+                  bounds=np.c_[np.zeros(len(p.c)), p.ub], method="highs")
+    if res.status != 0:
+        return None
+    duals = np.zeros(len(p.hi))
+    duals[up] = -res.ineqlin.marginals[: int(up.sum())]
+    return float(res.fun), duals
+
+
+LAGRANGIAN_ROUNDS = 8  # column-generation rounds that may raise the Lagrangian bound
+COVER_NODES = 20_000  # branch-and-bound nodes per cheapest-cover search before it settles for its LP bound
+
+
+def _cheapest_cover(items: Sequence[tuple[float, float, int]], need: float) -> tuple[float, dict[int, int]]:
+    """Least total price of whole replicas, items ``(price, capacity, id)``, whose capacities
+    add up to ``need``: a lower bound on that least price (exact unless the search runs out of
+    nodes, then the LP bound) and the cheapest replica counts found.
+
+    Depth-first branch and bound over the items in order of price per capacity, bounded by the
+    LP of what is left (capacities capped at it: one replica larger than the rest covers it).
+    Counts are unbounded, a relaxation that changes nothing: prices are >= 0 and ``ceil(need /
+    cap)`` replicas of one item already cover the need."""
+    tol = 1e-9 * max(1.0, need)
+    if need <= tol:
+        return 0.0, {}
+    front: list[tuple[float, float, int]] = []  # no item on it is both dearer and smaller than another
+    for price, cap, j in sorted(((max(0.0, pr), min(c, need), j) for pr, c, j in items), key=lambda t: (t[0], -t[1])):
+        if cap > 0 and (not front or cap > front[-1][1]):
+            front.append((price, cap, j))
+    if not front:
+        return math.inf, {}
+    order = sorted(front, key=lambda t: t[0] / t[1])
+
+    def lp(i: int, left: float) -> float:
+        return min(price * max(1.0, left / cap) for price, cap, _ in order[i:])
+
+    best, counts = min(((price * math.ceil((need - tol) / cap), {j: math.ceil((need - tol) / cap)})
+                        for price, cap, j in order), key=lambda t: t[0])
+    nodes = 0
+    chosen: dict[int, int] = {}
+
+    def search(i: int, left: float, spent: float) -> None:
+        nonlocal best, counts, nodes
+        if left <= tol:
+            if spent < best:
+                best, counts = spent, {j: k for j, k in chosen.items() if k}
+            return
+        if i == len(order) or nodes >= COVER_NODES or spent + lp(i, left) >= best - 1e-12:
+            return
+        nodes += 1
+        price, cap, j = order[i]
+        for k in range(math.ceil((left - tol) / cap), -1, -1):
+            if nodes >= COVER_NODES:
+                break
+            chosen[j] = k
+            search(i + 1, left - k * cap, spent + k * price)
+        chosen[j] = 0
+
+    search(0, need, 0.0)
+    return (best if nodes < COVER_NODES else lp(0, need)), counts
+
+
+def _lagrangian_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
+                      duals: np.ndarray) -> float:
+    """The best Lagrangian bound over the slice-kind prices tried: first the LP's duals, then
+    those of a restricted Dantzig-Wolfe master (columns: each model's whole-replica sets).
+
+    Validity: for any prices ``pi >= 0`` on the slice-kind rows, moving those rows into the
+    objective only lowers the optimum (a plan's rows are <= 0, so ``pi`` times them is <= 0),
+    and what remains splits into independent parts, each solved exactly or bounded below:
+    per class the best layout's ``w_c - pi . n_L`` on all or none of its ``N_c`` GPUs (y may be
+    fractional, a relaxation), and per model the cheapest cover of its requirement with whole
+    replicas at price ``pi_k * share``. So ``L(pi) <= `` every plan's cost, whatever ``pi`` is;
+    the master only picks good prices and is never itself taken as a bound."""
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_matrix
+
+    kinds = sorted({(c.cls, c.slice) for c in cands})  # the slice-kind rows, in _program's order
+    n_cls = len(inv.classes)
+    kind_row = {k: i for i, k in enumerate(kinds)}
+    y_index = [(ci, lo) for ci, c in enumerate(inv.classes) for lo in layout_options(c, opts)]
+    by_model: dict[int, list[int]] = defaultdict(list)
+    for j, c in enumerate(cands):
+        by_model[c.model].append(j)
+    models = sorted(by_model)
+    cap = [min(c.cap.rate, demands[c.model].required) for c in cands]
+    kind_of = [kind_row[(c.cls, c.slice)] for c in cands]
+
+    def evaluate(pi: np.ndarray) -> tuple[float, list[tuple[int, dict[int, int]]]]:
+        value = 0.0
+        for ci, c in enumerate(inv.classes):
+            reduced = min(inv.weight(c) - sum(pi[kind_row[(ci, k)]] * n for k, n in lo.counts if (ci, k) in kind_row)
+                          for lo in layout_options(c, opts))
+            value += min(0.0, reduced) * len(c.ids)
+        covers = []
+        for mi in models:
+            v, counts = _cheapest_cover([(pi[kind_of[j]] * cands[j].share, cap[j], j) for j in by_model[mi]],
+                                        demands[mi].required)
+            value += v
+            covers.append((mi, counts))
+        return value, covers
+
+    columns: list[tuple[int, dict[int, int]]] = []
+    seen: set[tuple] = set()
+
+    def add(mi: int, counts: dict[int, int]) -> bool:
+        key = (mi, tuple(sorted(counts.items())))
+        if key in seen:
+            return False
+        seen.add(key)
+        columns.append((mi, counts))
+        return True
+
+    def master() -> tuple[float, np.ndarray] | None:
+        rows, cols, vals = [], [], []
+        for yi, (ci, lo) in enumerate(y_index):
+            rows.append(ci), cols.append(yi), vals.append(1.0)
+            for k, n in lo.counts:
+                if (ci, k) in kind_row:
+                    rows.append(n_cls + kind_row[(ci, k)]), cols.append(yi), vals.append(-float(n))
+        e_rows, e_cols = [], []
+        model_row = {mi: r for r, mi in enumerate(models)}
+        for q, (mi, counts) in enumerate(columns):
+            col = len(y_index) + q
+            for j, k in counts.items():
+                rows.append(n_cls + kind_of[j]), cols.append(col), vals.append(cands[j].share * k)
+            e_rows.append(model_row[mi]), e_cols.append(col)
+        n = len(y_index) + len(columns)
+        cost = np.r_[[inv.weight(inv.classes[ci]) for ci, _ in y_index], np.zeros(len(columns))]
+        res = linprog(cost, A_ub=coo_matrix((vals, (rows, cols)), shape=(n_cls + len(kinds), n)).tocsr(),
+                      b_ub=np.r_[[float(len(c.ids)) for c in inv.classes], np.zeros(len(kinds))],
+                      A_eq=coo_matrix((np.ones(len(e_rows)), (e_rows, e_cols)), shape=(len(models), n)).tocsr(),
+                      b_eq=np.ones(len(models)), bounds=(0, None), method="highs")
+        if res.status != 0:
+            return None
+        return float(res.fun), np.maximum(0.0, -res.ineqlin.marginals[n_cls:])
+
+    best, covers = evaluate(np.maximum(0.0, duals[n_cls:n_cls + len(kinds)]))
+    for j, c in enumerate(cands):  # one column per candidate alone, so the master is feasible
+        add(c.model, {j: math.ceil(demands[c.model].required / cap[j] - 1e-9)} if cap[j] > 0 else {})
+    for mi, counts in covers:
+        add(mi, counts)
+    for _ in range(LAGRANGIAN_ROUNDS):
+        m = master()
+        if m is None:
+            break
+        top, pi = m  # no price vector gives more than the master's optimum
+        if top - best <= 1e-6 * max(1.0, abs(top)) or (
+                inv.objective == "gpus" and math.ceil(best - 1e-6) >= math.ceil(top - 1e-6)):
+            break
+        value, covers = evaluate(pi)
+        best = max(best, value)
+        if not any([add(mi, counts) for mi, counts in covers if counts]):
+            break
+    return best
 
 
 # --------------------------------------------------------------------------- entry point
