@@ -1,9 +1,8 @@
-"""The gateway as one object: config -> policy core + driver + HTTP app + gRPC server.
+"""The gateway as one object: config -> policy core + driver + HTTP front door + gRPC server.
 
-:func:`build_app` is the app factory: the aiohttp application owns the driver (replica
-channels, health probes) and the gRPC server through ``cleanup_ctx``, so starting the app
-starts everything and cleaning it up stops everything. :class:`Gateway` runs it on ports;
-:class:`GatewayThread` runs it on a background event loop (tests, benchmarks, embedding).
+:class:`Gateway` owns them all: ``start()`` starts the driver (replica channels, health
+probes), then the gRPC and HTTP listeners; ``stop()`` drains and stops them in reverse.
+:class:`GatewayThread` runs a gateway on a background event loop (tests, benchmarks, embedding).
 """
 
 from __future__ import annotations
@@ -12,16 +11,16 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import grpc
-from aiohttp import web
 
 from gateway.config import GatewayConfig, resolve
 from gateway.driver import Driver
 from gateway.grpc_server import create_server
-from gateway.http import DRIVER, create_app
+from gateway.http import HttpFrontDoor
+from gateway.httpserver import HttpServer
 from gateway.metrics import GatewayMetrics
 from gateway.policy.config import SchedulerConfig
 from gateway.policy.scheduler import EdfScheduler
@@ -30,48 +29,9 @@ from gateway.stats import ServerInfo
 
 log = logging.getLogger("headrace.gateway")
 
-GRPC_SERVER = web.AppKey("grpc_server", grpc.aio.Server)
-GRPC_PORT = web.AppKey("grpc_port", int)
-CONFIG = web.AppKey("config", GatewayConfig)
-
 
 def make_core(cfg: GatewayConfig) -> SchedulerCore:
     return EdfScheduler(SchedulerConfig.model_validate(cfg.scheduler))
-
-
-def build_app(
-    cfg: GatewayConfig,
-    core: SchedulerCore | None = None,
-    clock: Callable[[], float] = time.monotonic,
-) -> web.Application:
-    models = resolve(cfg)
-    driver = Driver(
-        models, core or make_core(cfg), clock=clock, metrics=GatewayMetrics(),
-        health_interval=cfg.health_interval_s, max_message_bytes=cfg.max_message_bytes,
-    )
-    info = ServerInfo([m.name for m in models], clock=clock)
-    app = create_app(driver, info, cfg.max_message_bytes)
-    app[CONFIG] = cfg
-
-    async def driver_ctx(app: web.Application) -> AsyncIterator[None]:
-        await app[DRIVER].start(cfg.startup_timeout_s)
-        yield
-        await app[DRIVER].stop()
-
-    async def grpc_ctx(app: web.Application) -> AsyncIterator[None]:
-        server = create_server(driver, info, cfg.max_message_bytes)
-        port = server.add_insecure_port(f"{cfg.listen.host}:{cfg.listen.grpc_port}")
-        if port == 0:
-            raise OSError(f"cannot bind gRPC to {cfg.listen.host}:{cfg.listen.grpc_port}")
-        await server.start()
-        app[GRPC_SERVER] = server
-        app[GRPC_PORT] = port
-        yield
-        await server.stop(grace=1.0)
-
-    app.cleanup_ctx.append(driver_ctx)
-    app.cleanup_ctx.append(grpc_ctx)
-    return app
 
 
 class Gateway:
@@ -80,17 +40,17 @@ class Gateway:
     def __init__(self, cfg: GatewayConfig, core: SchedulerCore | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
-        self.app = build_app(cfg, core, clock)
-        self._runner: web.AppRunner | None = None
+        models = resolve(cfg)
+        self.driver = Driver(
+            models, core or make_core(cfg), clock=clock, metrics=GatewayMetrics(),
+            health_interval=cfg.health_interval_s, max_message_bytes=cfg.max_message_bytes,
+        )
+        self.info = ServerInfo([m.name for m in models], clock=clock)
+        self._http = HttpServer(HttpFrontDoor(self.driver, self.info, cfg.max_message_bytes),
+                                cfg.max_message_bytes)
+        self._grpc: grpc.aio.Server | None = None
         self.http_port = 0
-
-    @property
-    def driver(self) -> Driver:
-        return self.app[DRIVER]
-
-    @property
-    def grpc_port(self) -> int:
-        return self.app[GRPC_PORT]
+        self.grpc_port = 0
 
     @property
     def http_url(self) -> str:
@@ -101,24 +61,35 @@ class Gateway:
         return f"{self.cfg.listen.host}:{self.grpc_port}"
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
-        await self._runner.setup()
+        await self.driver.start(self.cfg.startup_timeout_s)
         try:
-            site = web.TCPSite(self._runner, self.cfg.listen.host, self.cfg.listen.http_port)
-            await site.start()
+            self._grpc = create_server(self.driver, self.info, self.cfg.max_message_bytes)
+            host = self.cfg.listen.host
+            self.grpc_port = self._grpc.add_insecure_port(f"{host}:{self.cfg.listen.grpc_port}")
+            if self.grpc_port == 0:
+                raise OSError(f"cannot bind gRPC to {host}:{self.cfg.listen.grpc_port}")
+            await self._grpc.start()
+            self.http_port = await self._http.start(host, self.cfg.listen.http_port)
         except BaseException:
-            await self._runner.cleanup()
+            await self._shutdown()
             raise
-        self.http_port = self._runner.addresses[0][1]
 
     async def stop(self, drain_timeout: float = 0.0) -> None:
         """Refuse new requests, wait up to ``drain_timeout`` for admitted ones, then stop."""
-        if self._runner is None:
-            return
         if drain_timeout > 0 and not await self.driver.drain(drain_timeout):
             log.warning("drain timed out with requests in flight; they get UNAVAILABLE")
-        runner, self._runner = self._runner, None
-        await runner.cleanup()
+        await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        # the driver answers whatever is still pending (UNAVAILABLE) before the listeners go,
+        # so every handler has its answer to write
+        self.driver.draining = True
+        self._http.close()
+        await self.driver.stop()
+        await self._http.stop(timeout=1.0)
+        if self._grpc is not None:
+            grpc_server, self._grpc = self._grpc, None
+            await grpc_server.stop(grace=1.0)
 
 
 class GatewayThread:

@@ -1,153 +1,179 @@
-"""KServe v2 / Triton HTTP front door (aiohttp app factory).
+"""KServe v2 / Triton HTTP front door: one routing function over :mod:`gateway.httpserver`.
 
+Routes: health (live, ready), server metadata, model metadata / ready / config / stats (with
+or without ``/versions/N``), all-model stats, the repository index, ``/metrics`` and infer.
 Domain errors (:mod:`gateway.errors`) become ``{"error": msg}`` with their status here, at
-the handler edge, and only here. Rejections carry ``Retry-After``.
+the handler edge, and only here. Rejections carry ``Retry-After`` and the reject reason.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import zlib
 from collections.abc import Awaitable, Callable
+from urllib.parse import unquote
 
-from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
 from google.protobuf import json_format
 
 from gateway.codec import encode_http_response, parse_http_infer
 from gateway.driver import SLO_HEADER, Driver
 from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected
+from gateway.httpserver import HttpRequest, HttpResponse, error_response
 from gateway.stats import ServerInfo, model_config_dict, model_metadata_dict
 
-DRIVER = web.AppKey("driver", Driver)
-INFO = web.AppKey("info", ServerInfo)
-
-HEADER_LEN = "Inference-Header-Content-Length"
+HEADER_LEN = "inference-header-content-length"
 _JSON = "application/json"
+_OK = HttpResponse(200)
 
 
-def _error(status: int, msg: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=json.dumps({"error": msg}).encode(), content_type=_JSON,
-                        headers=headers)
+class TooLarge(GatewayError):
+    http_status = 413
 
 
-@web.middleware
-async def _errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+def _json(doc: object) -> HttpResponse:
+    return HttpResponse(200, json.dumps(doc).encode(), _JSON)
+
+
+def decoded_body(req: HttpRequest, max_bytes: int) -> bytes:
+    """The body with its gzip/deflate Content-Encoding undone, refusing to inflate past
+    ``max_bytes`` (a small compressed body must not become a huge one)."""
+    enc = req.headers.get("content-encoding", "identity").strip().lower()
+    if enc in ("", "identity"):
+        return req.body
+    if enc not in ("gzip", "deflate"):
+        raise InvalidRequest(f"Content-Encoding {enc!r} is not supported (gzip, deflate)")
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS if enc == "gzip" else zlib.MAX_WBITS)
     try:
-        return await handler(request)
-    except Rejected as e:
-        return _error(429, str(e), {"Retry-After": str(max(1, math.ceil(e.retry_after))),
-                                    REASON_HEADER: e.reason})
-    except GatewayError as e:
-        return _error(e.http_status, str(e))
-    except web.HTTPRequestEntityTooLarge as e:
-        return _error(413, f"request body exceeds {e.max_size} bytes" if hasattr(e, "max_size") else e.text)
-    except web.HTTPException as e:
-        if e.status >= 400:
-            return _error(e.status, e.reason)
-        raise
+        out = d.decompress(req.body, max_bytes + 1)
+    except zlib.error as e:
+        raise InvalidRequest(f"unreadable request body: {enc} data is corrupt ({e})") from None
+    if len(out) > max_bytes:
+        raise TooLarge(f"request body exceeds {max_bytes} bytes once decoded")
+    return out
 
 
-def _version(request: web.Request) -> str:
-    v = request.match_info.get("version", "")
-    if v and not v.isdigit():
-        raise InvalidRequest(f"model version {v!r} must be a positive integer")
-    return v
+class HttpFrontDoor:
+    """The gateway's HTTP handler: ``await door(request) -> response``."""
+
+    def __init__(self, driver: Driver, info: ServerInfo, max_body_bytes: int) -> None:
+        self.driver = driver
+        self.info = info
+        self.max_body = max_body_bytes
+
+    async def __call__(self, req: HttpRequest) -> HttpResponse:
+        try:
+            return await self._route(req)
+        except Rejected as e:
+            return error_response(429, str(e), (("Retry-After", str(max(1, math.ceil(e.retry_after)))),
+                                                (REASON_HEADER, e.reason)))
+        except GatewayError as e:
+            return error_response(e.http_status, str(e))
+
+    def _route(self, req: HttpRequest) -> Awaitable[HttpResponse]:
+        parts = [unquote(p) for p in req.path.strip("/").split("/")]
+        if len(parts) >= 3 and parts[0] == "v2" and parts[1] == "models" and parts[2] != "stats":
+            return self._model_route(req, parts[2], parts[3:])
+        route = _ROUTES.get(tuple(parts))
+        if route is None:
+            raise _NotFound(f"no route for {req.method} {req.path}")
+        method, fn = route
+        _allow(req, method)
+        return fn(self, req)
+
+    def _model_route(self, req: HttpRequest, name: str, rest: list[str]) -> Awaitable[HttpResponse]:
+        version = ""
+        if len(rest) >= 2 and rest[0] == "versions":
+            version, rest = rest[1], rest[2:]
+            if not version.isdigit():
+                raise InvalidRequest(f"model version {version!r} must be a positive integer")
+        action = rest[0] if len(rest) == 1 else "" if not rest else None
+        if action == "infer":
+            _allow(req, "POST")
+            return self._infer(req, name, version)
+        handler = _MODEL_ROUTES.get(action)  # type: ignore[arg-type]
+        if handler is None:
+            raise _NotFound(f"no route for {req.method} {req.path}")
+        _allow(req, "GET")
+        return handler(self, name)
+
+    # ---- handlers
+    async def _live(self, req: HttpRequest) -> HttpResponse:
+        return _OK
+
+    async def _ready(self, req: HttpRequest) -> HttpResponse:
+        return HttpResponse(200 if self.driver.ready() else 503)
+
+    async def _server_metadata(self, req: HttpRequest) -> HttpResponse:
+        return _json(self.info.server_metadata())
+
+    async def _all_stats(self, req: HttpRequest) -> HttpResponse:
+        return _json(json_format.MessageToDict(self.info.statistics(None), preserving_proto_field_name=True))
+
+    async def _repository_index(self, req: HttpRequest) -> HttpResponse:
+        decoded_body(req, self.max_body)  # a body, if any, must at least decode
+        return _json(self.info.repository_index())
+
+    async def _metrics(self, req: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, self.driver.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+
+    async def _model_metadata(self, name: str) -> HttpResponse:
+        return _json(model_metadata_dict(self.driver.model(name), name))
+
+    async def _model_ready(self, name: str) -> HttpResponse:
+        self.driver.model(name)
+        return HttpResponse(200 if self.driver.model_ready(name) else 400)
+
+    async def _model_config(self, name: str) -> HttpResponse:
+        return _json(model_config_dict(self.driver.model(name), name))
+
+    async def _model_stats(self, name: str) -> HttpResponse:
+        self.driver.model(name)
+        return _json(json_format.MessageToDict(self.info.statistics(name), preserving_proto_field_name=True))
+
+    async def _infer(self, req: HttpRequest, name: str, version: str) -> HttpResponse:
+        driver, info = self.driver, self.info
+        driver.model(name)  # unknown model: 404 before decoding the body
+        inp = parse_http_infer(decoded_body(req, self.max_body), req.headers.get(HEADER_LEN))
+        start = info.clock()
+        try:
+            res = await driver.infer(name, inp, req.headers.get(SLO_HEADER))
+        except GatewayError:
+            info.record(name, start, ok=False)
+            raise
+        info.record(name, start, ok=True)
+        out, header_len = encode_http_response(name, version or "1", inp, res.outputs, res.parameters())
+        if header_len is None:
+            return HttpResponse(200, out, _JSON)
+        return HttpResponse(200, out, "application/octet-stream", (("Inference-Header-Content-Length",
+                                                                      str(header_len)),))
 
 
-async def live(request: web.Request) -> web.Response:
-    return web.Response(status=200)
+class _NotFound(GatewayError):
+    http_status = 404
 
 
-async def ready(request: web.Request) -> web.Response:
-    return web.Response(status=200 if request.app[DRIVER].ready() else 503)
+class _MethodNotAllowed(GatewayError):
+    http_status = 405
 
 
-async def server_metadata(request: web.Request) -> web.Response:
-    return web.json_response(request.app[INFO].server_metadata())
+def _allow(req: HttpRequest, method: str) -> None:
+    if req.method != method:
+        raise _MethodNotAllowed(f"{req.method} is not allowed on {req.path} (use {method})")
 
 
-async def model_metadata(request: web.Request) -> web.Response:
-    driver = request.app[DRIVER]
-    name = request.match_info["model"]
-    _version(request)
-    return web.json_response(model_metadata_dict(driver.model(name), name))
-
-
-async def model_ready(request: web.Request) -> web.Response:
-    driver = request.app[DRIVER]
-    name = request.match_info["model"]
-    _version(request)
-    driver.model(name)
-    return web.Response(status=200 if driver.model_ready(name) else 400)
-
-
-async def model_config(request: web.Request) -> web.Response:
-    driver = request.app[DRIVER]
-    name = request.match_info["model"]
-    return web.json_response(model_config_dict(driver.model(name), name))
-
-
-async def model_stats(request: web.Request) -> web.Response:
-    name = request.match_info.get("model") or None
-    if name is not None:
-        request.app[DRIVER].model(name)
-    stats = request.app[INFO].statistics(name)
-    return web.json_response(json_format.MessageToDict(stats, preserving_proto_field_name=True))
-
-
-async def repository_index(request: web.Request) -> web.Response:
-    return web.json_response(request.app[INFO].repository_index())
-
-
-async def metrics(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[DRIVER].metrics.render(),
-                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
-
-
-async def infer(request: web.Request) -> web.Response:
-    driver = request.app[DRIVER]
-    name = request.match_info["model"]
-    version = _version(request)
-    driver.model(name)  # unknown model: 404 before reading the body
-    try:  # aiohttp undoes gzip/deflate Content-Encoding, within client_max_size
-        body = await request.read()
-    except RequestPayloadError as e:
-        raise InvalidRequest(f"unreadable request body: {e.message if hasattr(e, 'message') else e}") from None
-    inp = parse_http_infer(body, request.headers.get(HEADER_LEN))
-    info = request.app[INFO]
-    start = info.clock()
-    try:
-        res = await driver.infer(name, inp, request.headers.get(SLO_HEADER))
-    except GatewayError:
-        info.record(name, start, ok=False)
-        raise
-    info.record(name, start, ok=True)
-    out, header_len = encode_http_response(name, version or "1", inp, res.outputs, res.parameters())
-    if header_len is None:
-        return web.Response(body=out, content_type=_JSON)
-    return web.Response(body=out, content_type="application/octet-stream",
-                        headers={HEADER_LEN: str(header_len)})
-
-
-def create_app(driver: Driver, info: ServerInfo, max_body_bytes: int = 64 << 20) -> web.Application:
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors])
-    app[DRIVER] = driver
-    app[INFO] = info
-    m = "/v2/models/{model}"
-    v = "/v2/models/{model}/versions/{version}"
-    # the hot route first: aiohttp matches resources in order
-    app.router.add_post(m + "/infer", infer)
-    app.router.add_post(v + "/infer", infer)
-    app.router.add_get("/v2/health/live", live)
-    app.router.add_get("/v2/health/ready", ready)
-    app.router.add_get("/v2", server_metadata)
-    app.router.add_get("/v2/models/stats", model_stats)
-    for base in (m, v):
-        app.router.add_get(base, model_metadata)
-        app.router.add_get(base + "/ready", model_ready)
-        app.router.add_get(base + "/config", model_config)
-        app.router.add_get(base + "/stats", model_stats)
-    app.router.add_post("/v2/repository/index", repository_index)
-    app.router.add_get("/metrics", metrics)
-    return app
+_Fn = Callable[[HttpFrontDoor, HttpRequest], Awaitable[HttpResponse]]
+_ROUTES: dict[tuple[str, ...], tuple[str, _Fn]] = {
+    ("v2", "health", "live"): ("GET", HttpFrontDoor._live),
+    ("v2", "health", "ready"): ("GET", HttpFrontDoor._ready),
+    ("v2",): ("GET", HttpFrontDoor._server_metadata),
+    ("v2", "models", "stats"): ("GET", HttpFrontDoor._all_stats),
+    ("v2", "repository", "index"): ("POST", HttpFrontDoor._repository_index),
+    ("metrics",): ("GET", HttpFrontDoor._metrics),
+}
+_MODEL_ROUTES: dict[str, Callable[[HttpFrontDoor, str], Awaitable[HttpResponse]]] = {
+    "": HttpFrontDoor._model_metadata,
+    "ready": HttpFrontDoor._model_ready,
+    "config": HttpFrontDoor._model_config,
+    "stats": HttpFrontDoor._model_stats,
+}

@@ -1,0 +1,110 @@
+"""The gateway's HTTP/1.1 server on its own: framing, keep-alive, pipelining, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from gateway.httpserver import HttpRequest, HttpResponse, HttpServer
+
+
+async def echo(req: HttpRequest) -> HttpResponse:
+    if req.path == "/slow":
+        await asyncio.sleep(0.05)
+    if req.path == "/boom":
+        raise RuntimeError("bug")
+    doc = {"method": req.method, "path": req.path, "len": len(req.body),
+           "slo": req.headers.get("x-headrace-slo-ms")}
+    return HttpResponse(200, json.dumps(doc).encode(), "application/json")
+
+
+async def exchange(raw: bytes, max_body: int = 1 << 20, read_until_close: bool = True) -> bytes:
+    server = HttpServer(echo, max_body)
+    port = await server.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(raw)
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(-1) if read_until_close else reader.read(65536), 5)
+        writer.close()
+        return data
+    finally:
+        await server.stop()
+
+
+def answers(data: bytes) -> list[tuple[int, dict]]:
+    """Split a byte stream of responses (Content-Length framed) into (status, json body)."""
+    out = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        status = int(lines[0].split()[1])
+        hdrs = {k.lower(): v.strip() for k, v in (ln.split(":", 1) for ln in lines[1:])}
+        n = int(hdrs["content-length"])
+        out.append((status, json.loads(rest[:n]) if n else {}))
+        data = rest[n:]
+    return out
+
+
+def test_pipelined_requests_are_answered_in_order_and_close_is_honoured() -> None:
+    raw = (b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"
+           b"POST /a?q=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nX-Headrace-SLO-ms: 50\r\n\r\nabc"
+           b"GET /b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    got = answers(asyncio.run(exchange(raw)))
+    assert [d["path"] for _, d in got] == ["/slow", "/a", "/b"]  # order kept despite /slow
+    assert got[1][1] == {"method": "POST", "path": "/a", "len": 3, "slo": "50"}
+
+
+def test_chunked_body_and_expect_continue() -> None:
+    raw = (b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n"
+           b"Connection: close\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+    data = asyncio.run(exchange(raw))
+    assert data.startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+    assert answers(data[len(b"HTTP/1.1 100 Continue\r\n\r\n"):]) == [
+        (200, {"method": "POST", "path": "/c", "len": 5, "slo": None})]
+
+
+@pytest.mark.parametrize("body_header", [b"Content-Length: 100\r\n\r\n" + b"x" * 100,
+                                         b"Transfer-Encoding: chunked\r\n\r\n64\r\n" + b"x" * 100 + b"\r\n0\r\n\r\n"])
+def test_oversized_body_is_read_then_answered_413_and_closed(body_header: bytes) -> None:
+    data = asyncio.run(exchange(b"POST /big HTTP/1.1\r\nHost: x\r\n" + body_header, max_body=10))
+    (status, doc), = answers(data)
+    assert status == 413 and "exceeds 10 bytes" in doc["error"]
+    assert b"Connection: close" in data
+
+
+def test_malformed_request_is_400_and_closed() -> None:
+    data = asyncio.run(exchange(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\nNOT HTTP AT ALL\r\n\r\n"))
+    got = answers(data)
+    assert got[0][0] == 200 and got[1][0] == 400 and "malformed" in got[1][1]["error"]
+
+
+def test_handler_bug_is_a_500_with_a_message_not_a_hang() -> None:
+    (status, doc), = answers(asyncio.run(exchange(b"GET /boom HTTP/1.1\r\nConnection: close\r\n\r\n")))
+    assert status == 500 and "RuntimeError: bug" in doc["error"]
+
+
+def test_stop_lets_a_running_handler_answer() -> None:
+    async def go() -> bytes:
+        started = asyncio.Event()
+
+        async def handler(req: HttpRequest) -> HttpResponse:
+            started.set()
+            return await echo(req)
+
+        server = HttpServer(handler, 1 << 20)
+        port = await server.start("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        await started.wait()
+        await server.stop(timeout=5)
+        data = await asyncio.wait_for(reader.read(-1), 5)
+        writer.close()
+        return data
+
+    data = asyncio.run(go())
+    (status, doc), = answers(data)
+    assert status == 200 and doc["path"] == "/slow" and b"Connection: close" in data
