@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 import grpc
+import httptools
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
@@ -33,15 +34,72 @@ _GRPC_OF_HTTP = {
 _HEADER_LEN = b"inference-header-content-length"
 
 
-class _Conn:
-    __slots__ = ("reader", "writer")
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection with at most one request in flight; httptools parses the
+    answer as it arrives and resolves the request's future when it is complete."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
+    def __init__(self, max_body: int) -> None:
+        self.max_body = max_body
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.fut: asyncio.Future | None = None
+        self.headers: dict[bytes, bytes] = {}
+        self.body: list[bytes] = []
+        self.size = 0
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(ConnectionError(f"connection lost: {exc}" if exc else "connection closed by the server"))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self._fail(ValueError(f"malformed HTTP answer: {e}"))
+            self.close()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.lower()] = value
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        if self.size > self.max_body:
+            self._fail(ValueError(f"response body exceeds {self.max_body} bytes"))
+            self.close()
+            return
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        fut, self.fut = self.fut, None
+        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        if not self.parser.should_keep_alive():
+            self.close()
+        if fut is not None and not fut.done():
+            fut.set_result((self.parser.get_status_code(), self.headers, body))
+
+    def request(self, parts: list[bytes]) -> asyncio.Future:
+        self.fut = asyncio.get_running_loop().create_future()
+        self.headers, self.body, self.size = {}, [], 0
+        self.transport.writelines(parts)  # type: ignore[union-attr]
+        return self.fut
+
+    def timed_out(self) -> None:
+        self._fail(TimeoutError())
+        self.close()
+
+    def _fail(self, e: Exception) -> None:
+        fut, self.fut = self.fut, None
+        if fut is not None and not fut.done():
+            fut.set_exception(e)
 
     def close(self) -> None:
-        self.writer.close()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
 
 
 class TritonHttpReplica:
@@ -61,59 +119,49 @@ class TritonHttpReplica:
         for c in idle:
             c.close()
 
+    async def _conn(self) -> _Conn:
+        while self._idle:
+            c = self._idle.pop()
+            if not c.closed:
+                return c
+        loop = asyncio.get_running_loop()
+        _, conn = await loop.create_connection(lambda: _Conn(self._max_body), self._host, self._port)
+        return conn
+
     async def _request(self, method: bytes, path: str, headers: bytes, body: bytes | list[bytes],
                        timeout: float | None) -> tuple[int, dict[bytes, bytes], bytes]:
         parts = body if isinstance(body, list) else [body]
         size = sum(len(p) for p in parts)
         head = b"".join((method, b" ", path.encode(), b" HTTP/1.1\r\n", self._host_header, headers,
                          b"Content-Length: ", str(size).encode(), b"\r\n\r\n"))
+        loop = asyncio.get_running_loop()
+        timer, conn = None, None
         try:
-            async with asyncio.timeout(timeout):
-                conn = self._idle.pop() if self._idle else _Conn(
-                    *await asyncio.open_connection(self._host, self._port))
-                try:
-                    conn.writer.writelines([head, *parts])
-                    status, hdrs, data = await self._read(conn.reader)
-                except BaseException:
-                    conn.close()
-                    raise
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
-            raise BackendError(f"replica {self.url}: UNAVAILABLE: {type(e).__name__}: {e}",
-                               grpc.StatusCode.UNAVAILABLE, retryable=True) from None
-        except TimeoutError:
+            if timeout is None:
+                conn = await self._conn()
+            else:
+                async with asyncio.timeout(timeout):
+                    conn = await self._conn()
+                timer = loop.call_later(timeout, conn.timed_out)
+            status, hdrs, data = await conn.request([head, *parts])
+        except TimeoutError:  # before OSError, of which it is a subclass
             raise BackendError(f"replica {self.url}: DEADLINE_EXCEEDED: no answer in {timeout:.3f}s",
                                grpc.StatusCode.DEADLINE_EXCEEDED, retryable=False) from None
-        if hdrs.get(b"connection") == b"close" or len(self._idle) >= self._max_idle:
-            conn.close()
-        else:
+        except (OSError, ValueError) as e:
+            raise BackendError(f"replica {self.url}: UNAVAILABLE: {type(e).__name__}: {e}",
+                               grpc.StatusCode.UNAVAILABLE, retryable=True) from None
+        except BaseException:
+            if conn is not None:
+                conn.close()  # cancelled mid-request: its answer must not reach a later request
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if not conn.closed and len(self._idle) < self._max_idle:
             self._idle.append(conn)
+        else:
+            conn.close()
         return status, hdrs, data
-
-    async def _read(self, reader: asyncio.StreamReader) -> tuple[int, dict[bytes, bytes], bytes]:
-        raw = await reader.readuntil(b"\r\n\r\n")
-        lines = raw.split(b"\r\n")
-        status = int(lines[0].split(b" ", 2)[1])
-        hdrs: dict[bytes, bytes] = {}
-        for line in lines[1:]:
-            if line:
-                k, _, v = line.partition(b":")
-                hdrs[k.strip().lower()] = v.strip()
-        n = hdrs.get(b"content-length")
-        if n is not None:
-            size = int(n)
-            if size > self._max_body:
-                raise ValueError(f"response body of {size} bytes exceeds {self._max_body}")
-            return status, hdrs, await reader.readexactly(size) if size else b""
-        if hdrs.get(b"transfer-encoding", b"").lower() == b"chunked":
-            chunks = []
-            while True:
-                size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
-                if size == 0:
-                    await reader.readuntil(b"\r\n")
-                    return status, hdrs, b"".join(chunks)
-                chunks.append(await reader.readexactly(size))
-                await reader.readexactly(2)
-        return status, hdrs, b""
 
     def _error(self, status: int, data: bytes, what: str) -> BackendError:
         try:
