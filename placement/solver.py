@@ -313,9 +313,11 @@ def _milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidat
                  ) -> tuple[dict[int, int], dict[int, list[LayoutOption]], float]:
     """Two stages: the fewest GPUs (or least cost) first, an integer objective HiGHS proves
     fast; then, with that objective held, the most accurate variants and the least share
-    (so no idle replicas). Returns the choice, the layouts and the proven lower bound."""
+    (so no idle replicas). Returns the choice, the layouts and the proven lower bound.
+    The program carries the rounding cuts: valid for integers, they leave the optimum alone
+    and tighten HiGHS's relaxation (100 models, seed 1: optimal in ~8 s instead of ~27 s)."""
     t0 = clock()
-    p = _program(demands, inv, cands, opts, tie_break=False)
+    p = _program(demands, inv, cands, opts, tie_break=False, cuts=True)
     cons = [LinearConstraint(p.a, p.lo, p.hi)]
     integ = np.ones(len(p.c))
     res = milp(p.c, constraints=cons, integrality=integ, bounds=Bounds(0, p.ub),
