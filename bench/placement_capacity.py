@@ -31,7 +31,7 @@ def scenario_plans(ps: ProfileSet) -> dict[str, Plan]:
 
     def rep(slice_: str, share: float) -> Replica:
         cap = replica_capacity(ps.get("resnet50", "A100-80GB", slice_), SLO, share)
-        return Replica("resnet50", "resnet50", share, cap.batch, cap.rate)
+        return Replica("resnet50", "resnet50", share, cap.max_batch, cap.rate)
 
     plans = {}
     for name, sl in {

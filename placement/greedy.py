@@ -61,7 +61,7 @@ def greedy_gpus(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
 
     def place(c: Candidate, slot: _Slot) -> None:
         slot.free -= c.share
-        slot.replicas.append(Replica(demands[c.model].model, c.profile.variant, c.share, c.cap.batch, c.cap.rate))
+        slot.replicas.append(Replica(demands[c.model].model, c.profile.variant, c.share, c.cap.max_batch, c.cap.rate))
         if slot.free <= 1e-9:
             free[(c.cls, c.slice)].remove(slot)
 

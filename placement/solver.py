@@ -190,7 +190,7 @@ def pack(demands: Sequence[Demand], inv: Inventory, profiles: ProfileSet,
                                       f"{cand.profile.variant} at {cand.share:.0%}")
                 slot[2] += cand.share
                 slot[3].append(Replica(demands[cand.model].model, cand.profile.variant, cand.share,
-                                       cand.cap.batch, cand.cap.rate))
+                                       cand.cap.max_batch, cand.cap.rate))
         per_gpu: dict[int, list[SlicePlan]] = defaultdict(list)
         for kind_bins in bins.values():
             for gi, inst, _fill, reps in kind_bins:
