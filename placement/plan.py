@@ -119,7 +119,7 @@ class Plan:
     demands: tuple[Demand, ...]
     inventory: Inventory
     method: str = ""
-    lower_bound: float = 0.0  # objective lower bound (LP relaxation); 0 if unknown
+    lower_bound: float = 0.0  # objective lower bound (LP relaxation + Lagrangian, see solver.lower_bound); 0 if unknown
     solve_seconds: float = 0.0
     profiles: ProfileSet = field(default_factory=ProfileSet, compare=False, repr=False)
     proven_bound: float = 0.0  # the MILP's branch-and-bound lower bound; 0 if none
