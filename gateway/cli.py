@@ -51,7 +51,7 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def _loop_factory():  # noqa: ANN202
-    """uvloop when installed (a faster loop for aiohttp and the replica clients), else asyncio's."""
+    """uvloop when installed (a faster loop for the front door and the replica clients), else asyncio's."""
     try:
         import uvloop
     except ImportError:
