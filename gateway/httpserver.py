@@ -99,6 +99,7 @@ class _Connection(asyncio.Protocol):
         self.busy = False
         self.closing = False
         self.paused = False
+        self.broken = False  # the parser failed: nothing after that point is a request
 
     # ---- transport events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -110,6 +111,8 @@ class _Connection(asyncio.Protocol):
         self.server._conns.discard(self)
 
     def data_received(self, data: bytes) -> None:
+        if self.broken:
+            return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -205,6 +208,7 @@ class _Connection(asyncio.Protocol):
     def _answer_and_close(self, resp: HttpResponse) -> None:
         """A request the parser cannot make sense of: answer after those ahead of it, then
         close (the byte stream cannot be resynchronised)."""
+        self.broken = True
         self.queue.append(_Pending(None, False, resp))
         self.transport.pause_reading()  # type: ignore[union-attr]
         if not self.busy:
@@ -250,8 +254,12 @@ class HttpServer:
             c.close_if_idle()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=timeout)
-        for t in list(self._tasks):
-            t.cancel()
+        if self._tasks:  # still running: cancelled, they answer 503 before their connection closes
+            late = list(self._tasks)
+            for t in late:
+                t.cancel()
+            await asyncio.wait(late, timeout=1.0)
+            await asyncio.sleep(0)
         for c in list(self._conns):
             c._close()
         if self._server is not None:

@@ -108,3 +108,27 @@ def test_stop_lets_a_running_handler_answer() -> None:
     data = asyncio.run(go())
     (status, doc), = answers(data)
     assert status == 200 and doc["path"] == "/slow" and b"Connection: close" in data
+
+
+def test_stop_answers_a_handler_that_outlives_the_timeout_with_503() -> None:
+    async def go() -> bytes:
+        started = asyncio.Event()
+
+        async def stuck(req: HttpRequest) -> HttpResponse:
+            started.set()
+            await asyncio.Event().wait()  # never set
+            raise AssertionError("unreachable")
+
+        server = HttpServer(stuck, 1 << 20)
+        port = await server.start("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        await started.wait()
+        await server.stop(timeout=0.05)
+        data = await asyncio.wait_for(reader.read(-1), 5)
+        writer.close()
+        return data
+
+    (status, doc), = answers(asyncio.run(go()))
+    assert status == 503 and "shutting down" in doc["error"]
