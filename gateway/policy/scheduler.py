@@ -23,7 +23,9 @@ Rules (each one is tested):
   than the replica's max batch, and best-effort rows only fill a batch when no guaranteed
   request is left queued for the model.
 - A replica executes its in-flight batches one after another: a new batch is predicted to
-  start when the last one in flight is predicted to finish.
+  start when the last one in flight is predicted to finish, and a busy replica gets it no
+  earlier than ``pipeline_lead_s`` before then (so it forms from the latest arrivals while
+  the round trip to the replica still overlaps the running batch).
 - Overhead: with ``learn_overhead`` each replica's predictions are its profile plus a learned
   per-batch overhead, an online estimate of the ``overhead_quantile`` of how late completed
   batches finish against their prediction (``on_complete``'s ``now``). Batches that finish
