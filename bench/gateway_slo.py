@@ -41,7 +41,7 @@ from profiles.profile import ProfileSet, save_profiles
 
 RESULTS = Path(__file__).parent / "results"
 SLO_MS = 100.0
-POISSON_RATES = (150, 250, 300, 330, 350, 500, 1000)
+POISSON_RATES = (150, 250, 300, 320, 330, 350, 500, 1000)
 GAMMA_RATES = (150, 250, 300, 350, 500, 1000)
 TUNING = {  # name -> Triton dynamic batching; the request's timeout overrides unless fixed here
     "delay2ms": DynamicBatching(max_queue_delay_us=2000),
@@ -66,6 +66,27 @@ def gateway_counters(http_port: int) -> dict[str, float]:
     return out
 
 
+async def wait_idle(triton_http: str, timeout: float = 60.0) -> float:
+    """Wait until Triton has finished what earlier points left queued (an overloaded batcher
+    keeps executing its backlog after the client gives up), so no point inherits another's
+    CPU load. Returns the seconds waited."""
+    import asyncio
+
+    def executions() -> int:
+        doc = json.loads(urllib.request.urlopen(f"http://{triton_http}/v2/models/stats", timeout=10).read())
+        return sum(int(m.get("execution_count", 0)) for m in doc.get("model_stats", []))
+
+    t0 = time.monotonic()
+    last = executions()
+    while time.monotonic() - t0 < timeout:
+        await asyncio.sleep(0.5)
+        now = executions()
+        if now == last:
+            break
+        last = now
+    return time.monotonic() - t0
+
+
 def reference_profile():
     return ProfileSet.reference().get("resnet50", "A100-80GB", "1g.10gb").with_max_batch(32)
 
@@ -74,7 +95,8 @@ def write_repo(repo: Path) -> None:
     prof = reference_profile()
     # the gateway forms the batches; behind it Triton runs each one as it comes (no batcher):
     # Triton's idle dynamic batcher sometimes sleeps ~500 ms on a lone request (see TESTBED_NOTE)
-    write_emulated_model(repo, "resnet50-gw", prof, slice_id="gpu0/1g.10gb@0")
+    # each system on an emulated GPU of its own (its own arbiter process)
+    write_emulated_model(repo, "resnet50-gw", prof, slice_id="gpu2/1g.10gb@0")
     write_emulated_model(repo, "resnet50-default", prof, slice_id="gpu0/1g.10gb@2",
                          dynamic_batching=DynamicBatching())
     for i, (name, db) in enumerate(TUNING.items()):
@@ -95,12 +117,11 @@ async def point(target: str, model: str, arrival: str, rate: float, duration: fl
         "p99_ms": s["latency_ms"]["p99"], "rejected": s["rejected"], "expired": s["expired"],
         "offered": s["offered"],
         "reject_latency_p99_ms": s["reject_latency_p99_ms"], "errors": s["error_count"],
-        "fell_behind": s["fell_behind"],
+        "fell_behind": s["fell_behind"], "send_lag_p99_ms": s["send_lag_ms"]["p99"],
     }
 
 
 async def run(duration: float, warmup: float, quick: bool) -> dict[str, Any]:
-    import asyncio
 
     work = Path(tempfile.mkdtemp(prefix="hr-bench-slo-"))
     write_repo(work / "repo")
@@ -148,7 +169,7 @@ async def run(duration: float, warmup: float, quick: bool) -> dict[str, Any]:
                         print(f"{sysname:15s} {arrival:8s} {rate:5d}/s  attainment {r['attainment'] or 0:.4f}  "
                               f"goodput {r['goodput_rps']:.0f}/s  p99 {r['p99_ms'] or 0:.1f} ms  "
                               f"rejected {r['rejected']}", flush=True)
-                        await asyncio.sleep(0.5)
+                        r["idle_wait_s"] = await wait_idle(triton.http_url)
         finally:
             stop_gateway(gw)
     out["load_average"] = os.getloadavg()
@@ -219,7 +240,11 @@ TESTBED_NOTE = (
     "model without Triton's batcher (the gateway forms the batches). `rejected` counts refusals at "
     "arrival (admission; their latency is the reject p99); `expired` counts requests the gateway "
     "had queued and answered 429 once no replica could finish them in time (before their deadline, "
-    "counted as misses), as the client sees them by the `x-headrace-reject-reason` header."
+    "counted as misses), as the client sees them by the `x-headrace-reject-reason` header. "
+    "Latencies count from each request's scheduled send time (no coordinated omission), so the "
+    "load generator's own send lag, which shares the 2 CPUs, is part of every latency: its p99 "
+    "is in its own column. Between points the bench waits until Triton has executed what earlier "
+    "points left queued."
 )
 
 
@@ -251,14 +276,15 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         "## All points",
         "",
-        "| arrival | rate /s | system | attainment | goodput /s | p50 ms | p99 ms | rejected | reject p99 ms | expired | errors | gateway: at arrival / expired in queue / loop lag ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| arrival | rate /s | system | attainment | goodput /s | p50 ms | p99 ms | rejected | reject p99 ms | expired | errors | client send lag p99 ms | gateway: at arrival / expired in queue / loop lag ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in res["points"]:
         lines.append(
             f"| {p['arrival']} | {p['rate']} | {p['system']} | {(p['attainment'] or 0):.4f} | {p['goodput_rps']:.1f} | "
             f"{p['p50_ms'] or 0:.1f} | {p['p99_ms'] or 0:.1f} | {p['rejected']} | "
-            f"{p['reject_latency_p99_ms'] or 0:.2f} | {p.get('expired', 0)} | {p['errors']}{' (client lagged)' if p['fell_behind'] else ''} | "
+            f"{p['reject_latency_p99_ms'] or 0:.2f} | {p.get('expired', 0)} | {p['errors']} | "
+            f"{p.get('send_lag_p99_ms') or 0:.2f} | "
             f"{_reasons(p)} |"
         )
     lines += ["", "## Triton tuning phase (goodput /s summed over Poisson 330 and Gamma 350)", ""]
