@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -37,6 +38,10 @@ async def serve(args: argparse.Namespace) -> int:
     resolve(cfg)  # profile errors before any port is opened
     gw = Gateway(cfg)
     await gw.start()
+    # startup objects (profiles, protobuf descriptors, pydantic models) live as long as the
+    # process: keep them out of the collector's full passes, which then walk only live traffic
+    gc.collect()
+    gc.freeze()
     print(f"headrace gateway: http {gw.http_url}  grpc {gw.grpc_url}  models "
           f"{', '.join(m.name for m in cfg.models)}", flush=True)
     stop = asyncio.Event()
