@@ -9,7 +9,7 @@ import logging
 import signal
 import sys
 
-from gateway.config import ConfigError, load_config, resolve
+from gateway.config import ConfigError, load_config
 from gateway.errors import GatewayError
 
 
@@ -35,8 +35,7 @@ async def serve(args: argparse.Namespace) -> int:
         cfg.listen.http_port = args.http_port
     if args.grpc_port is not None:
         cfg.listen.grpc_port = args.grpc_port
-    resolve(cfg)  # profile errors before any port is opened
-    gw = Gateway(cfg)
+    gw = Gateway(cfg)  # resolves the profiles: their errors come before any port is opened
     await gw.start()
     # startup objects (profiles, protobuf descriptors, pydantic models) live as long as the
     # process: keep them out of the collector's full passes, which then walk only live traffic
