@@ -45,15 +45,6 @@ def http_outcome(status: int, reason: str | None = None) -> str:
     return f"http_{status}"
 
 
-def _reason_of(head: bytes) -> str | None:
-    """The reject-reason header's value in a lower-cased HTTP head, if present."""
-    i = head.find(b"\r\n" + REASON_HEADER.encode() + b":")
-    if i < 0:
-        return None
-    j = head.find(b"\r\n", i + 2)
-    return head[i + 3 + len(REASON_HEADER): j if j >= 0 else len(head)].strip().decode()
-
-
 # ---- raw HTTP/1.1 keep-alive pool -------------------------------------------------------------
 
 Done = Callable[[str, "str | None"], None]  # (outcome, variant)
@@ -143,12 +134,27 @@ def _dechunk(buf: bytearray, start: int) -> tuple[bytes, int] | None:
         pos = eol + 2 + size + 2
 
 
-def _header_int(head: bytes, name: bytes) -> int | None:
+def _header(head: bytes, name: bytes) -> bytes | None:
+    """The value of header ``name`` (given as ``b"\\r\\nname:"``) in a lower-cased HTTP head."""
     i = head.find(name)
     if i < 0:
         return None
     j = head.find(b"\r\n", i + len(name))
-    return int(head[i + len(name) : j if j >= 0 else len(head)])
+    return head[i + len(name) : j if j >= 0 else len(head)].strip()
+
+
+def _header_int(head: bytes, name: bytes) -> int | None:
+    v = _header(head, name)
+    return None if v is None else int(v)
+
+
+_REASON = f"\r\n{REASON_HEADER}:".encode()
+
+
+def _reason_of(head: bytes) -> str | None:
+    """The reject-reason header's value, if present."""
+    v = _header(head, _REASON)
+    return None if v is None else v.decode()
 
 
 class RawHttpClient:
