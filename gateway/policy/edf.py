@@ -30,10 +30,14 @@ class EdfQueue:
     def deadlines(self) -> list[float]:
         return [k[0] for k in self._keys]
 
+    def index_after(self, deadline: float) -> int:
+        """How many queued requests have a deadline at or before ``deadline`` (where a new
+        request with that deadline goes in EDF order)."""
+        return bisect.bisect_right(self._keys, (deadline, float("inf")))
+
     def rows_before(self, deadline: float) -> int:
         """Rows of queued requests whose deadline is at or before ``deadline``."""
-        i = bisect.bisect_right(self._keys, (deadline, float("inf")))
-        return sum(r.size for r in self._items[:i])
+        return sum(r.size for r in self._items[: self.index_after(deadline)])
 
     def remove_indices(self, indices: Iterable[int]) -> list[Request]:
         drop = set(indices)

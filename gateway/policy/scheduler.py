@@ -327,11 +327,7 @@ class EdfScheduler:
             return True
         lanes = self._lanes(healthy, now)
         before = plan_finishes(lanes, [r.size for r in queue])
-        pos = group.guaranteed.rows_before(request.deadline)  # rows, not index: find the index
-        idx, acc = 0, 0
-        while idx < len(queue) and acc < pos:
-            acc += queue[idx].size
-            idx += 1
+        idx = group.guaranteed.index_after(request.deadline)
         with_new = queue[:idx] + [request] + queue[idx:]
         after = plan_finishes(lanes, [r.size for r in with_new])
         after_old = after[:idx] + after[idx + 1:]
