@@ -382,15 +382,13 @@ class Driver:
         remaining = max(0.0, max(p.request.deadline for p in live) - self.clock())
         timeout = remaining + 2.0  # late answers are still answers; a hung replica is not
         batched = self.models[live[0].request.model].info.signature.batched  # type: ignore[union-attr]
-        if len(live) == 1:  # nothing to concatenate or split (every request at low load)
-            outs = await rep.client.infer(b.variant, live[0].input.inputs, timeout)
-            if batched:
-                _check_rows(rep.id, outs, live[0].request.size)
-            return [outs]
         groups: dict[tuple, list[int]] = {}
-        for i, p in enumerate(live):
-            key = tuple((t.name, tuple(t.shape[1:])) for t in sorted(p.input.inputs, key=lambda t: t.name))
-            groups.setdefault(key, []).append(i)
+        if len(live) == 1:  # one request is one group: no shape keys to compute
+            groups[()] = [0]
+        else:
+            for i, p in enumerate(live):
+                key = tuple((t.name, tuple(t.shape[1:])) for t in sorted(p.input.inputs, key=lambda t: t.name))
+                groups.setdefault(key, []).append(i)
         results: list[list[Tensor]] = [[] for _ in live]
 
         async def one(idx: list[int]) -> None:
