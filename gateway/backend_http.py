@@ -137,11 +137,9 @@ class TritonHttpReplica:
         loop = asyncio.get_running_loop()
         timer, conn = None, None
         try:
-            if timeout is None:
+            async with asyncio.timeout(timeout):  # None: no limit
                 conn = await self._conn()
-            else:
-                async with asyncio.timeout(timeout):
-                    conn = await self._conn()
+            if timeout is not None:
                 timer = loop.call_later(timeout, conn.timed_out)
             status, hdrs, data = await conn.request([head, *parts])
         except TimeoutError:  # before OSError, of which it is a subclass
