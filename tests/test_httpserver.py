@@ -86,49 +86,40 @@ def test_handler_bug_is_a_500_with_a_message_not_a_hang() -> None:
     assert status == 500 and "RuntimeError: bug" in doc["error"]
 
 
-def test_stop_lets_a_running_handler_answer() -> None:
+def stop_during(handler, path: str, timeout: float) -> bytes:
+    """Send one request, stop the server (with ``timeout``) while its handler runs, and
+    return everything the client received until the connection closed."""
     async def go() -> bytes:
         started = asyncio.Event()
 
-        async def handler(req: HttpRequest) -> HttpResponse:
+        async def watched(req: HttpRequest) -> HttpResponse:
             started.set()
-            return await echo(req)
+            return await handler(req)
 
-        server = HttpServer(handler, 1 << 20)
+        server = HttpServer(watched, 1 << 20)
         port = await server.start("127.0.0.1", 0)
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         await writer.drain()
         await started.wait()
-        await server.stop(timeout=5)
+        await server.stop(timeout=timeout)
         data = await asyncio.wait_for(reader.read(-1), 5)
         writer.close()
         return data
 
-    data = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def test_stop_lets_a_running_handler_answer() -> None:
+    data = stop_during(echo, "/slow", timeout=5)
     (status, doc), = answers(data)
     assert status == 200 and doc["path"] == "/slow" and b"Connection: close" in data
 
 
 def test_stop_answers_a_handler_that_outlives_the_timeout_with_503() -> None:
-    async def go() -> bytes:
-        started = asyncio.Event()
+    async def stuck(req: HttpRequest) -> HttpResponse:
+        await asyncio.Event().wait()  # never set
+        raise AssertionError("unreachable")
 
-        async def stuck(req: HttpRequest) -> HttpResponse:
-            started.set()
-            await asyncio.Event().wait()  # never set
-            raise AssertionError("unreachable")
-
-        server = HttpServer(stuck, 1 << 20)
-        port = await server.start("127.0.0.1", 0)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
-        await writer.drain()
-        await started.wait()
-        await server.stop(timeout=0.05)
-        data = await asyncio.wait_for(reader.read(-1), 5)
-        writer.close()
-        return data
-
-    (status, doc), = answers(asyncio.run(go()))
+    (status, doc), = answers(stop_during(stuck, "/x", timeout=0.05))
     assert status == 503 and "shutting down" in doc["error"]
