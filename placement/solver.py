@@ -217,6 +217,7 @@ class _Program:
     ub: np.ndarray
     n_x: int
     y_index: list[tuple[int, LayoutOption]]
+    kinds: list[tuple[int, str]]  # (class, slice kind) of each slice-kind row, after the class rows
 
 
 CUTS_PER_MODEL = 6
@@ -305,7 +306,7 @@ def _program(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], 
         per = 0.5 * wmin / max(1.0, float(ub[:n_x].sum()))
         for j, cand in enumerate(cands):
             cost[j] = per * (0.5 * min(1.0, best_acc[cand.model] - cand.accuracy) + 0.5 * cand.gpu_fraction)
-    return _Program(cost, a, lo, hi, ub, n_x, y_index)
+    return _Program(cost, a, lo, hi, ub, n_x, y_index, kinds)
 
 
 def _milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
@@ -367,7 +368,7 @@ def lower_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
         return 0.0
     best, duals = lp
     if lagrangian:
-        best = max(best, _lagrangian_bound(demands, inv, cands, opts, duals))
+        best = max(best, _lagrangian_bound(demands, inv, cands, p, duals))
     # with the GPU count as objective the optimum is an integer
     return float(math.ceil(best - 1e-6)) if inv.objective == "gpus" else float(best)
 
@@ -441,7 +442,7 @@ def _cheapest_cover(items: Sequence[tuple[float, float, int]], need: float) -> t
     return (best if nodes < COVER_NODES else lp(0, need)), counts
 
 
-def _lagrangian_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
+def _lagrangian_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], p: _Program,
                       duals: np.ndarray) -> float:
     """The best Lagrangian bound over the slice-kind prices tried: first the LP's duals, then
     those of a restricted Dantzig-Wolfe master (columns: each model's whole-replica sets).
@@ -452,14 +453,18 @@ def _lagrangian_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Can
     per class the best layout's ``w_c - pi . n_L`` on all or none of its ``N_c`` GPUs (y may be
     fractional, a relaxation), and per model the cheapest cover of its requirement with whole
     replicas at price ``pi_k * share``. So ``L(pi) <= `` every plan's cost, whatever ``pi`` is;
-    the master only picks good prices and is never itself taken as a bound."""
-    from scipy.optimize import linprog
-    from scipy.sparse import coo_matrix
+    the master only picks good prices and is never itself taken as a bound.
 
-    kinds = sorted({(c.cls, c.slice) for c in cands})  # the slice-kind rows, in _program's order
-    n_cls = len(inv.classes)
-    kind_row = {k: i for i, k in enumerate(kinds)}
-    y_index = [(ci, lo) for ci, c in enumerate(inv.classes) for lo in layout_options(c, opts)]
+    The layouts' part is ``p``'s own: its class and slice-kind rows over the layout columns."""
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_matrix, hstack
+
+    n_cls, n_kinds = len(inv.classes), len(p.kinds)
+    layouts = p.a[:n_cls + n_kinds, p.n_x:]  # +1 per GPU on its class row, -n_L on kind rows
+    layout_cost = p.c[p.n_x:]
+    layout_class = np.array([ci for ci, _ in p.y_index])
+    class_layouts = [(len(c.ids), np.flatnonzero(layout_class == ci)) for ci, c in enumerate(inv.classes)]
+    kind_row = {k: i for i, k in enumerate(p.kinds)}
     by_model: dict[int, list[int]] = defaultdict(list)
     for j, c in enumerate(cands):
         by_model[c.model].append(j)
@@ -468,11 +473,8 @@ def _lagrangian_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Can
     kind_of = [kind_row[(c.cls, c.slice)] for c in cands]
 
     def evaluate(pi: np.ndarray) -> tuple[float, list[tuple[int, dict[int, int]]]]:
-        value = 0.0
-        for ci, c in enumerate(inv.classes):
-            reduced = min(inv.weight(c) - sum(pi[kind_row[(ci, k)]] * n for k, n in lo.counts if (ci, k) in kind_row)
-                          for lo in layout_options(c, opts))
-            value += min(0.0, reduced) * len(c.ids)
+        reduced = layout_cost + layouts[n_cls:].T @ pi  # w_c - pi . n_L per layout
+        value = sum(min(0.0, float(reduced[cols].min())) * n for n, cols in class_layouts if len(cols))
         covers = []
         for mi in models:
             v, counts = _cheapest_cover([(pi[kind_of[j]] * cands[j].share, cap[j], j) for j in by_model[mi]],
@@ -493,30 +495,24 @@ def _lagrangian_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Can
         return True
 
     def master() -> tuple[float, np.ndarray] | None:
-        rows, cols, vals = [], [], []
-        for yi, (ci, lo) in enumerate(y_index):
-            rows.append(ci), cols.append(yi), vals.append(1.0)
-            for k, n in lo.counts:
-                if (ci, k) in kind_row:
-                    rows.append(n_cls + kind_row[(ci, k)]), cols.append(yi), vals.append(-float(n))
-        e_rows, e_cols = [], []
+        rows, cols, vals, e_rows = [], [], [], []
         model_row = {mi: r for r, mi in enumerate(models)}
         for q, (mi, counts) in enumerate(columns):
-            col = len(y_index) + q
             for j, k in counts.items():
-                rows.append(n_cls + kind_of[j]), cols.append(col), vals.append(cands[j].share * k)
-            e_rows.append(model_row[mi]), e_cols.append(col)
-        n = len(y_index) + len(columns)
-        cost = np.r_[[inv.weight(inv.classes[ci]) for ci, _ in y_index], np.zeros(len(columns))]
-        res = linprog(cost, A_ub=coo_matrix((vals, (rows, cols)), shape=(n_cls + len(kinds), n)).tocsr(),
-                      b_ub=np.r_[[float(len(c.ids)) for c in inv.classes], np.zeros(len(kinds))],
-                      A_eq=coo_matrix((np.ones(len(e_rows)), (e_rows, e_cols)), shape=(len(models), n)).tocsr(),
+                rows.append(n_cls + kind_of[j]), cols.append(q), vals.append(cands[j].share * k)
+            e_rows.append(model_row[mi])
+        n = len(p.y_index) + len(columns)
+        sets = coo_matrix((vals, (rows, cols)), shape=(n_cls + n_kinds, len(columns)))
+        res = linprog(np.r_[layout_cost, np.zeros(len(columns))], A_ub=hstack([layouts, sets]).tocsr(),
+                      b_ub=np.r_[p.hi[:n_cls], np.zeros(n_kinds)],
+                      A_eq=coo_matrix((np.ones(len(e_rows)), (e_rows, len(p.y_index) + np.arange(len(columns)))),
+                                      shape=(len(models), n)).tocsr(),
                       b_eq=np.ones(len(models)), bounds=(0, None), method="highs")
         if res.status != 0:
             return None
         return float(res.fun), np.maximum(0.0, -res.ineqlin.marginals[n_cls:])
 
-    best, covers = evaluate(np.maximum(0.0, duals[n_cls:n_cls + len(kinds)]))
+    best, covers = evaluate(np.maximum(0.0, duals[n_cls:n_cls + n_kinds]))
     for j, c in enumerate(cands):  # one column per candidate alone, so the master is feasible
         add(c.model, {j: math.ceil(demands[c.model].required / cap[j] - 1e-9)} if cap[j] > 0 else {})
     for mi, counts in covers:
@@ -539,26 +535,26 @@ def _lagrangian_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Can
 # --------------------------------------------------------------------------- entry point
 
 
-MILP_CHUNK = 150  # larger fleets are solved as a sequence of MILPs of about 100 models
+MILP_CHUNK = 150  # fleets with more models are solved as a sequence of MILPs ...
+CHUNK_MODELS = 100  # ... of about this many models each
 
 
 def _chunked_milp(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventory, opts: Options,
                   time_limit: float, clock: Callable[[], float] = time.perf_counter) -> tuple[GpuPlan, ...]:
-    """Large fleets: models interleaved by size into chunks of about 100, each solved as a MILP
+    """Large fleets: models interleaved by size into chunks of about :data:`CHUNK_MODELS`, each solved as a MILP
     on the GPUs the earlier chunks left (each chunk rounds up at most a GPU or so). Each chunk
     keeps the better of its MILP and greedy plans (the MILP's share of the time may be short)."""
     from placement.greedy import greedy_gpus  # noqa: PLC0415
 
     order = sorted(range(len(demands)), key=lambda i: -demands[i].required)
-    n = math.ceil(len(demands) / 100)
+    n = math.ceil(len(demands) / CHUNK_MODELS)
     chunks = [[demands[i] for i in order[k::n]] for k in range(n)]
     used: set[str] = set()
     out: list[GpuPlan] = []
     for chunk in chunks:
-        left = Inventory(tuple(
-            GpuClass(c.gpu, tuple(i for i in c.ids if i not in used), c.cost_per_hour, c.mig, c.mps)
-            for c in inv.classes), inv.objective)
-        left = Inventory(tuple(c for c in left.classes if c.ids), inv.objective)
+        free = ((c, tuple(i for i in c.ids if i not in used)) for c in inv.classes)
+        left = Inventory(tuple(GpuClass(c.gpu, ids, c.cost_per_hour, c.mig, c.mps) for c, ids in free if ids),
+                         inv.objective)
         cands = candidates(chunk, profiles, left, opts)
         gpus = greedy_gpus(chunk, left, cands, opts)
         try:
