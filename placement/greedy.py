@@ -83,6 +83,11 @@ def greedy_gpus(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
     def efficiency(c: Candidate) -> float:
         return c.cap.rate / weight(c)
 
+    def most_efficient(cs: list[Candidate]) -> Candidate:
+        """Within 2% of the best capacity per unit of GPU cost, the most accurate."""
+        top = max(efficiency(c) for c in cs)
+        return max((c for c in cs if efficiency(c) >= 0.98 * top), key=lambda c: (c.accuracy, efficiency(c)))
+
     order = sorted(range(len(demands)), key=lambda i: (demands[i].priority != "guaranteed", -demands[i].required))
     left = {mi: demands[mi].required for mi in order}
     # phase 1, bulk: whole replicas of each model's most efficient candidate
@@ -91,8 +96,7 @@ def greedy_gpus(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
             usable = [c for c in by_model[mi] if budget[c.cls] > 0 or free[(c.cls, c.slice)]]
             if not usable:
                 break
-            top = max(efficiency(c) for c in usable)
-            c = max((c for c in usable if efficiency(c) >= 0.98 * top), key=lambda c: (c.accuracy, efficiency(c)))
+            c = most_efficient(usable)
             if c.cap.rate > left[mi]:
                 break
             s = fitting(c) or open_gpu(c)
@@ -115,15 +119,12 @@ def greedy_gpus(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
                 c, s = min(covering, key=lambda t: (weight(t[0]), -t[0].accuracy))
             elif good:
                 c, s = max(good, key=lambda t: (t[0].cap.rate, t[0].accuracy))
+            elif not fresh:
+                c, s = max(fits, key=lambda t: (t[0].cap.rate, t[0].accuracy))
             else:
-                if not fresh:
-                    c, s = max(fits, key=lambda t: (t[0].cap.rate, t[0].accuracy))
-                else:
-                    cover = [c for c in fresh if c.cap.rate >= r]
-                    c = (min(cover, key=lambda c: (weight(c), -c.accuracy)) if cover else
-                         max((c for c in fresh if efficiency(c) >= 0.98 * top),
-                             key=lambda c: (c.accuracy, efficiency(c))))
-                    s = open_gpu(c)
+                cover = [c for c in fresh if c.cap.rate >= r]
+                c = min(cover, key=lambda c: (weight(c), -c.accuracy)) if cover else most_efficient(fresh)
+                s = open_gpu(c)
             place(c, s)
             r -= c.cap.rate
     out = []
