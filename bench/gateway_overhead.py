@@ -27,7 +27,7 @@ import numpy as np
 import yaml
 from tritonclient.grpc import service_pb2 as pb
 
-from deploy.process import stop_group, wait_http_ready
+from deploy.process import start_serve, stop_group
 from deploy.repository import ModelConfig, TensorSpec, write_model
 from deploy.triton import TritonServer, free_port
 from profiles.profile import LatencyPoint, Profile, Provenance, save_profiles
@@ -131,20 +131,9 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def start_gateway(cfg_path: Path, http_port: int, profile_out: Path | None) -> subprocess.Popen:
-    cmd = [sys.executable]
-    if profile_out is not None:
-        cmd += ["-m", "pyinstrument", "-r", "text", "-o", str(profile_out)]
-    cmd += ["-m", "deploy.cli", "serve", "--config", str(cfg_path), "--log-level", "WARNING"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    why = wait_http_ready(f"127.0.0.1:{http_port}", proc, 60)
-    if why is not None:
-        stop_group(proc)
-        raise RuntimeError(f"gateway {why}: {proc.stderr.read().decode() if proc.stderr else ''}")
-    return proc
-
-
-def stop_gateway(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    stop_group(proc, sig)
+    """``headrace serve`` on ``cfg_path``, under pyinstrument writing ``profile_out`` if given."""
+    prefix = ["-m", "pyinstrument", "-r", "text", "-o", str(profile_out)] if profile_out else []
+    return start_serve(cfg_path, f"127.0.0.1:{http_port}", cfg_path.with_suffix(".log"), prefix=prefix)
 
 
 def run(requests: int, rounds: int, profile: bool) -> dict:
@@ -195,7 +184,7 @@ def run(requests: int, rounds: int, profile: bool) -> dict:
                 t.close()
         finally:
             for p in procs:
-                stop_gateway(p)
+                stop_group(p)
         hot_path = ""
         if profile:
             prof = work / "profile.txt"
@@ -206,7 +195,7 @@ def run(requests: int, rounds: int, profile: bool) -> dict:
                     measure(t, requests * 2)
                     t.close()
             finally:
-                stop_gateway(gw, signal.SIGINT)
+                stop_group(gw, signal.SIGINT)
             hot_path = prof.read_text() if prof.exists() else "(pyinstrument wrote no profile)"
     out: dict = {"requests_per_round": requests, "rounds": rounds, "machine": platform.node(),
                  "cpus": os.cpu_count(), "rows": []}

@@ -31,7 +31,8 @@ from typing import Any
 
 import yaml
 
-from bench.gateway_overhead import start_gateway, stop_gateway
+from bench.gateway_overhead import start_gateway
+from deploy.process import stop_group
 from deploy.repository import DynamicBatching
 from deploy.triton import TritonServer, free_port
 from loadgen.run import run_load
@@ -171,7 +172,7 @@ async def run(duration: float, warmup: float, quick: bool) -> dict[str, Any]:
                               f"rejected {r['rejected']}", flush=True)
                         r["idle_wait_s"] = await wait_idle(triton.http_url)
         finally:
-            stop_gateway(gw)
+            stop_group(gw)
     out["load_average"] = os.getloadavg()
     out["verdict"] = verdict(out["points"])
     return out

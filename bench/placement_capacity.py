@@ -50,7 +50,8 @@ def measure(plan: Plan, ps: ProfileSet, duration: float, seed: int = 0, fraction
     through the gateway or (one replica only) straight to Triton's own dynamic batcher."""
     import yaml
 
-    from bench.gateway_overhead import start_gateway, stop_gateway
+    from bench.gateway_overhead import start_gateway
+    from deploy.process import stop_group
     from deploy.triton import free_port
     from loadgen.run import run_load_sync
     from loadgen.spec import LoadSpec
@@ -73,7 +74,7 @@ def measure(plan: Plan, ps: ProfileSet, duration: float, seed: int = 0, fraction
             res = run_load_sync(LoadSpec(target=f"grpc://127.0.0.1:{gp}", model="resnet50", rate=predicted * fraction,
                                          duration_s=duration, warmup_s=3.0, slo_ms=SLO * 1e3, seed=seed))
         finally:
-            stop_gateway(gw)
+            stop_group(gw)
     return _row(res.summary, predicted, fraction)
 
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +24,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from deploy.process import stop_group, wait_http_ready
+from deploy.process import start_serve, stop_group
 from deploy.triton import free_port
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "placement" / "examples"
@@ -43,17 +41,12 @@ def serving(cfg: dict, workdir: Path) -> Iterator[tuple[str, str]]:
     """``headrace serve`` on ``cfg`` as its own process group; yields (http, grpc) addresses."""
     cfg_path = workdir / f"gateway-{len(list(workdir.glob('gateway-*.yaml')))}.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    log_path = cfg_path.with_suffix(".log")
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "deploy.cli", "serve", "--config", str(cfg_path), "--log-level", "WARNING"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+    http = f"127.0.0.1:{cfg['listen']['http_port']}"
     try:
-        http = f"127.0.0.1:{cfg['listen']['http_port']}"
-        why = wait_http_ready(http, proc, 60)
-        if why is not None:
-            raise DemoError(f"the gateway {why}; gateway log:\n{log_path.read_text(errors='replace')[-4000:]}")
+        proc = start_serve(cfg_path, http, cfg_path.with_suffix(".log"))
+    except RuntimeError as e:
+        raise DemoError(str(e)) from None
+    try:
         yield http, f"127.0.0.1:{cfg['listen']['grpc_port']}"
     finally:
         stop_group(proc)
