@@ -43,7 +43,6 @@ ARRIVAL_QUANTILE = 0.999  # of the Poisson count of arrivals during one batch
 class Capacity:
     rate: float  # requests per second at the SLO
     batch: int  # the steady-state batch size reaching it
-    batch_latency: float  # seconds, predicted for one batch of ``batch`` at this share
     max_batch: int  # the replica's max batch: bursts drain in batches up to this size
 
 
@@ -95,7 +94,7 @@ class _Table:
         for _, b in pts:
             t = batch_latency(profile, b, share)
             if not best or b / t > best[-1].rate:
-                best.append(Capacity(b / t, b, t, top))
+                best.append(Capacity(b / t, b, top))
             else:
                 best.append(best[-1])
         return cls(tuple(w for w, _ in pts), tuple(best))
