@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -136,6 +137,21 @@ def start_gateway(cfg_path: Path, http_port: int, profile_out: Path | None) -> s
     return start_serve(cfg_path, f"127.0.0.1:{http_port}", cfg_path.with_suffix(".log"), prefix=prefix)
 
 
+def start_relay(port: int, target: str) -> subprocess.Popen:
+    """``bench.relay`` in its own process group, listening once this returns."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench.relay", str(port), target],
+                            start_new_session=True, cwd=Path(__file__).parent.parent)
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    stop_group(proc)
+    raise RuntimeError(f"bench.relay on port {port} did not start")
+
+
 def run(requests: int, rounds: int, profile: bool) -> dict:
     work = Path(tempfile.mkdtemp(prefix="hr-bench-overhead-"))
     repo = work / "repo"
@@ -162,21 +178,26 @@ def run(requests: int, rounds: int, profile: bool) -> dict:
         try:
             for hp, _, path in gateways.values():
                 procs.append(start_gateway(path, hp, None))
+            relays = {proto: free_port() for proto in ("http", "grpc")}
+            for proto, port in relays.items():
+                procs.append(start_relay(port, triton.http_url if proto == "http" else triton.grpc_url))
             targets: dict = {}
             for proto in ("http", "grpc"):
                 make = HttpTarget if proto == "http" else GrpcTarget
                 targets[(proto, "triton")] = make(triton.http_url if proto == "http" else triton.grpc_url, "echo")
                 for backend, (hp, gp, _) in gateways.items():
                     targets[(proto, f"gateway/{backend}")] = make(f"127.0.0.1:{hp if proto == 'http' else gp}", "echo")
+                targets[(proto, "relay")] = make(f"127.0.0.1:{relays[proto]}", "echo")
             samples: dict = {k: [] for k in targets}
             for fn in targets.values():
                 measure(fn, 50)  # warm up connections and code paths
-            pids = {b: p.pid for b, p in zip(gateways, procs, strict=True)}
+            pids = {b: p.pid for b, p in zip(gateways, procs, strict=False)}
+            relay_pids = {proto: p.pid for proto, p in zip(relays, procs[len(gateways):], strict=True)}
             cpu: dict = {k: 0.0 for k in targets}
             for r in range(rounds):
                 order = list(targets) if r % 2 == 0 else list(reversed(targets))
                 for k in order:
-                    pid = pids.get(k[1].removeprefix("gateway/"))
+                    pid = relay_pids[k[0]] if k[1] == "relay" else pids.get(k[1].removeprefix("gateway/"))
                     c0 = cpu_seconds(pid) if pid else 0.0
                     samples[k] += measure(targets[k], requests)
                     cpu[k] += (cpu_seconds(pid) - c0) if pid else 0.0
@@ -201,13 +222,14 @@ def run(requests: int, rounds: int, profile: bool) -> dict:
                  "cpus": os.cpu_count(), "rows": []}
     for proto in ("http", "grpc"):
         d = samples[(proto, "triton")]
-        for backend in BACKENDS:
-            g = samples[(proto, f"gateway/{backend}")]
+        for system in (*(f"gateway/{b}" for b in BACKENDS), "relay"):
+            g = samples[(proto, system)]
+            backend = system.removeprefix("gateway/")
             row = {"client": proto, "backend": backend,
                    "direct_p50_ms": pct(d, 50), "direct_p99_ms": pct(d, 99),
                    "gateway_p50_ms": pct(g, 50), "gateway_p99_ms": pct(g, 99)}
             # CPU the gateway process burns per request: robust to a busy machine, unlike latency
-            row["gateway_cpu_us_per_request"] = cpu[(proto, f"gateway/{backend}")] / len(g) * 1e6
+            row["gateway_cpu_us_per_request"] = cpu[(proto, system)] / len(g) * 1e6
             row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
             row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
             row["meets_limit"] = (row["added_p50_ms"] <= TARGETS["p50"][0]
@@ -229,12 +251,16 @@ def markdown(res: dict) -> str:
         f"system; echo model (FP32 1x16) on CPU Triton; {res['cpus']} CPUs shared with other work.",
         "Command: `.venv/bin/python -m bench.gateway_overhead --profile`",
         "",
+        "The `relay` rows are the floor: a bare TCP relay process (`bench.relay`, uvloop, parses nothing) "
+        "between the same client and Triton. What it adds is what any extra process in the path costs here.",
+        "",
         "| client protocol | gateway -> Triton | Triton p50 ms | gateway p50 ms | added p50 ms | Triton p99 ms | gateway p99 ms | added p99 ms | limit 0.5/1.5 | goal 0.3/1.0 | gateway CPU µs/request |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res["rows"]:
+        floor = r["backend"] == "relay"
         lines.append(
-            f"| {r['client']} | {r['backend']} | {r['direct_p50_ms']:.3f} | {r['gateway_p50_ms']:.3f} | **{r['added_p50_ms']:.3f}** | "
+            f"| {r['client']} | {'relay (floor)' if floor else r['backend']} | {r['direct_p50_ms']:.3f} | {r['gateway_p50_ms']:.3f} | **{r['added_p50_ms']:.3f}** | "
             f"{r['direct_p99_ms']:.3f} | {r['gateway_p99_ms']:.3f} | **{r['added_p99_ms']:.3f}** | "
             f"{'yes' if r['meets_limit'] else 'NO'} | {'yes' if r['meets_goal'] else 'no'} | "
             f"{r['gateway_cpu_us_per_request']:.0f} |"
