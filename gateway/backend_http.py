@@ -137,8 +137,11 @@ class TritonHttpReplica:
         loop = asyncio.get_running_loop()
         timer, conn = None, None
         try:
-            async with asyncio.timeout(timeout):  # None: no limit
-                conn = await self._conn()
+            if self._idle and not self._idle[-1].closed:
+                conn = self._idle.pop()  # the hot path: no connect, nothing to time out
+            else:
+                async with asyncio.timeout(timeout):  # None: no limit
+                    conn = await self._conn()
             if timeout is not None:
                 timer = loop.call_later(timeout, conn.timed_out)
             status, hdrs, data = await conn.request([head, *parts])

@@ -241,8 +241,11 @@ class Driver:
             r.healthy for r in self.replicas.values() if r.model == name
         )
 
-    async def infer(self, name: str, inp: InferInput, slo_header: str | None = None) -> InferResult:
-        """Admit, queue and run one request; raises a :class:`GatewayError` when it cannot."""
+    async def infer(self, name: str, inp: InferInput, slo_header: str | None = None,
+                    received: float | None = None) -> InferResult:
+        """Admit, queue and run one request; raises a :class:`GatewayError` when it cannot.
+        ``received`` is when the front door read it (default: now); its deadline counts from
+        then, so time spent waiting to be parsed is not given away."""
         m = self.model(name)
         if self.draining:
             raise Unavailable("gateway is draining")
@@ -250,9 +253,10 @@ class Driver:
             raise Unavailable(f"model '{name}' is not ready")
         rows = validate(m.info.signature, name, inp)
         now = self.clock()
+        arrival = now if received is None else min(received, now)
         served = m.served
         req = Request(
-            next(self._ids), name, now, deadline_of(inp, slo_header, served.slo, now, served.margin),
+            next(self._ids), name, arrival, deadline_of(inp, slo_header, served.slo, arrival, served.margin),
             priority_of(inp, served.priority), rows,
         )
         reject = self.core.submit(req, now)
@@ -261,7 +265,10 @@ class Driver:
             raise Rejected(reject.message or f"request rejected: {reject.reason}", reject.reason, reject.retry_after)
         fut = self._loop.create_future()  # type: ignore[union-attr]
         self._pending[req.id] = _Pending(req, inp, fut)
-        self._poll_soon()
+        if not self._poll_scheduled and self._queued is not None and self._queued() == 1:
+            self._poll()  # a lone arrival: dispatch it now rather than one loop turn later
+        else:
+            self._poll_soon()
         return await fut
 
     # ------------------------------------------------------------------ the loop
@@ -328,52 +335,65 @@ class Driver:
         live = [p for p in entries if p is not None]
         rep.inflight += 1
         self.metrics.of(self.metrics.inflight, model, rep.id).set(rep.inflight)
-        now = self.clock()
-        queue = self.metrics.of(self.metrics.queue, model)
-        for p in live:
-            queue.observe(now - p.request.arrival)
-        self.metrics.of(self.metrics.batch_size, model, b.variant).observe(b.rows)
-        sent = now
+        sent = self.clock()
         try:
             results = await self._send(rep, b, live)
         except Exception as e:  # noqa: BLE001  (every failure is answered below)
             rep.inflight -= 1
             self.metrics.of(self.metrics.inflight, model, rep.id).set(rep.inflight)
+            self._record_dispatch(b, live, sent)
             self._on_failure(rep, b, live, e)
             return
         rep.inflight -= 1
-        self.metrics.of(self.metrics.inflight, model, rep.id).set(rep.inflight)
         now = self.clock()
-        self.metrics.of(self.metrics.batch_duration, model, b.variant).observe(now - sent)
-        planned = b.predicted_finish - b.dispatched
-        if now - sent > 2 * planned + 0.05:
-            log.warning("slow batch on %s: %d rows took %.1f ms (planned %.1f ms)",
-                        rep.id, b.rows, (now - sent) * 1e3, planned * 1e3)
-        self.metrics.of(self.metrics.batch_late, model, b.variant).observe(max(0.0, now - b.predicted_finish))
         try:
             self.core.on_complete(b, now)
         except Exception:
             log.exception("policy core failed in on_complete")
         # deadline met or missed against the request's whole SLO budget, not the planned part
         keep = 1.0 - self.models[model].served.margin
-        latency = self.metrics.of(self.metrics.latency, model)
-        n_met = 0
+        met = []
         for p, outs in zip(live, results, strict=True):
             self._pending.pop(p.request.id, None)
             r = p.request
-            met = now <= r.arrival + (r.deadline - r.arrival) / keep
-            n_met += met
-            latency.observe(now - r.arrival)
+            met.append(ok := now <= r.arrival + (r.deadline - r.arrival) / keep)
             if not p.future.done():
-                p.future.set_result(InferResult(outs, b.variant, b.replica, met))
-        if n_met:
-            self.metrics.of(self.metrics.goodput, model).inc(n_met)
-        if len(live) > n_met:
-            self.metrics.of(self.metrics.missed, model).inc(len(live) - n_met)
-        self.metrics.of(self.metrics.by_variant, model, b.variant).inc(len(live))
+                p.future.set_result(InferResult(outs, b.variant, b.replica, ok))
         # with nothing queued a poll cannot dispatch or reject anything: skip it (hot path)
         if self._queued is None or self._queued():
             self._poll()
+        await asyncio.sleep(0)  # the answers go out first; the bookkeeping below is off their path
+        self._record(rep, b, live, met, sent, now)
+
+    def _record(self, rep: _Replica, b: Batch, live: list[_Pending], met: list[bool], sent: float,
+                now: float) -> None:
+        """A finished batch's metrics."""
+        self._record_dispatch(b, live, sent)
+        model = b.requests[0].model
+        m = self.metrics
+        m.of(m.inflight, model, rep.id).set(rep.inflight)
+        m.of(m.batch_duration, model, b.variant).observe(now - sent)
+        planned = b.predicted_finish - b.dispatched
+        if now - sent > 2 * planned + 0.05:
+            log.warning("slow batch on %s: %d rows took %.1f ms (planned %.1f ms)",
+                        rep.id, b.rows, (now - sent) * 1e3, planned * 1e3)
+        m.of(m.batch_late, model, b.variant).observe(max(0.0, now - b.predicted_finish))
+        latency = m.of(m.latency, model)
+        for p in live:
+            latency.observe(now - p.request.arrival)
+        n_met = sum(met)
+        if n_met:
+            m.of(m.goodput, model).inc(n_met)
+        if len(live) > n_met:
+            m.of(m.missed, model).inc(len(live) - n_met)
+        m.of(m.by_variant, model, b.variant).inc(len(live))
+
+    def _record_dispatch(self, b: Batch, live: list[_Pending], sent: float) -> None:
+        model = b.requests[0].model
+        queue = self.metrics.of(self.metrics.queue, model)
+        for p in live:
+            queue.observe(sent - p.request.arrival)
+        self.metrics.of(self.metrics.batch_size, model, b.variant).observe(b.rows)
 
     async def _send(self, rep: _Replica, b: Batch, live: list[_Pending]) -> list[list[Tensor]]:
         """One Triton request per group of requests whose non-batch shapes agree."""
