@@ -47,7 +47,7 @@ class Gateway:
         )
         self.info = ServerInfo([m.name for m in models], clock=clock)
         self._http = HttpServer(HttpFrontDoor(self.driver, self.info, cfg.max_message_bytes),
-                                cfg.max_message_bytes)
+                                cfg.max_message_bytes, clock)
         self._grpc: grpc.aio.Server | None = None
         self.http_port = 0
         self.grpc_port = 0

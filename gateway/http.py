@@ -137,7 +137,7 @@ class HttpFrontDoor:
         inp = parse_http_infer(decoded_body(req, self.max_body), req.headers.get(HEADER_LEN))
         start = info.clock()
         try:
-            res = await driver.infer(name, inp, req.headers.get(SLO_HEADER))
+            res = await driver.infer(name, inp, req.headers.get(SLO_HEADER), req.received or None)
         except GatewayError:
             info.record(name, start, ok=False)
             raise

@@ -13,6 +13,11 @@ request order on a connection (pipelining), 400 on a malformed request and 413 o
 past ``max_body`` (read to its end first, so the client sees the answer, then the
 connection closes). Bodies are given to the handler as received: Content-Encoding is the
 handler's business (it knows its own size limit).
+
+Each request carries ``received``: when the loop turn that read its first bytes began
+reading. A burst of requests read in one turn all keep that time, so a request that waited
+in its socket while the ones before it were parsed does not lose that wait from its
+deadline.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -43,6 +49,7 @@ class HttpRequest:
     path: str  # without the query string, not yet percent-decoded
     headers: dict[str, str]  # names lower-cased
     body: bytes
+    received: float = 0.0  # server clock when its first bytes were read (see the module doc)
 
 
 @dataclass(slots=True)
@@ -87,6 +94,7 @@ class _Message:
     body: list[bytes] = field(default_factory=list)
     size: int = 0
     too_large: bool = False
+    received: float = 0.0
 
 
 class _Connection(asyncio.Protocol):
@@ -100,6 +108,7 @@ class _Connection(asyncio.Protocol):
         self.closing = False
         self.paused = False
         self.broken = False  # the parser failed: nothing after that point is a request
+        self.read_at = 0.0  # server.read_time() of the latest read
 
     # ---- transport events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -113,6 +122,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.broken:
             return
+        self.read_at = self.server.read_time()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -122,7 +132,7 @@ class _Connection(asyncio.Protocol):
 
     # ---- parser callbacks
     def on_message_begin(self) -> None:
-        self.msg = _Message()
+        self.msg = _Message(received=self.read_at)
 
     def on_url(self, url: bytes) -> None:
         self.msg.url += url
@@ -157,8 +167,8 @@ class _Connection(asyncio.Protocol):
             return
         path = bytes(m.url).split(b"?", 1)[0].decode("latin-1")
         body = m.body[0] if len(m.body) == 1 else b"".join(m.body)
-        self._enqueue(_Pending(HttpRequest(p.get_method().decode("latin-1"), path, m.headers, body),
-                               keep_alive))
+        self._enqueue(_Pending(HttpRequest(p.get_method().decode("latin-1"), path, m.headers, body,
+                                           m.received), keep_alive))
 
     # ---- answering, in request order
     def _enqueue(self, pending: _Pending) -> None:
@@ -228,13 +238,26 @@ class _Connection(asyncio.Protocol):
 class HttpServer:
     """``await start(host, port)`` -> bound port; ``await stop()`` finishes what it accepted."""
 
-    def __init__(self, handler: Handler, max_body: int) -> None:
+    def __init__(self, handler: Handler, max_body: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.handler = handler
         self.max_body = max_body
+        self.clock = clock
+        self._read_at: float | None = None
         self.stopping = False
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[_Connection] = set()
         self._tasks: set[asyncio.Task] = set()
+
+    def read_time(self) -> float:
+        """When this loop turn began reading sockets (the first read of the turn stamps it)."""
+        if self._read_at is None:
+            self._read_at = self.clock()
+            asyncio.get_running_loop().call_soon(self._turn_ended)
+        return self._read_at
+
+    def _turn_ended(self) -> None:
+        self._read_at = None
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()

@@ -138,6 +138,23 @@ def test_infeasible_request_is_rejected_at_once_with_retry_after():
     run(main())
 
 
+def test_deadline_counts_from_when_the_front_door_read_the_request():
+    async def main() -> None:
+        clock = Clock()
+        d, (fake,) = make_driver(clock)  # SLO 1 s; a batch takes 10 ms
+        await d.start()
+        with pytest.raises(Rejected):  # read 995 ms ago: 5 ms are left, too few
+            await d.infer("m", request([1, 2]), received=clock.now - 0.995)
+        served = asyncio.create_task(d.infer("m", request([1, 2]), received=clock.now - 0.5))
+        await settle()
+        assert fake.calls == [("v", 1)]
+        fake.release()
+        assert (await served).met_deadline
+        await d.stop()
+
+    run(main())
+
+
 def test_unavailable_replica_fails_over_and_is_marked_unhealthy():
     async def main() -> None:
         d, (a, b) = make_driver(Clock(), n_replicas=2)

@@ -123,3 +123,33 @@ def test_stop_answers_a_handler_that_outlives_the_timeout_with_503() -> None:
 
     (status, doc), = answers(stop_during(stuck, "/x", timeout=0.05))
     assert status == 503 and "shutting down" in doc["error"]
+
+
+def test_requests_read_in_one_loop_turn_share_their_received_time() -> None:
+    """A burst read in one turn keeps the turn's start as its arrival: the later requests of
+    the burst do not lose the time spent parsing the earlier ones."""
+    ticks = iter(range(1, 1000))
+    seen: list[float] = []
+
+    async def record(req: HttpRequest) -> HttpResponse:
+        seen.append(req.received)
+        return HttpResponse(200, b"{}", "application/json")
+
+    async def main() -> None:
+        server = HttpServer(record, 1 << 20, clock=lambda: float(next(ticks)))
+        port = await server.start("127.0.0.1", 0)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n" * 3)  # one segment, one read
+            for _ in range(3):
+                await asyncio.wait_for(reader.readuntil(b"{}"), 5)
+            writer.write(b"GET /b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            await asyncio.wait_for(reader.read(-1), 5)
+            writer.close()
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+    assert len(seen) == 4
+    assert seen[0] == seen[1] == seen[2]  # the burst: one clock read for the turn
+    assert seen[3] > seen[0]  # a later turn reads the clock again
