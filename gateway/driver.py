@@ -262,6 +262,7 @@ class Driver:
         reject = self.core.submit(req, now)
         if reject is not None:
             self.metrics.of(self.metrics.rejections, name, reject.reason).inc()
+            self.metrics.of(self.metrics.refusal_wait, name).observe(now - arrival)
             raise Rejected(reject.message or f"request rejected: {reject.reason}", reject.reason, reject.retry_after)
         fut = self._loop.create_future()  # type: ignore[union-attr]
         self._pending[req.id] = _Pending(req, inp, fut)

@@ -16,6 +16,7 @@ LATENCY_BUCKETS = (
     0.75, 1.0, 2.0, 5.0, 10.0,
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256)
+REFUSAL_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1)
 
 
 class GatewayMetrics:
@@ -51,6 +52,10 @@ class GatewayMetrics:
         self.rejections = Counter(
             "headrace_rejections", "Requests answered early without running (429/RESOURCE_EXHAUSTED)",
             ["model", "reason"], registry=r)
+        self.refusal_wait = Histogram(
+            "headrace_refusal_wait_seconds", "Time from reading a request to refusing it at arrival "
+            "(admission): how long a client waits for a 429 inside the gateway", ["model"],
+            buckets=REFUSAL_BUCKETS, registry=r)
         self.failures = Counter(
             "headrace_failures", "Requests answered with an error after admission (backend failure)",
             ["model"], registry=r)

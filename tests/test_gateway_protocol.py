@@ -291,3 +291,5 @@ def test_infeasible_slo_header_is_resource_exhausted_over_grpc(gateway):
     text = conn.getresponse().read().decode()
     conn.close()
     assert 'headrace_rejections_total{model="affine",reason="infeasible"}' in text
+    refused = [ln for ln in text.splitlines() if ln.startswith('headrace_refusal_wait_seconds_count{model="affine"}')]
+    assert refused and float(refused[0].rsplit(" ", 1)[1]) >= 2  # both refusals above were timed
