@@ -43,6 +43,28 @@ _REASONS = {
 _MAX_PIPELINED = 64  # requests queued on one connection before it stops reading
 
 
+class TurnClock:
+    """``clock()`` read once per event-loop turn: the first call of a turn stamps it and every
+    later call in that turn returns the same time. Called first thing on each socket read, it
+    gives everything read in one turn the time the turn began reading, so work done on earlier
+    reads of the turn is not charged to later ones."""
+
+    __slots__ = ("clock", "_at")
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self._at: float | None = None
+
+    def __call__(self) -> float:
+        if self._at is None:
+            self._at = self.clock()
+            asyncio.get_running_loop().call_soon(self._turn_ended)
+        return self._at
+
+    def _turn_ended(self) -> None:
+        self._at = None
+
+
 @dataclass(slots=True)
 class HttpRequest:
     method: str
@@ -242,22 +264,11 @@ class HttpServer:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.handler = handler
         self.max_body = max_body
-        self.clock = clock
-        self._read_at: float | None = None
+        self.read_time = TurnClock(clock)
         self.stopping = False
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[_Connection] = set()
         self._tasks: set[asyncio.Task] = set()
-
-    def read_time(self) -> float:
-        """When this loop turn began reading sockets (the first read of the turn stamps it)."""
-        if self._read_at is None:
-            self._read_at = self.clock()
-            asyncio.get_running_loop().call_soon(self._turn_ended)
-        return self._read_at
-
-    def _turn_ended(self) -> None:
-        self._read_at = None
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gateway.httpserver import HttpRequest, HttpResponse, HttpServer
+from gateway.httpserver import HttpRequest, HttpResponse, HttpServer, TurnClock
 
 
 async def echo(req: HttpRequest) -> HttpResponse:
@@ -153,3 +153,15 @@ def test_requests_read_in_one_loop_turn_share_their_received_time() -> None:
     assert len(seen) == 4
     assert seen[0] == seen[1] == seen[2]  # the burst: one clock read for the turn
     assert seen[3] > seen[0]  # a later turn reads the clock again
+
+
+def test_turn_clock_reads_the_clock_once_per_loop_turn() -> None:
+    reads = iter(range(1, 100))
+    turn = TurnClock(lambda: float(next(reads)))
+
+    async def main() -> list[float]:
+        first = [turn(), turn(), turn()]
+        await asyncio.sleep(0)  # the next turn
+        return [*first, turn(), turn()]
+
+    assert asyncio.run(main()) == [1.0, 1.0, 1.0, 2.0, 2.0]
