@@ -243,9 +243,15 @@ class Driver:
 
     async def infer(self, name: str, inp: InferInput, slo_header: str | None = None,
                     received: float | None = None) -> InferResult:
-        """Admit, queue and run one request; raises a :class:`GatewayError` when it cannot.
-        ``received`` is when the front door read it (default: now); its deadline counts from
-        then, so time spent waiting to be parsed is not given away."""
+        """Admit, queue and run one request; raises a :class:`GatewayError` when it cannot."""
+        return await self.submit(name, inp, slo_header, received)
+
+    def submit(self, name: str, inp: InferInput, slo_header: str | None = None,
+               received: float | None = None) -> asyncio.Future[InferResult]:
+        """Admit and queue one request, without awaiting: a refusal raises here and now
+        (:class:`GatewayError`), else the future answers it. ``received`` is when the front
+        door read it (default: now); its deadline counts from then, so time spent waiting to
+        be parsed is not given away."""
         m = self.model(name)
         if self.draining:
             raise Unavailable("gateway is draining")
@@ -270,7 +276,7 @@ class Driver:
             self._poll()  # a lone arrival: dispatch it now rather than one loop turn later
         else:
             self._poll_soon()
-        return await fut
+        return fut
 
     # ------------------------------------------------------------------ the loop
 

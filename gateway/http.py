@@ -8,16 +8,17 @@ the handler edge, and only here. Rejections carry ``Retry-After`` and the reject
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from urllib.parse import unquote
 
 from google.protobuf import json_format
 
-from gateway.codec import encode_http_response, parse_http_infer
-from gateway.driver import SLO_HEADER, Driver
+from gateway.codec import InferInput, encode_http_response, parse_http_infer
+from gateway.driver import SLO_HEADER, Driver, InferResult
 from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected
 from gateway.httpserver import HttpRequest, HttpResponse, error_response
 from gateway.stats import ServerInfo, model_config_dict, model_metadata_dict
@@ -61,16 +62,15 @@ class HttpFrontDoor:
         self.info = info
         self.max_body = max_body_bytes
 
-    async def __call__(self, req: HttpRequest) -> HttpResponse:
+    def __call__(self, req: HttpRequest) -> HttpResponse | asyncio.Future[HttpResponse]:
+        """The answer now, or (an admitted inference) a future of it: no task per request,
+        and a refusal is written in the same loop turn that read the request."""
         try:
-            return await self._route(req)
-        except Rejected as e:
-            return error_response(429, str(e), (("Retry-After", str(max(1, math.ceil(e.retry_after)))),
-                                                (REASON_HEADER, e.reason)))
+            return self._route(req)
         except GatewayError as e:
-            return error_response(e.http_status, str(e))
+            return _error(e)
 
-    def _route(self, req: HttpRequest) -> Awaitable[HttpResponse]:
+    def _route(self, req: HttpRequest) -> HttpResponse | asyncio.Future[HttpResponse]:
         parts = [unquote(p) for p in req.path.strip("/").split("/")]
         if len(parts) >= 3 and parts[0] == "v2" and parts[1] == "models" and parts[2] != "stats":
             return self._model_route(req, parts[2], parts[3:])
@@ -81,7 +81,8 @@ class HttpFrontDoor:
         _allow(req, method)
         return fn(self, req)
 
-    def _model_route(self, req: HttpRequest, name: str, rest: list[str]) -> Awaitable[HttpResponse]:
+    def _model_route(self, req: HttpRequest, name: str, rest: list[str]
+                     ) -> HttpResponse | asyncio.Future[HttpResponse]:
         version = ""
         if len(rest) >= 2 and rest[0] == "versions":
             version, rest = rest[1], rest[2:]
@@ -98,55 +99,83 @@ class HttpFrontDoor:
         return handler(self, name)
 
     # ---- handlers
-    async def _live(self, req: HttpRequest) -> HttpResponse:
+    def _live(self, req: HttpRequest) -> HttpResponse:
         return _OK
 
-    async def _ready(self, req: HttpRequest) -> HttpResponse:
+    def _ready(self, req: HttpRequest) -> HttpResponse:
         return HttpResponse(200 if self.driver.ready() else 503)
 
-    async def _server_metadata(self, req: HttpRequest) -> HttpResponse:
+    def _server_metadata(self, req: HttpRequest) -> HttpResponse:
         return _json(self.info.server_metadata())
 
-    async def _all_stats(self, req: HttpRequest) -> HttpResponse:
+    def _all_stats(self, req: HttpRequest) -> HttpResponse:
         return _json(json_format.MessageToDict(self.info.statistics(None), preserving_proto_field_name=True))
 
-    async def _repository_index(self, req: HttpRequest) -> HttpResponse:
+    def _repository_index(self, req: HttpRequest) -> HttpResponse:
         decoded_body(req, self.max_body)  # a body, if any, must at least decode
         return _json(self.info.repository_index())
 
-    async def _metrics(self, req: HttpRequest) -> HttpResponse:
+    def _metrics(self, req: HttpRequest) -> HttpResponse:
         return HttpResponse(200, self.driver.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
 
-    async def _model_metadata(self, name: str) -> HttpResponse:
+    def _model_metadata(self, name: str) -> HttpResponse:
         return _json(model_metadata_dict(self.driver.model(name), name))
 
-    async def _model_ready(self, name: str) -> HttpResponse:
+    def _model_ready(self, name: str) -> HttpResponse:
         self.driver.model(name)
         return HttpResponse(200 if self.driver.model_ready(name) else 400)
 
-    async def _model_config(self, name: str) -> HttpResponse:
+    def _model_config(self, name: str) -> HttpResponse:
         return _json(model_config_dict(self.driver.model(name), name))
 
-    async def _model_stats(self, name: str) -> HttpResponse:
+    def _model_stats(self, name: str) -> HttpResponse:
         self.driver.model(name)
         return _json(json_format.MessageToDict(self.info.statistics(name), preserving_proto_field_name=True))
 
-    async def _infer(self, req: HttpRequest, name: str, version: str) -> HttpResponse:
+    def _infer(self, req: HttpRequest, name: str, version: str) -> HttpResponse | asyncio.Future[HttpResponse]:
         driver, info = self.driver, self.info
         driver.model(name)  # unknown model: 404 before decoding the body
         inp = parse_http_infer(decoded_body(req, self.max_body), req.headers.get(HEADER_LEN))
         start = info.clock()
         try:
-            res = await driver.infer(name, inp, req.headers.get(SLO_HEADER), req.received or None)
+            result = driver.submit(name, inp, req.headers.get(SLO_HEADER), req.received or None)
         except GatewayError:
             info.record(name, start, ok=False)
             raise
-        info.record(name, start, ok=True)
-        out, header_len = encode_http_response(name, version or "1", inp, res.outputs, res.parameters())
-        if header_len is None:
-            return HttpResponse(200, out, _JSON)
-        return HttpResponse(200, out, "application/octet-stream", (("Inference-Header-Content-Length",
-                                                                      str(header_len)),))
+        answer: asyncio.Future[HttpResponse] = result.get_loop().create_future()
+
+        def answered(f: asyncio.Future[InferResult]) -> None:
+            if answer.done():  # the server gave up on it (stopping)
+                return
+            if f.cancelled():
+                answer.cancel()
+                return
+            e = f.exception()
+            info.record(name, start, ok=e is None)
+            if e is None:
+                answer.set_result(_inferred(name, version, inp, f.result()))
+            elif isinstance(e, GatewayError):
+                answer.set_result(_error(e))
+            else:
+                answer.set_exception(e)
+
+        result.add_done_callback(answered)
+        return answer
+
+
+def _inferred(name: str, version: str, inp: InferInput, res: InferResult) -> HttpResponse:
+    out, header_len = encode_http_response(name, version or "1", inp, res.outputs, res.parameters())
+    if header_len is None:
+        return HttpResponse(200, out, _JSON)
+    return HttpResponse(200, out, "application/octet-stream", (("Inference-Header-Content-Length",
+                                                                  str(header_len)),))
+
+
+def _error(e: GatewayError) -> HttpResponse:
+    if isinstance(e, Rejected):
+        return error_response(429, str(e), (("Retry-After", str(max(1, math.ceil(e.retry_after)))),
+                                            (REASON_HEADER, e.reason)))
+    return error_response(e.http_status, str(e))
 
 
 class _NotFound(GatewayError):
@@ -162,7 +191,7 @@ def _allow(req: HttpRequest, method: str) -> None:
         raise _MethodNotAllowed(f"{req.method} is not allowed on {req.path} (use {method})")
 
 
-_Fn = Callable[[HttpFrontDoor, HttpRequest], Awaitable[HttpResponse]]
+_Fn = Callable[[HttpFrontDoor, HttpRequest], HttpResponse]
 _ROUTES: dict[tuple[str, ...], tuple[str, _Fn]] = {
     ("v2", "health", "live"): ("GET", HttpFrontDoor._live),
     ("v2", "health", "ready"): ("GET", HttpFrontDoor._ready),
@@ -171,7 +200,7 @@ _ROUTES: dict[tuple[str, ...], tuple[str, _Fn]] = {
     ("v2", "repository", "index"): ("POST", HttpFrontDoor._repository_index),
     ("metrics",): ("GET", HttpFrontDoor._metrics),
 }
-_MODEL_ROUTES: dict[str, Callable[[HttpFrontDoor, str], Awaitable[HttpResponse]]] = {
+_MODEL_ROUTES: dict[str, Callable[[HttpFrontDoor, str], HttpResponse]] = {
     "": HttpFrontDoor._model_metadata,
     "ready": HttpFrontDoor._model_ready,
     "config": HttpFrontDoor._model_config,

@@ -99,7 +99,9 @@ def error_response(status: int, msg: str, headers: tuple[tuple[str, str], ...] =
     return HttpResponse(status, json.dumps({"error": msg}).encode(), "application/json", headers)
 
 
-Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+# A handler answers at once (an HttpResponse), or later: an asyncio Future of one (followed
+# by a callback, no task) or a coroutine (run as a task).
+Handler = Callable[[HttpRequest], "HttpResponse | Awaitable[HttpResponse]"]
 
 
 @dataclass(slots=True)
@@ -207,17 +209,25 @@ class _Connection(asyncio.Protocol):
             if pending.request is None:
                 self._write(pending.early, pending.keep_alive)  # type: ignore[arg-type]
                 continue
+            try:
+                answer = self.server.handler(pending.request)
+            except Exception as e:  # noqa: BLE001  (a bug answers 500; the server goes on)
+                log.error("HTTP handler failed", exc_info=e)
+                answer = error_response(500, f"internal error: {type(e).__name__}: {e}")
+            if isinstance(answer, HttpResponse):
+                self._write(answer, pending.keep_alive)
+                continue
             self.busy = True
-            task = asyncio.get_running_loop().create_task(self.server.handler(pending.request))
-            self.server._tasks.add(task)
-            task.add_done_callback(lambda t, ka=pending.keep_alive: self._done(t, ka))
+            later = answer if isinstance(answer, asyncio.Future) else asyncio.ensure_future(answer)
+            self.server._tasks.add(later)
+            later.add_done_callback(lambda t, ka=pending.keep_alive: self._done(t, ka))
             return
         self.busy = False
         if self.paused and not self.closing:
             self.paused = False
             self.transport.resume_reading()  # type: ignore[union-attr]
 
-    def _done(self, task: asyncio.Task, keep_alive: bool) -> None:
+    def _done(self, task: asyncio.Future, keep_alive: bool) -> None:
         self.server._tasks.discard(task)
         if task.cancelled():
             resp = error_response(503, "gateway is shutting down")
@@ -268,7 +278,7 @@ class HttpServer:
         self.stopping = False
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[_Connection] = set()
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Future] = set()  # answers still to come
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
