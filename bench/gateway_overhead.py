@@ -249,7 +249,8 @@ def markdown(res: dict) -> str:
         "",
         f"Same run, interleaved: {res['rounds']} rounds x {res['requests_per_round']} sequential requests per "
         f"system; echo model (FP32 1x16) on CPU Triton; {res['cpus']} CPUs shared with other work.",
-        "Command: `.venv/bin/python -m bench.gateway_overhead --profile`",
+        f"Command: `.venv/bin/python -m bench.gateway_overhead --profile --rounds {res['rounds']} "
+        f"--requests {res['requests_per_round']}`",
         "",
         "The `relay` rows are the floor: a bare TCP relay process (`bench.relay`, uvloop, parses nothing) "
         "between the same client and Triton. What it adds is what any extra process in the path costs here.",
