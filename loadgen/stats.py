@@ -101,7 +101,7 @@ class Series:
 
     __slots__ = (
         "offered", "ok", "good", "rejected", "expired", "errors", "latency_sum_us", "_latency",
-        "_reject_latency",
+        "_reject_latency", "_reject_wire",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -113,7 +113,8 @@ class Series:
         self.errors: Counter[str] = Counter()
         self.latency_sum_us = 0  # of OK answers, for an exact mean
         self._latency = _Buffered()  # OK answers, µs from the scheduled time
-        self._reject_latency = _Buffered()
+        self._reject_latency = _Buffered()  # refusals at arrival, µs from the scheduled time
+        self._reject_wire = _Buffered()  # the same from the actual send: the server's share
 
     @property
     def latency(self) -> HdrHistogram:
@@ -122,6 +123,10 @@ class Series:
     @property
     def reject_latency(self) -> HdrHistogram:
         return self._reject_latency.flush()
+
+    @property
+    def reject_wire(self) -> HdrHistogram:
+        return self._reject_wire.flush()
 
     def add(self, other: Series) -> None:
         self.offered += other.offered
@@ -133,6 +138,7 @@ class Series:
         self.latency_sum_us += other.latency_sum_us
         self.latency.add(other.latency)
         self.reject_latency.add(other.reject_latency)
+        self.reject_wire.add(other.reject_wire)
 
     def encode(self) -> dict[str, Any]:
         return {
@@ -145,6 +151,7 @@ class Series:
             "latency_sum_us": self.latency_sum_us,
             "latency": _encode(self.latency),
             "reject_latency": _encode(self.reject_latency),
+            "reject_wire": _encode(self.reject_wire),
         }
 
     @classmethod
@@ -156,6 +163,8 @@ class Series:
         s.latency_sum_us = d["latency_sum_us"]
         _merge_into(s.latency, d["latency"])
         _merge_into(s.reject_latency, d["reject_latency"])
+        if "reject_wire" in d:
+            _merge_into(s.reject_wire, d["reject_wire"])
         return s
 
 
@@ -231,6 +240,8 @@ class Recorder:
             s.rejected += 1
             w.rejected += 1
             s._reject_latency.add_value(us)
+            if send_lag_s is not None:
+                s._reject_wire.add_value(to_us(max(0.0, latency_s - send_lag_s)))
         elif outcome == EXPIRED:
             s.expired += 1
             w.rejected += 1
@@ -371,4 +382,5 @@ def summarize(s: Series, duration_s: float) -> dict[str, Any]:
         "goodput_rps": s.good / duration_s,
         "latency_ms": lat,
         "reject_latency_p99_ms": _ms(s.reject_latency, 99.0),
+        "reject_latency_from_send_p99_ms": _ms(s.reject_wire, 99.0),
     }

@@ -58,6 +58,15 @@ def test_summary_counts_attainment_goodput_and_breakdowns() -> None:
     assert [w["offered_rps"] for w in s["timeline"]] == [2.0, 2.0]
 
 
+def test_refusals_are_timed_from_the_schedule_and_from_the_actual_send() -> None:
+    rec = Recorder()
+    rec.record("m", None, 0.1, 0.012, 0.1, REJECTED, 0.010)  # sent 10 ms late, answered 2 ms later
+    rec.record("m", None, 0.2, 0.003, 0.1, REJECTED, 0.0)
+    s = rec.summary(duration_s=1.0, slo_s=0.1)
+    assert s["reject_latency_p99_ms"] == pytest.approx(12.0, rel=1e-2)
+    assert s["reject_latency_from_send_p99_ms"] == pytest.approx(3.0, rel=1e-2)
+
+
 def test_merge_across_processes_equals_one_recorder_of_all_samples() -> None:
     rows = make_samples(6000)
     single = Recorder(window_s=0.5)
