@@ -49,11 +49,14 @@ TARGETS = {"p50": (0.5, 0.3), "p99": (1.5, 1.0)}  # (limit, goal) of added ms
 class HttpTarget:
     """Keep-alive HTTP/1.1 with a prebuilt binary-tensor body (as lean as a client gets)."""
 
-    def __init__(self, url: str, model: str) -> None:
+    status = 200  # the answer expected
+
+    def __init__(self, url: str, model: str, parameters: dict | None = None) -> None:
         x = np.arange(16, dtype=np.float32).reshape(1, 16)
         head = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16],
                                        "parameters": {"binary_data_size": x.nbytes}}],
-                           "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]}).encode()
+                           "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+                           **({"parameters": parameters} if parameters else {})}).encode()
         self.body = head + x.tobytes()
         self.headers = {"Inference-Header-Content-Length": str(len(head)),
                         "Content-Type": "application/octet-stream"}
@@ -65,11 +68,20 @@ class HttpTarget:
         self.conn.request("POST", self.path, self.body, self.headers)
         r = self.conn.getresponse()
         r.read()
-        if r.status != 200:
-            raise RuntimeError(f"HTTP {r.status}")
+        if r.status != self.status:
+            raise RuntimeError(f"HTTP {r.status}, expected {self.status}")
 
     def close(self) -> None:
         self.conn.close()
+
+
+class RefusalTarget(HttpTarget):
+    """A request whose 1 µs deadline no batch can meet: the gateway's refusal path (429)."""
+
+    status = 429
+
+    def __init__(self, url: str, model: str) -> None:
+        super().__init__(url, model, {"timeout": 1})
 
 
 class GrpcTarget:
@@ -188,6 +200,8 @@ def run(requests: int, rounds: int, profile: bool) -> dict:
                 for backend, (hp, gp, _) in gateways.items():
                     targets[(proto, f"gateway/{backend}")] = make(f"127.0.0.1:{hp if proto == 'http' else gp}", "echo")
                 targets[(proto, "relay")] = make(f"127.0.0.1:{relays[proto]}", "echo")
+            # the refusal path: what a 429 costs the gateway (admission only, no Triton call)
+            targets[("http", "refusal")] = RefusalTarget(f"127.0.0.1:{gateways[BACKENDS[0]][0]}", "echo")
             samples: dict = {k: [] for k in targets}
             for fn in targets.values():
                 measure(fn, 50)  # warm up connections and code paths
@@ -197,7 +211,8 @@ def run(requests: int, rounds: int, profile: bool) -> dict:
             for r in range(rounds):
                 order = list(targets) if r % 2 == 0 else list(reversed(targets))
                 for k in order:
-                    pid = relay_pids[k[0]] if k[1] == "relay" else pids.get(k[1].removeprefix("gateway/"))
+                    pid = (relay_pids[k[0]] if k[1] == "relay" else pids[BACKENDS[0]] if k[1] == "refusal"
+                           else pids.get(k[1].removeprefix("gateway/")))
                     c0 = cpu_seconds(pid) if pid else 0.0
                     samples[k] += measure(targets[k], requests)
                     cpu[k] += (cpu_seconds(pid) - c0) if pid else 0.0
@@ -237,6 +252,9 @@ def run(requests: int, rounds: int, profile: bool) -> dict:
             row["meets_goal"] = (row["added_p50_ms"] <= TARGETS["p50"][1]
                                  and row["added_p99_ms"] <= TARGETS["p99"][1])
             out["rows"].append(row)
+    ref = samples[("http", "refusal")]
+    out["refusal"] = {"p50_ms": pct(ref, 50), "p99_ms": pct(ref, 99),
+                      "gateway_cpu_us_per_request": cpu[("http", "refusal")] / len(ref) * 1e6}
     out["policy_core"] = core_cost(echo)
     out["load_average"] = os.getloadavg()
     out["hot_path_profile"] = hot_path
@@ -267,6 +285,11 @@ def markdown(res: dict) -> str:
             f"{r['gateway_cpu_us_per_request']:.0f} |"
         )
     c = res["policy_core"]
+    if "refusal" in res:
+        f = res["refusal"]
+        lines += ["", f"Refusal path (HTTP, a 1 µs `timeout` no batch can meet, answered 429 without calling "
+                  f"Triton), round trip from the same client: p50 {f['p50_ms']:.3f} ms, p99 {f['p99_ms']:.3f} ms, "
+                  f"{f['gateway_cpu_us_per_request']:.0f} µs of gateway CPU per refusal."]
     lines += ["", f"Policy core alone (in-process, default EdfScheduler, same profile): submit+poll "
               f"{c['submit_poll_us']:.0f} µs, on_complete+poll {c['complete_poll_us']:.0f} µs per request "
               "(the driver skips the second poll when nothing is queued).",
