@@ -165,3 +165,53 @@ def test_turn_clock_reads_the_clock_once_per_loop_turn() -> None:
         return [*first, turn(), turn()]
 
     assert asyncio.run(main()) == [1.0, 1.0, 1.0, 2.0, 2.0]
+
+
+def answer_now_or_later(req: HttpRequest):
+    """A handler in the gateway's style: an answer at once, a future of one, or a bug."""
+    if req.path == "/raise":
+        raise RuntimeError("sync bug")
+    if req.path == "/later":
+        fut = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(fut.set_result, HttpResponse(200, b'{"later": 1}', "application/json"))
+        return fut
+    if req.path == "/never":
+        return asyncio.get_running_loop().create_future()
+    return HttpResponse(200, b'{"now": 1}', "application/json")
+
+
+def test_answers_now_later_and_from_a_bug_keep_request_order() -> None:
+    async def main() -> bytes:
+        server = HttpServer(answer_now_or_later, 1 << 20)
+        port = await server.start("127.0.0.1", 0)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /later HTTP/1.1\r\nHost: x\r\n\r\nGET /raise HTTP/1.1\r\nHost: x\r\n\r\n"
+                         b"GET /now HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            data = await asyncio.wait_for(reader.read(-1), 5)
+            writer.close()
+            return data
+        finally:
+            await server.stop()
+
+    got = answers(asyncio.run(main()))
+    assert [s for s, _ in got] == [200, 500, 200]
+    assert got[0][1] == {"later": 1} and "sync bug" in got[1][1]["error"] and got[2][1] == {"now": 1}
+
+
+def test_stop_answers_a_future_that_never_resolves_with_503() -> None:
+    async def main() -> bytes:
+        server = HttpServer(answer_now_or_later, 1 << 20)
+        port = await server.start("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /never HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        while not server._tasks:  # noqa: SLF001  (until the request is being handled)
+            await asyncio.sleep(0)
+        await server.stop(timeout=0.05)
+        data = await asyncio.wait_for(reader.read(-1), 5)
+        writer.close()
+        return data
+
+    (status, doc), = answers(asyncio.run(main()))
+    assert status == 503 and "shutting down" in doc["error"]
