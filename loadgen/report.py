@@ -51,8 +51,15 @@ def _pct(v: float | None) -> str:
 
 
 def _rejected(s: dict[str, Any]) -> str:
-    """Refused at arrival, plus those refused after queueing (expired) when there are any."""
-    return f"{s['rejected']} + {s['expired']} expired" if s.get("expired") else str(s["rejected"])
+    """Refused at arrival (with how fast: p99 from the scheduled send, and from the actual one
+    when the client's own send lag made a difference), plus those refused after queueing
+    (expired) when there are any."""
+    out = str(s["rejected"])
+    sched, sent = s.get("reject_latency_p99_ms"), s.get("reject_latency_from_send_p99_ms")
+    if s["rejected"] and sched is not None:
+        lag = f", {sent:.1f} from send" if sent is not None and sched - sent >= 0.1 else ""
+        out += f" (p99 {sched:.1f} ms{lag})"
+    return f"{out} + {s['expired']} expired" if s.get("expired") else out
 
 
 def compact(s: dict[str, Any]) -> str:

@@ -114,3 +114,13 @@ def test_vectorized_recording_matches_hdr_record_value() -> None:
     )
     for p in (0.0, 50.0, 90.0, 99.0, 99.9, 100.0):
         assert percentile(at_once, p) == one_by_one.get_value_at_percentile(p)
+
+
+def test_report_says_how_fast_refusals_came() -> None:
+    from loadgen.report import compact
+
+    rec = Recorder()
+    rec.record("m", None, 0.1, 0.012, 0.1, REJECTED, 0.010)
+    rec.record("m", None, 0.2, 0.020, 0.1, OK, 0.0)
+    line = compact(rec.summary(duration_s=1.0, slo_s=0.1))
+    assert "rejected 1 (p99 12.0 ms, 2.0 from send)" in line
