@@ -152,12 +152,15 @@ class HttpFrontDoor:
                 return
             e = f.exception()
             info.record(name, start, ok=e is None)
-            if e is None:
-                answer.set_result(_inferred(name, version, inp, f.result()))
-            elif isinstance(e, GatewayError):
-                answer.set_result(_error(e))
-            else:
-                answer.set_exception(e)
+            try:
+                if e is None:
+                    answer.set_result(_inferred(name, version, inp, f.result()))
+                elif isinstance(e, GatewayError):
+                    answer.set_result(_error(e))
+                else:
+                    answer.set_exception(e)
+            except Exception as bug:  # noqa: BLE001  (an answer that cannot be encoded is a 500, not a hang)
+                answer.set_exception(bug)
 
         result.add_done_callback(answered)
         return answer

@@ -215,3 +215,40 @@ def test_stop_answers_a_future_that_never_resolves_with_503() -> None:
 
     (status, doc), = answers(asyncio.run(main()))
     assert status == 503 and "shutting down" in doc["error"]
+
+
+def test_an_answer_that_cannot_be_encoded_is_a_500_not_a_hang(monkeypatch) -> None:
+    import gateway.http as door_mod
+
+    class OneModel:
+        def model(self, name: str) -> None:
+            pass
+
+        def submit(self, name, inp, slo_header, received):
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result(object())  # any result: encoding it fails below
+            return fut
+
+    def broken(*args) -> HttpResponse:
+        raise ValueError("cannot encode")
+
+    monkeypatch.setattr(door_mod, "_inferred", broken)
+
+    async def main() -> bytes:
+        door = door_mod.HttpFrontDoor(OneModel(), type("Info", (), {"clock": staticmethod(lambda: 0.0),
+                                                                  "record": lambda *a, **k: None})(), 1 << 20)
+        server = HttpServer(door, 1 << 20)
+        port = await server.start("127.0.0.1", 0)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            body = b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1]}]}'
+            writer.write(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            data = await asyncio.wait_for(reader.read(-1), 5)
+            writer.close()
+            return data
+        finally:
+            await server.stop()
+
+    (status, doc), = answers(asyncio.run(main()))
+    assert status == 500 and "cannot encode" in doc["error"]
