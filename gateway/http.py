@@ -20,7 +20,7 @@ from google.protobuf import json_format
 from gateway.codec import InferInput, encode_http_response, parse_http_infer
 from gateway.driver import SLO_HEADER, Driver, InferResult
 from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected
-from gateway.httpserver import HttpRequest, HttpResponse, error_response
+from gateway.httpserver import HttpRequest, HttpResponse, Later, error_response
 from gateway.stats import ServerInfo, model_config_dict, model_metadata_dict
 
 HEADER_LEN = "inference-header-content-length"
@@ -62,15 +62,15 @@ class HttpFrontDoor:
         self.info = info
         self.max_body = max_body_bytes
 
-    def __call__(self, req: HttpRequest) -> HttpResponse | asyncio.Future[HttpResponse]:
-        """The answer now, or (an admitted inference) a future of it: no task per request,
-        and a refusal is written in the same loop turn that read the request."""
+    def __call__(self, req: HttpRequest) -> HttpResponse | Later:
+        """The answer now, or (an admitted inference) later, when the driver's future is done:
+        no task per request, and a refusal is written in the loop turn that read the request."""
         try:
             return self._route(req)
         except GatewayError as e:
             return _error(e)
 
-    def _route(self, req: HttpRequest) -> HttpResponse | asyncio.Future[HttpResponse]:
+    def _route(self, req: HttpRequest) -> HttpResponse | Later:
         parts = [unquote(p) for p in req.path.strip("/").split("/")]
         if len(parts) >= 3 and parts[0] == "v2" and parts[1] == "models" and parts[2] != "stats":
             return self._model_route(req, parts[2], parts[3:])
@@ -81,8 +81,7 @@ class HttpFrontDoor:
         _allow(req, method)
         return fn(self, req)
 
-    def _model_route(self, req: HttpRequest, name: str, rest: list[str]
-                     ) -> HttpResponse | asyncio.Future[HttpResponse]:
+    def _model_route(self, req: HttpRequest, name: str, rest: list[str]) -> HttpResponse | Later:
         version = ""
         if len(rest) >= 2 and rest[0] == "versions":
             version, rest = rest[1], rest[2:]
@@ -132,7 +131,7 @@ class HttpFrontDoor:
         self.driver.model(name)
         return _json(json_format.MessageToDict(self.info.statistics(name), preserving_proto_field_name=True))
 
-    def _infer(self, req: HttpRequest, name: str, version: str) -> HttpResponse | asyncio.Future[HttpResponse]:
+    def _infer(self, req: HttpRequest, name: str, version: str) -> HttpResponse | Later:
         driver, info = self.driver, self.info
         driver.model(name)  # unknown model: 404 before decoding the body
         inp = parse_http_infer(decoded_body(req, self.max_body), req.headers.get(HEADER_LEN))
@@ -142,28 +141,17 @@ class HttpFrontDoor:
         except GatewayError:
             info.record(name, start, ok=False)
             raise
-        answer: asyncio.Future[HttpResponse] = result.get_loop().create_future()
 
-        def answered(f: asyncio.Future[InferResult]) -> None:
-            if answer.done():  # the server gave up on it (stopping)
-                return
-            if f.cancelled():
-                answer.cancel()
-                return
+        def answer(f: asyncio.Future[InferResult]) -> HttpResponse:
             e = f.exception()
             info.record(name, start, ok=e is None)
-            try:
-                if e is None:
-                    answer.set_result(_inferred(name, version, inp, f.result()))
-                elif isinstance(e, GatewayError):
-                    answer.set_result(_error(e))
-                else:
-                    answer.set_exception(e)
-            except Exception as bug:  # noqa: BLE001  (an answer that cannot be encoded is a 500, not a hang)
-                answer.set_exception(bug)
+            if e is None:
+                return _inferred(name, version, inp, f.result())
+            if isinstance(e, GatewayError):
+                return _error(e)
+            raise e
 
-        result.add_done_callback(answered)
-        return answer
+        return Later(result, answer)
 
 
 def _inferred(name: str, version: str, inp: InferInput, res: InferResult) -> HttpResponse:

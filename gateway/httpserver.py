@@ -99,9 +99,18 @@ def error_response(status: int, msg: str, headers: tuple[tuple[str, str], ...] =
     return HttpResponse(status, json.dumps({"error": msg}).encode(), "application/json", headers)
 
 
-# A handler answers at once (an HttpResponse), or later: an asyncio Future of one (followed
-# by a callback, no task) or a coroutine (run as a task).
-Handler = Callable[[HttpRequest], "HttpResponse | Awaitable[HttpResponse]"]
+@dataclass(slots=True)
+class Later:
+    """An answer to come: once ``future`` is done, ``make(future)`` gives the response (in the
+    future's own done callback: no task, no extra loop turn). A ``make`` that raises is a 500."""
+
+    future: asyncio.Future
+    make: Callable[[asyncio.Future], HttpResponse]
+
+
+# A handler answers at once (an HttpResponse), or later: a Later, an asyncio Future of a
+# response (followed by a callback, no task) or a coroutine (run as a task).
+Handler = Callable[[HttpRequest], "HttpResponse | Later | Awaitable[HttpResponse]"]
 
 
 @dataclass(slots=True)
@@ -218,24 +227,30 @@ class _Connection(asyncio.Protocol):
                 self._write(answer, pending.keep_alive)
                 continue
             self.busy = True
-            later = answer if isinstance(answer, asyncio.Future) else asyncio.ensure_future(answer)
+            if isinstance(answer, Later):
+                later, make = answer.future, answer.make
+            else:
+                later = answer if isinstance(answer, asyncio.Future) else asyncio.ensure_future(answer)
+                make = asyncio.Future.result
             self.server._tasks.add(later)
-            later.add_done_callback(lambda t, ka=pending.keep_alive: self._done(t, ka))
+            later.add_done_callback(lambda t, ka=pending.keep_alive, mk=make: self._done(t, ka, mk))
             return
         self.busy = False
         if self.paused and not self.closing:
             self.paused = False
             self.transport.resume_reading()  # type: ignore[union-attr]
 
-    def _done(self, task: asyncio.Future, keep_alive: bool) -> None:
+    def _done(self, task: asyncio.Future, keep_alive: bool,
+              make: Callable[[asyncio.Future], HttpResponse]) -> None:
         self.server._tasks.discard(task)
         if task.cancelled():
             resp = error_response(503, "gateway is shutting down")
-        elif (e := task.exception()) is not None:
-            log.error("HTTP handler failed", exc_info=e)
-            resp = error_response(500, f"internal error: {type(e).__name__}: {e}")
         else:
-            resp = task.result()
+            try:
+                resp = make(task)
+            except Exception as e:  # noqa: BLE001  (a bug answers 500; the server goes on)
+                log.error("HTTP handler failed", exc_info=e)
+                resp = error_response(500, f"internal error: {type(e).__name__}: {e}")
         self._write(resp, keep_alive)
         self._next()
 
