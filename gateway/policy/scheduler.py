@@ -105,6 +105,11 @@ class _Group:
     def queue_of(self, r: Request) -> EdfQueue:
         return self.best_effort if r.priority == Priority.BEST_EFFORT else self.guaranteed
 
+    @property
+    def queued(self) -> int:
+        """Requests waiting in both queues."""
+        return len(self.guaranteed) + len(self.best_effort)
+
     def clear(self) -> list[Request]:
         return self.guaranteed.clear() + self.best_effort.clear()
 
@@ -265,11 +270,11 @@ class EdfScheduler:
                             r, RejectReason.NO_REPLICA, self.config.no_replica_retry_after_s,
                             f"no healthy replica serves variant {group.variant!r} of model {r.model!r}"))
                     continue
-                if not len(group.guaranteed) and not len(group.best_effort):
+                if not group.queued:
                     continue  # nothing to dispatch, expire or wake up for (the common case)
                 rejects += self._expire(group, healthy, now)
                 for rep in sorted(healthy, key=lambda r: r.info.profile.latency(1, self.config.quantile)):
-                    while rep.has_slot() and (len(group.guaranteed) or len(group.best_effort)):
+                    while rep.has_slot() and group.queued:
                         if rep.inflight:  # pipelined: form the next batch just before it can start
                             ready_at = rep.start(now) - self.config.pipeline_lead_s
                             if now < ready_at:
@@ -282,7 +287,7 @@ class EdfScheduler:
                             break
                         rep.inflight.append(batch)
                         batches.append(batch)
-                if len(group.guaranteed) or len(group.best_effort):
+                if group.queued:
                     rejects += self._expire(group, healthy, now)
                     wake = min(wake, self._next_expiry(group, healthy, now))
         return Decision(tuple(batches), tuple(rejects), wake if wake < float("inf") else None)
@@ -290,7 +295,7 @@ class EdfScheduler:
     def queued(self, model: str | None = None) -> int:
         """Requests waiting in queues (of one model, or all)."""
         ms = [self._models[model]] if model in self._models else [] if model else self._models.values()
-        return sum(len(g.guaranteed) + len(g.best_effort) for m in ms for g in m.groups.values())
+        return sum(g.queued for m in ms for g in m.groups.values())
 
     @property
     def pending(self) -> int:
