@@ -157,43 +157,40 @@ class TakeAll(BatchPolicy):
         return Selection(tuple(range(count)))
 
 
-class LargestPrefix(BatchPolicy):
+class _DeadlineAware(BatchPolicy):
+    """The whole queue when it fits in time (every deadline-aware policy's choice then, taken
+    without enumerating), else the policy's :meth:`pick` among the EDF-shaped candidates."""
+
+    def select(self, queue: Sequence[Request], ctx: SelectContext) -> Selection:
+        best = whole_queue(queue, ctx) or self.pick(candidates(queue, ctx), ctx)
+        return Selection() if best is None else _maybe_wait(queue, best, ctx)
+
+    def pick(self, cands: list[Candidate], ctx: SelectContext) -> Candidate | None:
+        raise NotImplementedError
+
+
+class LargestPrefix(_DeadlineAware):
     name = "largest-prefix"
 
-    def select(self, queue: Sequence[Request], ctx: SelectContext) -> Selection:
-        if (whole := whole_queue(queue, ctx)) is not None:
-            return _maybe_wait(queue, whole, ctx)
-        prefixes = [c for c in candidates(queue, ctx) if c.skip == 0]
-        if not prefixes:
-            return Selection()
-        return _maybe_wait(queue, max(prefixes, key=lambda c: c.count), ctx)
+    def pick(self, cands: list[Candidate], ctx: SelectContext) -> Candidate | None:
+        return max((c for c in cands if c.skip == 0), key=lambda c: c.count, default=None)
 
 
-class SkipHeads(BatchPolicy):
+class SkipHeads(_DeadlineAware):
     name = "skip-heads"
 
-    def select(self, queue: Sequence[Request], ctx: SelectContext) -> Selection:
-        if (whole := whole_queue(queue, ctx)) is not None:
-            return _maybe_wait(queue, whole, ctx)
-        cands = candidates(queue, ctx)
-        if not cands:
-            return Selection()
-        return _maybe_wait(queue, max(cands, key=lambda c: (c.count, -c.skip)), ctx)
+    def pick(self, cands: list[Candidate], ctx: SelectContext) -> Candidate | None:
+        return max(cands, key=lambda c: (c.count, -c.skip), default=None)
 
 
-class Adaptive(BatchPolicy):
+class Adaptive(_DeadlineAware):
     name = "adaptive"
 
-    def select(self, queue: Sequence[Request], ctx: SelectContext) -> Selection:
-        if (whole := whole_queue(queue, ctx)) is not None:
-            return _maybe_wait(queue, whole, ctx)
-        cands = candidates(queue, ctx)
+    def pick(self, cands: list[Candidate], ctx: SelectContext) -> Candidate | None:
         if not cands:
-            return Selection()
-        biggest = max(c.rows for c in cands)
-        enough = min(ctx.needed_batch, biggest)
-        best = min((c for c in cands if c.rows >= enough), key=lambda c: (c.skip, -c.count))
-        return _maybe_wait(queue, best, ctx)
+            return None
+        enough = min(ctx.needed_batch, max(c.rows for c in cands))
+        return min((c for c in cands if c.rows >= enough), key=lambda c: (c.skip, -c.count))
 
 
 POLICIES: dict[str, type[BatchPolicy]] = {
