@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from gateway.errors import REASON_HEADER
 from loadgen.payload import HttpBody, variant_from_grpc, variant_from_http
-from loadgen.stats import EXPIRED, OK, QUEUED_REASONS, REJECTED
+from loadgen.stats import OK, refusal
 
 GRPC_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 GRPC_MAX_MESSAGE = 256 * 1024 * 1024
@@ -41,7 +41,7 @@ def http_outcome(status: int, reason: str | None = None) -> str:
     if status == 200:
         return OK
     if status == 429:
-        return EXPIRED if reason in QUEUED_REASONS else REJECTED
+        return refusal(reason)
     return f"http_{status}"
 
 
@@ -331,8 +331,7 @@ class GrpcClient:
         except grpc.aio.AioRpcError as e:
             code = e.code()
             if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                reason = dict(e.trailing_metadata() or ()).get(REASON_HEADER)
-                return (EXPIRED if reason in QUEUED_REASONS else REJECTED), None
+                return refusal(dict(e.trailing_metadata() or ()).get(REASON_HEADER)), None
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return "timeout", None
             return f"grpc_{code.name.lower()}", None

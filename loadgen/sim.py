@@ -420,14 +420,12 @@ class Simulator:
 def to_recorder(records: Iterable[RequestRecord], window_s: float = 1.0):
     """The same :class:`loadgen.stats.Recorder` a live load test fills, from simulated records
     (latency from the arrival, as live runs measure from the scheduled send time)."""
-    from loadgen.stats import EXPIRED, OK, QUEUED_REASONS, REJECTED, Recorder
+    from loadgen.stats import OK, Recorder, refusal
 
     rec = Recorder(window_s)
     for r in records:
-        if r.reason in QUEUED_REASONS:
-            outcome = EXPIRED
-        else:
-            outcome = {"ok": OK, "late": OK, "rejected": REJECTED}.get(r.outcome, r.outcome)
+        # a reject reason means a 429 (expired and failed ones as the client tells them apart)
+        outcome = refusal(r.reason) if r.reason else {"ok": OK, "late": OK}.get(r.outcome, r.outcome)
         rec.record(
             r.model,
             r.variant or None,

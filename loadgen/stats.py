@@ -27,6 +27,11 @@ REJECTED = "rejected"  # answered at once with 429 / RESOURCE_EXHAUSTED (admissi
 # its deadline, but not at arrival
 EXPIRED = "expired"
 QUEUED_REASONS = frozenset({RejectReason.EXPIRED, RejectReason.FAILED})
+
+
+def refusal(reason: str | None) -> str:
+    """The outcome of a 429 / RESOURCE_EXHAUSTED given its reject reason (None: not said)."""
+    return EXPIRED if reason in QUEUED_REASONS else REJECTED
 NO_VARIANT = "-"  # the response did not name a variant
 
 LATENCY_MAX_US = 3_600_000_000  # one hour
