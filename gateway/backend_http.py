@@ -119,14 +119,13 @@ class TritonHttpReplica:
         for c in idle:
             c.close()
 
-    async def _conn(self) -> _Conn:
+    def _idle_conn(self) -> _Conn | None:
+        """A pooled connection still open, or None (closed ones are dropped on the way)."""
         while self._idle:
             c = self._idle.pop()
             if not c.closed:
                 return c
-        loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(lambda: _Conn(self._max_body), self._host, self._port)
-        return conn
+        return None
 
     async def _request(self, method: bytes, path: str, headers: bytes, body: bytes | list[bytes],
                        timeout: float | None) -> tuple[int, dict[bytes, bytes], bytes]:
@@ -137,11 +136,10 @@ class TritonHttpReplica:
         loop = asyncio.get_running_loop()
         timer, conn = None, None
         try:
-            if self._idle and not self._idle[-1].closed:
-                conn = self._idle.pop()  # the hot path: no connect, nothing to time out
-            else:
+            conn = self._idle_conn()  # the hot path: no connect, nothing to time out
+            if conn is None:
                 async with asyncio.timeout(timeout):  # None: no limit
-                    conn = await self._conn()
+                    _, conn = await loop.create_connection(lambda: _Conn(self._max_body), self._host, self._port)
             if timeout is not None:
                 timer = loop.call_later(timeout, conn.timed_out)
             status, hdrs, data = await conn.request([head, *parts])
