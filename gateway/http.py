@@ -55,7 +55,7 @@ def decoded_body(req: HttpRequest, max_bytes: int) -> bytes:
 
 
 class HttpFrontDoor:
-    """The gateway's HTTP handler: ``await door(request) -> response``."""
+    """The gateway's HTTP handler: ``door(request)`` -> a response now, or :class:`Later`."""
 
     def __init__(self, driver: Driver, info: ServerInfo, max_body_bytes: int) -> None:
         self.driver = driver
@@ -137,7 +137,7 @@ class HttpFrontDoor:
         inp = parse_http_infer(decoded_body(req, self.max_body), req.headers.get(HEADER_LEN))
         start = info.clock()
         try:
-            result = driver.submit(name, inp, req.headers.get(SLO_HEADER), req.received or None)
+            result = driver.submit(name, inp, req.headers.get(SLO_HEADER), req.received)
         except GatewayError:
             info.record(name, start, ok=False)
             raise

@@ -71,7 +71,7 @@ class HttpRequest:
     path: str  # without the query string, not yet percent-decoded
     headers: dict[str, str]  # names lower-cased
     body: bytes
-    received: float = 0.0  # server clock when its first bytes were read (see the module doc)
+    received: float | None = None  # server clock when its first bytes were read (see the module doc)
 
 
 @dataclass(slots=True)
@@ -229,9 +229,8 @@ class _Connection(asyncio.Protocol):
             self.busy = True
             if isinstance(answer, Later):
                 later, make = answer.future, answer.make
-            else:
-                later = answer if isinstance(answer, asyncio.Future) else asyncio.ensure_future(answer)
-                make = asyncio.Future.result
+            else:  # a future stays itself, a coroutine becomes a task
+                later, make = asyncio.ensure_future(answer), asyncio.Future.result
             self.server._tasks.add(later)
             later.add_done_callback(lambda t, ka=pending.keep_alive, mk=make: self._done(t, ka, mk))
             return
