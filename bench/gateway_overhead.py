@@ -186,40 +186,42 @@ def run(requests: int, rounds: int, profile: bool) -> dict:
                         "variant": "echo", "profile": str(work / "echo.yaml")}]}]}
             (work / f"gw-{backend}.yaml").write_text(yaml.safe_dump(cfg))
             gateways[backend] = (hp, gp, work / f"gw-{backend}.yaml")
-        procs = []
+        procs: dict[str, subprocess.Popen] = {}  # by name: gateway/<backend>, relay/<protocol>
         try:
-            for hp, _, path in gateways.values():
-                procs.append(start_gateway(path, hp, None))
+            for backend, (hp, _, path) in gateways.items():
+                procs[f"gateway/{backend}"] = start_gateway(path, hp, None)
             relays = {proto: free_port() for proto in ("http", "grpc")}
             for proto, port in relays.items():
-                procs.append(start_relay(port, triton.http_url if proto == "http" else triton.grpc_url))
+                procs[f"relay/{proto}"] = start_relay(port, triton.http_url if proto == "http" else triton.grpc_url)
             targets: dict = {}
+            pid_of: dict = {}  # target -> the process whose CPU it is charged (none for Triton itself)
             for proto in ("http", "grpc"):
                 make = HttpTarget if proto == "http" else GrpcTarget
                 targets[(proto, "triton")] = make(triton.http_url if proto == "http" else triton.grpc_url, "echo")
                 for backend, (hp, gp, _) in gateways.items():
-                    targets[(proto, f"gateway/{backend}")] = make(f"127.0.0.1:{hp if proto == 'http' else gp}", "echo")
+                    key = (proto, f"gateway/{backend}")
+                    targets[key] = make(f"127.0.0.1:{hp if proto == 'http' else gp}", "echo")
+                    pid_of[key] = procs[f"gateway/{backend}"].pid
                 targets[(proto, "relay")] = make(f"127.0.0.1:{relays[proto]}", "echo")
+                pid_of[(proto, "relay")] = procs[f"relay/{proto}"].pid
             # the refusal path: what a 429 costs the gateway (admission only, no Triton call)
             targets[("http", "refusal")] = RefusalTarget(f"127.0.0.1:{gateways[BACKENDS[0]][0]}", "echo")
+            pid_of[("http", "refusal")] = procs[f"gateway/{BACKENDS[0]}"].pid
             samples: dict = {k: [] for k in targets}
             for fn in targets.values():
                 measure(fn, 50)  # warm up connections and code paths
-            pids = {b: p.pid for b, p in zip(gateways, procs, strict=False)}
-            relay_pids = {proto: p.pid for proto, p in zip(relays, procs[len(gateways):], strict=True)}
             cpu: dict = {k: 0.0 for k in targets}
             for r in range(rounds):
                 order = list(targets) if r % 2 == 0 else list(reversed(targets))
                 for k in order:
-                    pid = (relay_pids[k[0]] if k[1] == "relay" else pids[BACKENDS[0]] if k[1] == "refusal"
-                           else pids.get(k[1].removeprefix("gateway/")))
+                    pid = pid_of.get(k)
                     c0 = cpu_seconds(pid) if pid else 0.0
                     samples[k] += measure(targets[k], requests)
                     cpu[k] += (cpu_seconds(pid) - c0) if pid else 0.0
             for t in targets.values():
                 t.close()
         finally:
-            for p in procs:
+            for p in procs.values():
                 stop_group(p)
         hot_path = ""
         if profile:

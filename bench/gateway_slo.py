@@ -255,9 +255,10 @@ def _on_time(p: dict[str, Any]) -> str:
 
 
 def _reasons(p: dict[str, Any]) -> str:
+    """The gateway's own two columns (empty for the Triton rows)."""
     g = p.get("gateway")
     if not g:
-        return ""
+        return " | "
     at_arrival = g.get("rejected_infeasible", 0) + g.get("rejected_shed", 0) + g.get("rejected_no_replica", 0)
     lag = 1e3 * g.get("lag_seconds_sum", 0) / max(g.get("lag_seconds_count", 0), 1)
     w = refusal_wait(g)
@@ -329,7 +330,7 @@ def markdown(res: dict[str, Any]) -> str:
             f"{p['reject_latency_p99_ms'] or 0:.2f} / {p.get('reject_latency_from_send_p99_ms') or 0:.2f} | "
             f"{p.get('expired', 0)} | {p['errors']} | "
             f"{p.get('send_lag_p99_ms') or 0:.2f} | "
-            f"{_reasons(p) or ' | '} |"
+            f"{_reasons(p)} |"
         )
     lines += ["", "## Triton tuning phase (goodput /s summed over Poisson 330 and Gamma 350)", ""]
     for k, val in res["tuning"].items():
