@@ -233,6 +233,13 @@ class Driver:
             raise ModelNotFound(f"unknown model '{name}'; served: {sorted(self.models)}")
         return m
 
+    def render_metrics(self) -> bytes:
+        """The Prometheus text; what the scheduler has learned per replica is read now."""
+        m = self.metrics
+        for st in self.core.replicas():
+            m.of(m.overhead, st.info.model, st.info.id).set(st.overhead)
+        return m.render()
+
     def ready(self) -> bool:
         return self.started and not self.draining and any(r.healthy for r in self.replicas.values())
 

@@ -115,7 +115,7 @@ class HttpFrontDoor:
         return _json(self.info.repository_index())
 
     def _metrics(self, req: HttpRequest) -> HttpResponse:
-        return HttpResponse(200, self.driver.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+        return HttpResponse(200, self.driver.render_metrics(), "text/plain; version=0.0.4; charset=utf-8")
 
     def _model_metadata(self, name: str) -> HttpResponse:
         return _json(model_metadata_dict(self.driver.model(name), name))

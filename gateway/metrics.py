@@ -65,6 +65,10 @@ class GatewayMetrics:
         self.inflight = Gauge(
             "headrace_replica_inflight_batches", "Batches running on a replica", ["model", "replica"],
             registry=r)
+        self.overhead = Gauge(
+            "headrace_replica_overhead_seconds", "Time every batch takes beyond the replica's profile "
+            "(network, Triton, host load), as the scheduler has learned it and plans with; read at scrape",
+            ["model", "replica"], registry=r)
         self.healthy = Gauge(
             "headrace_replica_healthy", "1 when the replica passes its ready probe", ["model", "replica"],
             registry=r)

@@ -253,3 +253,29 @@ def test_priority_parameter_maps_to_classes():
     assert priority_of(request([1, 1], priority=2), Priority.GUARANTEED) == Priority.BEST_EFFORT
     with pytest.raises(InvalidRequest):
         priority_of(request([1, 1], priority=-1), Priority.GUARANTEED)
+
+
+def _gauge(text: bytes, name: str) -> float:
+    lines = [ln for ln in text.decode().splitlines() if ln.startswith(name + "{")]
+    assert len(lines) == 1, lines
+    return float(lines[0].rsplit(" ", 1)[1])
+
+
+def test_metrics_show_the_per_batch_overhead_the_scheduler_learned():
+    async def main() -> None:
+        clock = Clock()
+        d, (fake,) = make_driver(clock)
+        await d.start()
+        name = "headrace_replica_overhead_seconds"
+        assert _gauge(d.render_metrics(), name) == 0.0
+        for _ in range(10):  # every batch comes back 5 ms after its profile says
+            task = asyncio.create_task(d.infer("m", request([1, 1])))
+            await settle()
+            clock.now += profile().latency(1) + 0.005
+            fake.release()
+            await task
+        learned = _gauge(d.render_metrics(), name)
+        assert 0.0 < learned <= 0.005
+        await d.stop()
+
+    run(main())

@@ -181,7 +181,7 @@ class EdfScheduler:
         rep.healthy = healthy
 
     def replicas(self) -> tuple[ReplicaState, ...]:
-        return tuple(ReplicaState(r.info, r.healthy, tuple(r.inflight)) for r in self._replicas.values())
+        return tuple(ReplicaState(r.info, r.healthy, tuple(r.inflight), r.overhead) for r in self._replicas.values())
 
     # ------------------------------------------------------------------ requests
 
