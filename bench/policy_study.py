@@ -31,6 +31,7 @@ from profiles.profile import LatencyPoint, Profile, ProfileError, ProfileSet, Pr
 
 RATES = (150, 250, 300, 330, 350, 500, 1000)
 DEFAULT = "adaptive"  # the family whose config is SchedulerConfig()'s default
+PROTECT = "adaptive admit-protect"  # the default batcher with every refusal made at arrival
 SLO = 0.100
 MAX_BATCH = 32
 OUT = Path(__file__).parent / "results"
@@ -143,6 +144,9 @@ def markdown(result: dict) -> str:
     def att(f: str, arrival: str, rate: float) -> str:
         return f"{b[(f, arrival, rate)]['attainment'] * 100:.1f}%"
 
+    def adm(f: str) -> str:
+        return f"{(b[(f, 'gamma', 350.0)]['admitted_attainment'] or 0) * 100:.1f}%"
+
     lines += ["", "## Reading", "",
               f"- At 330 req/s Poisson: largest-prefix {att('largest-prefix', 'poisson', 330.0)}, Triton's "
               f"take-all {att('triton default', 'poisson', 330.0)}, skip-heads {att('skip-heads', 'poisson', 330.0)}, "
@@ -153,9 +157,13 @@ def markdown(result: dict) -> str:
               "- Admission 'protect' answers every reject at arrival (reject p99 ~0 ms instead of 60-90 ms) "
               "for about 1 point of attainment near capacity and 2-4% goodput under overload; 'alone' "
               "admits more and lets the batcher skip, best goodput under overload, latest rejects.",
+              f"- Admitted requests on time at Gamma 350 (admitted = not refused at arrival): "
+              f"{adm(DEFAULT)} with admission plan, {adm(PROTECT)} with protect. Plan admits requests "
+              "that a later burst makes the batcher skip (refused from the queue before their deadline); "
+              "protect refuses at arrival instead, at the cost above.",
               f"- Default policy: {DEFAULT} (admission plan). Best on the study's criteria (99% rate, then "
               f"Gamma goodput): {result['chosen']}.", ""]
-    for who in dict.fromkeys([DEFAULT, result["chosen"]]):
+    for who in dict.fromkeys([DEFAULT, result["chosen"], PROTECT]):
         lines += [f"## Targets for {who} (the live gateway's; here in zero-overhead virtual time)", ""]
         lines += [f"- {t['name']}: {t['value']} -> {'met' if t['met'] else 'NOT met'}"
                   for t in targets(result, who)]
@@ -176,8 +184,9 @@ def targets(result: dict, chosen: str) -> list[dict]:
          "value": result["max_rate_99"][chosen], "met": result["max_rate_99"][chosen] >= 320},
         {"name": "Gamma CV=4 350 req/s goodput vs triton default (>= 3.5x, goal 4x)",
          "value": f"{ratio:.2f}x ({mine_g['goodput_rps']:.0f} vs {tri_g['goodput_rps']:.0f})", "met": ratio >= 3.5},
-        {"name": "Gamma CV=4 350 req/s admitted attainment (>= 99%)",
-         "value": f"{(mine_g['admitted_attainment'] or 0) * 100:.2f}%",
+        {"name": "Gamma CV=4 350 req/s admitted attainment (>= 99%; admitted = not refused at arrival)",
+         "value": f"{(mine_g['admitted_attainment'] or 0) * 100:.2f}% (of the answers that carried a result: "
+                  f"{(mine_g['answered_attainment'] or 0) * 100:.2f}%)",
          "met": (mine_g["admitted_attainment"] or 0) >= 0.99},
         {"name": "Poisson goodput at 1000 req/s within 5% of peak",
          "value": f"{at1000:.0f} vs peak {peak:.0f}", "met": at1000 >= 0.95 * peak},
@@ -195,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.render:
         result = json.loads((args.out / "policy_study.json").read_text())
-        result["targets"] = {f: targets(result, f) for f in dict.fromkeys([DEFAULT, result["chosen"]])}
+        result["targets"] = {f: targets(result, f) for f in dict.fromkeys([DEFAULT, result["chosen"], PROTECT])}
         (args.out / "policy_study.json").write_text(json.dumps(result, indent=1))
         (args.out / "policy_study.md").write_text(markdown(result))
         print(markdown(result))
@@ -225,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": seeds, "rates": list(RATES), "points": points, "max_rate_99": max99,
         "chosen": chosen, "wall_s": round(time.perf_counter() - t0, 1),
     }
-    result["targets"] = {f: targets(result, f) for f in dict.fromkeys([DEFAULT, chosen])}
+    result["targets"] = {f: targets(result, f) for f in dict.fromkeys([DEFAULT, chosen, PROTECT])}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "policy_study.json").write_text(json.dumps(result, indent=1))
     (args.out / "policy_study.md").write_text(markdown(result))

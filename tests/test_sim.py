@@ -11,7 +11,15 @@ from deploy.cli import main as headrace
 from gateway.policy import EdfScheduler, SchedulerConfig
 from gateway.policy.types import Batch, Decision, ReplicaInfo, Request
 from loadgen.arrivals import Poisson, times
-from loadgen.sim import Fault, SimReplica, Simulator, make_requests, summarize, to_recorder
+from loadgen.sim import (
+    Fault,
+    RequestRecord,
+    SimReplica,
+    Simulator,
+    make_requests,
+    summarize,
+    to_recorder,
+)
 from tests.policy_builders import fake_profile
 
 
@@ -138,3 +146,14 @@ def test_transit_costs_a_serial_replica_and_pipelining_hides_it() -> None:
     base, slow, piped = attain(1, 0.0), attain(1, 0.002), attain(2, 0.002)
     assert slow < base - 0.01  # 4 ms a batch of dead time near capacity costs attainment
     assert piped > slow + 0.005  # the pipelined replica gets most of it back
+
+
+def test_admitted_attainment_counts_requests_refused_from_the_queue_as_admitted_misses() -> None:
+    def rec(i: int, outcome: str, reason: str = "") -> RequestRecord:
+        return RequestRecord(i, "m", "v", 0, 0.0, 0.1, 0.05, outcome, reason)  # type: ignore[arg-type]
+
+    records = [rec(0, "ok"), rec(1, "ok"), rec(2, "rejected", "expired"), rec(3, "rejected", "infeasible")]
+    s = summarize(records, 1.0)
+    assert s["answered_attainment"] == 1.0  # both answers that carried a result were on time
+    assert s["admitted_attainment"] == pytest.approx(2 / 3)  # the expired one was admitted, then refused
+    assert s["attainment"] == 0.5
