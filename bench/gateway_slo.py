@@ -6,6 +6,9 @@ Poisson and Gamma(CV=4) arrivals. Systems, all on one CPU Triton with one emulat
 
 - ``headrace``: ``headrace serve`` (default EDF scheduler) in front of a model without Triton's
   dynamic batcher (each gateway batch is one Triton request);
+- ``headrace-protect``: the same with ``admission: protect``: a request is refused at arrival
+  rather than admitted and later skipped, so every refusal comes at once and admitted requests
+  keep their deadlines, for a little attainment near capacity;
 - ``triton-default``: Triton's dynamic batcher with default settings;
 - ``triton-tuned``: the best of a few ``max_queue_delay_microseconds`` / queue-policy timeout
   settings, chosen in a short tuning phase at the decisive points (Poisson 330, Gamma 350).
@@ -42,6 +45,9 @@ from profiles.profile import ProfileSet, save_profiles
 
 RESULTS = Path(__file__).parent / "results"
 SLO_MS = 100.0
+GATEWAYS = {"headrace": {}, "headrace-protect": {"admission": "protect"}}  # system -> scheduler config
+GATEWAY_NOTES = {"headrace": "the default: admission plan, the batcher may skip heads",
+                 "headrace-protect": "admission protect: every refusal at arrival"}
 POISSON_RATES = (150, 250, 300, 320, 330, 350, 500, 1000)
 GAMMA_RATES = (150, 250, 300, 350, 500, 1000)
 TUNING = {  # name -> Triton dynamic batching; the request's timeout overrides unless fixed here
@@ -113,7 +119,8 @@ def write_repo(repo: Path) -> None:
     # the gateway forms the batches; behind it Triton runs each one as it comes (no batcher):
     # Triton's idle dynamic batcher sometimes sleeps ~500 ms on a lone request (see TESTBED_NOTE)
     # each system on an emulated GPU of its own (its own arbiter process)
-    write_emulated_model(repo, "resnet50-gw", prof, slice_id="gpu2/1g.10gb@0")
+    for i, name in enumerate(GATEWAYS):
+        write_emulated_model(repo, f"{name}-gw", prof, slice_id=f"gpu{2 + i}/1g.10gb@0")
     write_emulated_model(repo, "resnet50-default", prof, slice_id="gpu0/1g.10gb@2",
                          dynamic_batching=DynamicBatching())
     for i, (name, db) in enumerate(TUNING.items()):
@@ -147,17 +154,20 @@ async def run(duration: float, warmup: float, quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"slo_ms": SLO_MS, "duration_s": duration, "warmup_s": warmup,
                            "machine": platform.node(), "cpus": os.cpu_count(), "points": [], "tuning": {}}
     with TritonServer(work / "repo", ready_timeout=120) as triton:
-        hp, gp = free_port(), free_port()
-        (work / "gw.yaml").write_text(yaml.safe_dump({
-            "listen": {"http_port": hp, "grpc_port": gp},
-            "models": [{"name": "resnet50", "slo_ms": SLO_MS, "max_batch": 32, "replicas": [
-                {"url": triton.http_url, "protocol": "http", "variant": "resnet50-gw",
-                 "profile": str(work / "resnet50.yaml")}]}],
-        }))
-        gw = start_gateway(work / "gw.yaml", hp, None)
+        ports: dict[str, int] = {}
+        procs = []
         try:
+            for name, scheduler in GATEWAYS.items():
+                hp = ports[name] = free_port()
+                (work / f"{name}.yaml").write_text(yaml.safe_dump({
+                    "listen": {"http_port": hp, "grpc_port": free_port()}, "scheduler": scheduler,
+                    "models": [{"name": "resnet50", "slo_ms": SLO_MS, "max_batch": 32, "replicas": [
+                        {"url": triton.http_url, "protocol": "http", "variant": f"{name}-gw",
+                         "profile": str(work / "resnet50.yaml")}]}],
+                }))
+                procs.append(start_gateway(work / f"{name}.yaml", hp, None))
             tdirect = f"http://{triton.http_url}"
-            systems = {"headrace": (f"http://127.0.0.1:{hp}", "resnet50"),
+            systems = {**{name: (f"http://127.0.0.1:{hp}", "resnet50") for name, hp in ports.items()},
                        "triton-default": (tdirect, "resnet50-default")}
             # warm every path once (connections, python stubs)
             for target, model in [*systems.values(), *((tdirect, f"resnet50-{n}") for n in TUNING)]:
@@ -177,11 +187,11 @@ async def run(duration: float, warmup: float, quick: bool) -> dict[str, Any]:
             for arrival, rates in (("poisson", POISSON_RATES), ("gamma", GAMMA_RATES)):
                 for rate in rates:
                     for sysname, (target, model) in systems.items():
-                        before = gateway_counters(hp) if sysname == "headrace" else {}
+                        before = gateway_counters(ports[sysname]) if sysname in ports else {}
                         r = await point(target, model, arrival, rate, duration, warmup, 1)
                         r.update(system=sysname, arrival=arrival, rate=rate)
-                        if sysname == "headrace":  # the gateway's own view: why it rejected
-                            after = gateway_counters(hp)
+                        if sysname in ports:  # the gateway's own view: why it rejected
+                            after = gateway_counters(ports[sysname])
                             r["gateway"] = {k: after[k] - before.get(k, 0.0) for k in after}
                         out["points"].append(r)
                         print(f"{sysname:15s} {arrival:8s} {rate:5d}/s  attainment {r['attainment'] or 0:.4f}  "
@@ -189,9 +199,10 @@ async def run(duration: float, warmup: float, quick: bool) -> dict[str, Any]:
                               f"rejected {r['rejected']}", flush=True)
                         r["idle_wait_s"] = await wait_idle(triton.http_url)
         finally:
-            stop_group(gw)
+            for proc in procs:
+                stop_group(proc)
     out["load_average"] = os.getloadavg()
-    out["verdict"] = verdict(out["points"])
+    out["verdicts"] = {name: verdict(out["points"], name) for name in GATEWAYS}
     return out
 
 
@@ -202,15 +213,16 @@ def _get(points: list[dict], system: str, arrival: str, rate: int) -> dict | Non
     return None
 
 
-def verdict(points: list[dict]) -> dict[str, Any]:
+def verdict(points: list[dict], who: str) -> dict[str, Any]:
+    """The issue's targets for gateway system ``who``."""
     v: dict[str, Any] = {}
-    ok99 = [p["rate"] for p in points if p["system"] == "headrace" and p["arrival"] == "poisson"
+    ok99 = [p["rate"] for p in points if p["system"] == who and p["arrival"] == "poisson"
             and (p["attainment"] or 0) >= 0.99]
     v["poisson_max_rate_at_99pct"] = max(ok99) if ok99 else None
     v["poisson_320_at_99pct"] = bool(ok99) and max(ok99) >= 320
-    h, t = _get(points, "headrace", "gamma", 350), _get(points, "triton-default", "gamma", 350)
+    h, t = _get(points, who, "gamma", 350), _get(points, "triton-default", "gamma", 350)
     if h and t:
-        v["gamma350_goodput"] = {"headrace": h["goodput_rps"], "triton-default": t["goodput_rps"]}
+        v["gamma350_goodput"] = {"gateway": h["goodput_rps"], "triton-default": t["goodput_rps"]}
         # a baseline that collapsed to no goodput at all makes the ratio unbounded, not a number
         v["gamma350_goodput_ratio_vs_triton_default"] = (
             h["goodput_rps"] / t["goodput_rps"] if t["goodput_rps"] >= 1.0 else None)
@@ -219,20 +231,20 @@ def verdict(points: list[dict]) -> dict[str, Any]:
             v["gamma350_answered_on_time"] = h["good"] / h["ok"]
             v["gamma350_admitted_on_time"] = h["good"] / max(h["offered"] - h["rejected"], 1)
     for arrival in ("poisson", "gamma"):
-        hs = sorted((p for p in points if p["system"] == "headrace" and p["arrival"] == arrival),
+        hs = sorted((p for p in points if p["system"] == who and p["arrival"] == arrival),
                     key=lambda p: p["rate"])
         if hs:
             peak_i = max(range(len(hs)), key=lambda i: hs[i]["goodput_rps"])
             after = [p["goodput_rps"] / hs[peak_i]["goodput_rps"] for p in hs[peak_i:]]
             v[f"{arrival}_goodput_min_after_peak_frac"] = min(after)
             v[f"{arrival}_goodput_within_5pct_of_peak"] = min(after) >= 0.95
-    rl = [p["reject_latency_p99_ms"] for p in points if p["system"] == "headrace" and p["reject_latency_p99_ms"]]
+    rl = [p["reject_latency_p99_ms"] for p in points if p["system"] == who and p["reject_latency_p99_ms"]]
     v["headrace_reject_latency_p99_ms_max"] = max(rl) if rl else None
     v["reject_within_5ms"] = (max(rl) <= 5.0) if rl else None
     rs = [p["reject_latency_from_send_p99_ms"] for p in points
-          if p["system"] == "headrace" and p.get("reject_latency_from_send_p99_ms")]
+          if p["system"] == who and p.get("reject_latency_from_send_p99_ms")]
     v["headrace_reject_from_send_p99_ms_max"] = max(rs) if rs else None
-    gw = [w for p in points if p["system"] == "headrace" and (w := refusal_wait(p.get("gateway") or {}))]
+    gw = [w for p in points if p["system"] == who and (w := refusal_wait(p.get("gateway") or {}))]
     if gw:
         v["gateway_refusals_within_5ms_min"] = min(w[0] for w in gw)
         v["gateway_refusal_p99_le_ms_max"] = max(w[1] for w in gw)
@@ -245,9 +257,9 @@ def _gamma_ratio(v: dict[str, Any]) -> str:
         return "not measured"
     r = v.get("gamma350_goodput_ratio_vs_triton_default")
     if r is None:
-        return (f"**{g['headrace']:.1f}/s** vs Triton default {g['triton-default']:.1f}/s "
+        return (f"**{g['gateway']:.1f}/s** vs Triton default {g['triton-default']:.1f}/s "
                 "(the default batcher collapsed: unbounded ratio)")
-    return f"**{r:.2f}x** Triton default ({g['headrace']:.1f}/s vs {g['triton-default']:.1f}/s)"
+    return f"**{r:.2f}x** Triton default ({g['gateway']:.1f}/s vs {g['triton-default']:.1f}/s)"
 
 
 def _on_time(p: dict[str, Any]) -> str:
@@ -283,21 +295,9 @@ TESTBED_NOTE = (
 )
 
 
-def markdown(res: dict[str, Any]) -> str:
-    v = res["verdict"]
-    lines = [
-        "# SLO attainment and goodput: headrace vs Triton's dynamic batcher",
-        "",
-        f"Emulated ResNet-50 on A100-80GB 1g.10gb (t(b) = max(7.86, 8.4 + 2.346 b) ms, max batch 32), "
-        f"SLO {res['slo_ms']:g} ms sent as Triton's `timeout`; open loop, {res['duration_s']:g} s measured "
-        f"after {res['warmup_s']:g} s warm-up per point; {res['cpus']} CPUs shared with other work "
-        f"(load average at the end: {', '.join(f'{x:.1f}' for x in res['load_average'])}).",
-        f"triton-tuned = `{res['triton_tuned']['name']}`: `{res['triton_tuned']['config']}`",
-        "Command: `.venv/bin/python -m bench.gateway_slo`",
-        "",
-        TESTBED_NOTE,
-        "",
-        "## Targets",
+def _targets(name: str, v: dict[str, Any]) -> list[str]:
+    return [
+        f"### {name} ({GATEWAY_NOTES.get(name, '')})",
         "",
         f"- Poisson: highest tested rate at >= 99% attainment: **{v.get('poisson_max_rate_at_99pct')} req/s** "
         f"(target >= 320: {'met' if v.get('poisson_320_at_99pct') else 'NOT met'})",
@@ -316,6 +316,26 @@ def markdown(res: dict[str, Any]) -> str:
         f"- Gamma CV=4 at 350 req/s, requests answered with a result that came within the SLO: "
         f"**{v.get('gamma350_answered_on_time', 0):.2%}**; counting the queued-then-expired 429s as admitted too: "
         f"{v.get('gamma350_admitted_on_time', 0):.2%} (target: admitted >= 99%)",
+        "",
+    ]
+
+
+def markdown(res: dict[str, Any]) -> str:
+    lines = [
+        "# SLO attainment and goodput: headrace vs Triton's dynamic batcher",
+        "",
+        f"Emulated ResNet-50 on A100-80GB 1g.10gb (t(b) = max(7.86, 8.4 + 2.346 b) ms, max batch 32), "
+        f"SLO {res['slo_ms']:g} ms sent as Triton's `timeout`; open loop, {res['duration_s']:g} s measured "
+        f"after {res['warmup_s']:g} s warm-up per point; {res['cpus']} CPUs shared with other work "
+        f"(load average at the end: {', '.join(f'{x:.1f}' for x in res['load_average'])}).",
+        f"triton-tuned = `{res['triton_tuned']['name']}`: `{res['triton_tuned']['config']}`",
+        "Command: `.venv/bin/python -m bench.gateway_slo`",
+        "",
+        TESTBED_NOTE,
+        "",
+        "## Targets",
+        "",
+        *(line for name in res["verdicts"] for line in _targets(name, res["verdicts"][name])),
         "",
         "## All points",
         "",
