@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from bench.gateway_overhead import start_gateway
+from bench.host import cpu_times, steal_share
 from deploy.process import stop_group
 from deploy.repository import DynamicBatching
 from deploy.triton import TritonServer, free_port
@@ -188,8 +189,9 @@ async def run(duration: float, warmup: float, quick: bool) -> dict[str, Any]:
                 for rate in rates:
                     for sysname, (target, model) in systems.items():
                         before = gateway_counters(ports[sysname]) if sysname in ports else {}
+                        cpu0 = cpu_times()
                         r = await point(target, model, arrival, rate, duration, warmup, 1)
-                        r.update(system=sysname, arrival=arrival, rate=rate)
+                        r.update(system=sysname, arrival=arrival, rate=rate, steal=steal_share(cpu0, cpu_times()))
                         if sysname in ports:  # the gateway's own view: why it rejected
                             after = gateway_counters(ports[sysname])
                             r["gateway"] = {k: after[k] - before.get(k, 0.0) for k in after}
@@ -262,6 +264,10 @@ def _gamma_ratio(v: dict[str, Any]) -> str:
     return f"**{r:.2f}x** Triton default ({g['gateway']:.1f}/s vs {g['triton-default']:.1f}/s)"
 
 
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
 def _on_time(p: dict[str, Any]) -> str:
     return f"{p['good'] / p['ok']:.4f}" if p.get("ok") else "-"
 
@@ -290,7 +296,8 @@ TESTBED_NOTE = (
     "counted as misses), as the client sees them by the `x-headrace-reject-reason` header. "
     "Latencies count from each request's scheduled send time (no coordinated omission), so the "
     "load generator's own send lag, which shares the 2 CPUs, is part of every latency: its p99 "
-    "is in its own column. Between points the bench waits until Triton has executed what earlier "
+    "is in its own column, as is the share of all CPU time the hypervisor stole during the point "
+    "(`/proc/stat`; a few percent already shows as late answers). Between points the bench waits until Triton has executed what earlier "
     "points left queued."
 )
 
@@ -339,8 +346,8 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         "## All points",
         "",
-        "| arrival | rate /s | system | attainment | goodput /s | on time of answered | p50 ms | p99 ms | rejected | reject p99 ms (from scheduled / from sent) | expired | errors | client send lag p99 ms | gateway: at arrival / expired in queue / loop lag ms | gateway: refused within 5 ms of read / p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| arrival | rate /s | system | attainment | goodput /s | on time of answered | p50 ms | p99 ms | rejected | reject p99 ms (from scheduled / from sent) | expired | errors | client send lag p99 ms | CPU stolen by the hypervisor | gateway: at arrival / expired in queue / loop lag ms | gateway: refused within 5 ms of read / p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in res["points"]:
         lines.append(
@@ -349,7 +356,7 @@ def markdown(res: dict[str, Any]) -> str:
             f"{p['p50_ms'] or 0:.1f} | {p['p99_ms'] or 0:.1f} | {p['rejected']} | "
             f"{p['reject_latency_p99_ms'] or 0:.2f} / {p.get('reject_latency_from_send_p99_ms') or 0:.2f} | "
             f"{p.get('expired', 0)} | {p['errors']} | "
-            f"{p.get('send_lag_p99_ms') or 0:.2f} | "
+            f"{p.get('send_lag_p99_ms') or 0:.2f} | {_share(p.get('steal'))} | "
             f"{_reasons(p)} |"
         )
     lines += ["", "## Triton tuning phase (goodput /s summed over Poisson 330 and Gamma 350)", ""]
