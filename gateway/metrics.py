@@ -66,8 +66,12 @@ class GatewayMetrics:
             "headrace_replica_inflight_batches", "Batches running on a replica", ["model", "replica"],
             registry=r)
         self.overhead = Gauge(
-            "headrace_replica_overhead_seconds", "Time every batch takes beyond the replica's profile "
-            "(network, Triton, host load), as the scheduler has learned it and plans with; read at scrape",
+            "headrace_replica_overhead_seconds", "Time from a batch's end on the replica to its answers "
+            "at the gateway (network, Triton, the gateway's loop), as the scheduler has learned it and "
+            "plans with; read at scrape", ["model", "replica"], registry=r)
+        self.gap = Gauge(
+            "headrace_replica_run_excess_seconds", "How much longer than its profile a batch runs on the "
+            "replica (negative: shorter), learned from back-to-back completions; read at scrape",
             ["model", "replica"], registry=r)
         self.healthy = Gauge(
             "headrace_replica_healthy", "1 when the replica passes its ready probe", ["model", "replica"],

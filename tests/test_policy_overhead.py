@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from gateway.policy import scheduler as sched_mod
 from gateway.policy.config import SchedulerConfig
+from loadgen.sim import SimReplica, Simulator
+from loadgen.sim import make_requests as sim_requests
 from tests.policy_builders import fake_profile, make_requests, replica
 
 
@@ -64,3 +67,36 @@ def test_admission_uses_the_learned_overhead():
         _, now = _cycle(core, now, i, late_by=0.02)
     (tight,) = make_requests(1, slo=prof.latency(1) + 0.005, start=now, first_id=10_000)
     assert core.submit(tight, now) is not None
+
+
+@pytest.mark.parametrize("excess, transit", [(0.0, 0.005), (0.003, 0.001)])
+def test_pipelined_replica_learns_its_run_time_apart_from_the_answer_delay(excess, transit):
+    """Back-to-back batches that each run ``excess`` beyond the profile on the replica, with
+    ``transit`` each way: the run-time term converges to ``excess``; the delay term stays one
+    delivery, not one per batch of the run."""
+    core = sched_mod.EdfScheduler(SchedulerConfig())
+    arrivals = np.arange(0.0, 20.0, 1 / 500)  # above capacity: the replica never idles
+    Simulator(core, [SimReplica(replica(profile=fake_profile(), max_inflight=2))], service="p99",
+              overhead=excess, transit=transit).run(sim_requests(arrivals, "m", 1.0))
+    (state,) = core.replicas()
+    assert state.gap == pytest.approx(excess, abs=5e-4)
+    assert state.overhead <= 2 * transit + 1e-3
+
+
+def test_batches_in_flight_are_replanned_from_each_completion():
+    """A batch comes back 10 ms late: the one waiting behind it on the replica now ends 10 ms
+    later too, so the next batch is formed for then (not for the stale plan)."""
+    core = sched_mod.EdfScheduler(SchedulerConfig(learn_overhead=False))
+    prof = fake_profile()
+    core.add_replica(replica(profile=prof, max_inflight=2), 0.0)
+    lead, t1 = core.config.pipeline_lead_s, prof.latency(1)
+    a, b, c = make_requests(3, slo=1.0, start=0.0)
+    core.submit(a, 0.0)
+    (first,) = core.poll(0.0).batches
+    core.submit(b, 0.001)
+    assert core.poll(0.001).wakeup == pytest.approx(t1 - lead)  # B forms just before A ends
+    (second,) = core.poll(t1 - lead).batches
+    core.on_complete(first, t1 + 0.010)
+    core.submit(c, t1 + 0.010)
+    # C waits behind B, which now runs from A's actual return
+    assert core.poll(t1 + 0.010).wakeup == pytest.approx(t1 + 0.010 + t1 - lead)

@@ -23,13 +23,20 @@ Rules (each one is tested):
   than the replica's max batch, and best-effort rows only fill a batch when no guaranteed
   request is left queued for the model.
 - A replica executes its in-flight batches one after another: a new batch is predicted to
-  start when the last one in flight is predicted to finish, and a busy replica gets it no
-  earlier than ``pipeline_lead_s`` before then (so it forms from the latest arrivals while
-  the round trip to the replica still overlaps the running batch).
-- Overhead: with ``learn_overhead`` each replica's predictions are its profile plus a learned
-  per-batch overhead, an online estimate of the ``overhead_quantile`` of how late completed
-  batches finish against their prediction (``on_complete``'s ``now``). Batches that finish
-  exactly as predicted (the simulator) keep it at zero.
+  start when the last one in flight is predicted to end on the replica, and a busy replica gets
+  it no earlier than ``pipeline_lead_s`` before then (so it forms from the latest arrivals while
+  the round trip to the replica still overlaps the running batch). Without room to pipeline
+  (``max_inflight`` 1) it starts once the answers of the one in flight are back.
+- Overhead: with ``learn_overhead`` each replica learns two things online from completions
+  (``on_complete``'s ``now``), each by stochastic quantile tracking:
+  - ``gap``: how much longer than its profile a batch runs on the replica itself, the median
+    excess of the interval between back-to-back completions (the later batch was already sent
+    when the earlier one came back, so the interval is its run time); it may be negative;
+  - ``overhead``: the ``overhead_quantile`` of how late answers come back against that plan
+    (transit, Triton, the gateway's own loop). It delays the answers of a batch, not the start
+    of the next one that already waits at the replica, so it is not added up along a run of
+    back-to-back batches.
+  Batches that finish exactly as predicted (the simulator without transit) keep both at zero.
 """
 
 from __future__ import annotations
@@ -56,36 +63,76 @@ from gateway.policy.types import (
 _EPS = 1e-6  # a wake-up lands this long after the instant a request turns infeasible
 
 
-_RETABLE_S = 1e-4  # rebuild a replica's latency table when the learned overhead moves this much
+_RETABLE_S = 1e-4  # rebuild a replica's latency tables when a learned term moves this much
+
+
+def _step(est: float, above: bool, q: float, step: float) -> float:
+    """One step of stochastic tracking of the ``q`` quantile of a stream of samples."""
+    return est + (step * q if above else -step * (1 - q))
 
 
 @dataclass
 class _Replica:
     info: ReplicaInfo
     base: list[float]  # profile seconds of a batch by rows (index 0 unused)
-    table: list[float] = field(default_factory=list)  # base + overhead: what the core plans with
+    table: list[float] = field(default_factory=list)  # base + gap + overhead: when answers are back
+    run: list[float] = field(default_factory=list)  # base + gap: how long a batch holds the replica
     healthy: bool = True
     inflight: list[Batch] = field(default_factory=list)
-    overhead: float = 0.0  # learned seconds every batch takes beyond its profile
-    applied: float = 0.0  # the overhead ``table`` was built with
+    ends: list[float] = field(default_factory=list)  # predicted end on the replica of each in flight
+    gap: float = 0.0  # learned seconds a batch runs beyond its profile on the replica
+    overhead: float = 0.0  # learned seconds from a batch's end on the replica to its answers
+    applied: tuple[float, float] = (0.0, 0.0)  # the (gap, overhead) the tables were built with
+    last_done: float | None = None  # when the last batch came back
 
     def __post_init__(self) -> None:
         if not self.table:
             self.table = list(self.base)
+        if not self.run:
+            self.run = list(self.base)
 
-    def learn(self, lateness: float, cfg: SchedulerConfig) -> None:
-        """One completion finished ``lateness`` seconds after its prediction: move the estimate
-        of the overhead's ``overhead_quantile`` one step (stochastic quantile tracking)."""
-        q, step = cfg.overhead_quantile, cfg.overhead_step_s
-        est = self.overhead + (step * q if lateness > 0 else -step * (1 - q))
-        self.overhead = min(max(est, 0.0), cfg.max_overhead_s)
-        if abs(self.overhead - self.applied) >= _RETABLE_S or (self.overhead == 0.0 < self.applied):
-            self.applied = self.overhead
-            self.table = [0.0] + [t + self.overhead for t in self.base[1:]]
+    def learn(self, batch: Batch, now: float, cfg: SchedulerConfig) -> None:
+        """``batch`` came back at ``now``: move both learned terms one step."""
+        step = cfg.overhead_step_s
+        if self.last_done is not None and batch.dispatched < self.last_done:
+            # sent before the previous batch came back: it ran back to back after it
+            excess = now - self.last_done - self.base[batch.rows]
+            self.gap = min(max(_step(self.gap, excess > self.gap, 0.5, step), -0.5 * self.base[1]),
+                           cfg.max_overhead_s)
+        lateness = now - batch.predicted_finish
+        self.overhead = min(max(_step(self.overhead, lateness > 0, cfg.overhead_quantile, step), 0.0),
+                            cfg.max_overhead_s)
+        self.last_done = now
+        g, o = self.applied
+        if max(abs(self.gap - g), abs(self.overhead - o)) >= _RETABLE_S or (
+                (self.gap, self.overhead) != (g, o) and 0.0 in (self.gap, self.overhead)):
+            self.applied = (self.gap, self.overhead)
+            self.run = [0.0] + [t + self.gap for t in self.base[1:]]
+            self.table = [0.0] + [t + self.overhead for t in self.run[1:]]
+
+    def dispatch(self, batch: Batch) -> None:
+        """``batch`` (planned with the current tables) is in flight on this replica."""
+        self.inflight.append(batch)
+        self.ends.append(batch.predicted_finish - self.applied[1])
+
+    def reanchor(self, now: float) -> None:
+        """A batch came back at ``now``: the replica was done with it by then, so the batches
+        still in flight run from there. Re-planning their ends from each completion keeps
+        run-time errors from adding up along a long run of back-to-back batches."""
+        t = now
+        for i, b in enumerate(self.inflight):
+            t += self.run[b.rows]
+            self.ends[i] = t
 
     def start(self, now: float) -> float:
-        """When a new batch would begin executing."""
-        return max([now] + [b.predicted_finish for b in self.inflight])
+        """When a new batch would begin executing: with room to pipeline, when the replica is
+        done with the batches in flight (it already holds the next one); else once their
+        answers are back."""
+        if not self.inflight:
+            return now
+        if self.info.max_inflight > 1:
+            return max(now, max(self.ends))
+        return max(now, max(b.predicted_finish for b in self.inflight))
 
     def has_slot(self) -> bool:
         return self.healthy and len(self.inflight) < self.info.max_inflight
@@ -181,7 +228,8 @@ class EdfScheduler:
         rep.healthy = healthy
 
     def replicas(self) -> tuple[ReplicaState, ...]:
-        return tuple(ReplicaState(r.info, r.healthy, tuple(r.inflight), r.overhead) for r in self._replicas.values())
+        return tuple(ReplicaState(r.info, r.healthy, tuple(r.inflight), r.overhead, r.gap)
+                     for r in self._replicas.values())
 
     # ------------------------------------------------------------------ requests
 
@@ -240,9 +288,13 @@ class EdfScheduler:
             for i, b in enumerate(rep.inflight):
                 if b is batch or b == batch:
                     del rep.inflight[i]
+                    del rep.ends[i]
                     break
-            if self.config.learn_overhead and not retry:
-                rep.learn(now - batch.predicted_finish, self.config)
+            if retry:
+                rep.last_done = None  # a failed batch says nothing about run times
+            elif self.config.learn_overhead:
+                rep.learn(batch, now, self.config)
+            rep.reanchor(now)
         retry_ids = {r.id for r in retry}
         for r in batch.requests:
             if r.id not in self._pending:
@@ -285,7 +337,7 @@ class EdfScheduler:
                             wake = min(wake, w)
                         if batch is None:
                             break
-                        rep.inflight.append(batch)
+                        rep.dispatch(batch)
                         batches.append(batch)
                 if group.queued:
                     rejects += self._expire(group, healthy, now)

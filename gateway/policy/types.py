@@ -90,7 +90,8 @@ class ReplicaState:
     info: ReplicaInfo
     healthy: bool = True
     inflight: tuple[Batch, ...] = field(default=())
-    overhead: float = 0.0  # learned seconds every batch takes beyond its profile (planned with)
+    overhead: float = 0.0  # learned seconds from a batch's end on the replica to its answers
+    gap: float = 0.0  # learned seconds a batch runs on the replica beyond its profile
 
 
 class SchedulerCore(Protocol):
