@@ -65,12 +65,14 @@ class SchedulerConfig(BaseModel):
     )
     learn_overhead: bool = Field(
         default=True,
-        description="learn, per replica, the time a batch takes beyond its profile (network, Triton, "
-        "the driver's own loop) from completions, and plan with profile + that overhead",
+        description="learn, per replica, from completions: how much longer than its profile a batch "
+        "runs on the replica (from back-to-back completions) and how long its answers then take to "
+        "come back (network, Triton, the driver's own loop); plan the replica's timeline with the "
+        "first and deadlines with both",
     )
     overhead_quantile: float = Field(
         default=0.9, gt=0.0, lt=1.0,
-        description="quantile of the observed per-batch overhead the scheduler plans with",
+        description="quantile of the observed answer delay the scheduler plans deadlines with",
     )
     overhead_step_s: float = Field(
         default=2e-4, gt=0.0, le=0.01,
