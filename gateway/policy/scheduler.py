@@ -104,8 +104,9 @@ class _Replica:
                             cfg.max_overhead_s)
         self.last_done = now
         g, o = self.applied
-        if max(abs(self.gap - g), abs(self.overhead - o)) >= _RETABLE_S or (
-                (self.gap, self.overhead) != (g, o) and 0.0 in (self.gap, self.overhead)):
+        moved = max(abs(self.gap - g), abs(self.overhead - o)) >= _RETABLE_S
+        exact = (self.gap, self.overhead) == (0.0, 0.0) != (g, o)  # back to the profile itself
+        if moved or exact:
             self.applied = (self.gap, self.overhead)
             self.run = [0.0] + [t + self.gap for t in self.base[1:]]
             self.table = [0.0] + [t + self.overhead for t in self.run[1:]]
