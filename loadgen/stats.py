@@ -32,6 +32,8 @@ QUEUED_REASONS = frozenset({RejectReason.EXPIRED, RejectReason.FAILED})
 def refusal(reason: str | None) -> str:
     """The outcome of a 429 / RESOURCE_EXHAUSTED given its reject reason (None: not said)."""
     return EXPIRED if reason in QUEUED_REASONS else REJECTED
+
+
 NO_VARIANT = "-"  # the response did not name a variant
 
 LATENCY_MAX_US = 3_600_000_000  # one hour
@@ -168,8 +170,7 @@ class Series:
         s.latency_sum_us = d["latency_sum_us"]
         _merge_into(s.latency, d["latency"])
         _merge_into(s.reject_latency, d["reject_latency"])
-        if "reject_wire" in d:
-            _merge_into(s.reject_wire, d["reject_wire"])
+        _merge_into(s.reject_wire, d["reject_wire"])
         return s
 
 
