@@ -287,11 +287,10 @@ def markdown(res: dict) -> str:
             f"{r['gateway_cpu_us_per_request']:.0f} |"
         )
     c = res["policy_core"]
-    if "refusal" in res:
-        f = res["refusal"]
-        lines += ["", f"Refusal path (HTTP, a 1 µs `timeout` no batch can meet, answered 429 without calling "
-                  f"Triton), round trip from the same client: p50 {f['p50_ms']:.3f} ms, p99 {f['p99_ms']:.3f} ms, "
-                  f"{f['gateway_cpu_us_per_request']:.0f} µs of gateway CPU per refusal."]
+    f = res["refusal"]
+    lines += ["", f"Refusal path (HTTP, a 1 µs `timeout` no batch can meet, answered 429 without calling "
+              f"Triton), round trip from the same client: p50 {f['p50_ms']:.3f} ms, p99 {f['p99_ms']:.3f} ms, "
+              f"{f['gateway_cpu_us_per_request']:.0f} µs of gateway CPU per refusal."]
     lines += ["", f"Policy core alone (in-process, default EdfScheduler, same profile): submit+poll "
               f"{c['submit_poll_us']:.0f} µs, on_complete+poll {c['complete_poll_us']:.0f} µs per request "
               "(the driver skips the second poll when nothing is queued).",

@@ -46,9 +46,10 @@ from profiles.profile import ProfileSet, save_profiles
 
 RESULTS = Path(__file__).parent / "results"
 SLO_MS = 100.0
-GATEWAYS = {"headrace": {}, "headrace-protect": {"admission": "protect"}}  # system -> scheduler config
-GATEWAY_NOTES = {"headrace": "the default: admission plan, the batcher may skip heads",
-                 "headrace-protect": "admission protect: every refusal at arrival"}
+GATEWAYS = {  # system -> (scheduler config, what it is)
+    "headrace": ({}, "the default: admission plan, the batcher may skip heads"),
+    "headrace-protect": ({"admission": "protect"}, "admission protect: every refusal at arrival"),
+}
 POISSON_RATES = (150, 250, 300, 320, 330, 350, 500, 1000)
 GAMMA_RATES = (150, 250, 300, 350, 500, 1000)
 TUNING = {  # name -> Triton dynamic batching; the request's timeout overrides unless fixed here
@@ -158,7 +159,7 @@ async def run(duration: float, warmup: float, quick: bool) -> dict[str, Any]:
         ports: dict[str, int] = {}
         procs = []
         try:
-            for name, scheduler in GATEWAYS.items():
+            for name, (scheduler, _) in GATEWAYS.items():
                 hp = ports[name] = free_port()
                 (work / f"{name}.yaml").write_text(yaml.safe_dump({
                     "listen": {"http_port": hp, "grpc_port": free_port()}, "scheduler": scheduler,
@@ -304,7 +305,7 @@ TESTBED_NOTE = (
 
 def _targets(name: str, v: dict[str, Any]) -> list[str]:
     return [
-        f"### {name} ({GATEWAY_NOTES.get(name, '')})",
+        f"### {name} ({GATEWAYS[name][1]})",
         "",
         f"- Poisson: highest tested rate at >= 99% attainment: **{v.get('poisson_max_rate_at_99pct')} req/s** "
         f"(target >= 320: {'met' if v.get('poisson_320_at_99pct') else 'NOT met'})",
