@@ -238,7 +238,7 @@ class Driver:
         m = self.metrics
         for st in self.core.replicas():
             m.of(m.overhead, st.info.model, st.info.id).set(st.overhead)
-            m.of(m.gap, st.info.model, st.info.id).set(st.gap)
+            m.of(m.run_excess, st.info.model, st.info.id).set(st.run_excess)
         return m.render()
 
     def ready(self) -> bool:

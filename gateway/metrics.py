@@ -69,7 +69,7 @@ class GatewayMetrics:
             "headrace_replica_overhead_seconds", "Time from a batch's end on the replica to its answers "
             "at the gateway (network, Triton, the gateway's loop), as the scheduler has learned it and "
             "plans with; read at scrape", ["model", "replica"], registry=r)
-        self.gap = Gauge(
+        self.run_excess = Gauge(
             "headrace_replica_run_excess_seconds", "How much longer than its profile a batch runs on the "
             "replica (negative: shorter), learned from back-to-back completions; read at scrape",
             ["model", "replica"], registry=r)

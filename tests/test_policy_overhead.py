@@ -79,7 +79,7 @@ def test_pipelined_replica_learns_its_run_time_apart_from_the_answer_delay(exces
     Simulator(core, [SimReplica(replica(profile=fake_profile(), max_inflight=2))], service="p99",
               overhead=excess, transit=transit).run(sim_requests(arrivals, "m", 1.0))
     (state,) = core.replicas()
-    assert state.gap == pytest.approx(excess, abs=5e-4)
+    assert state.run_excess == pytest.approx(excess, abs=5e-4)
     assert state.overhead <= 2 * transit + 1e-3
 
 

@@ -29,7 +29,7 @@ Rules (each one is tested):
   (``max_inflight`` 1) it starts once the answers of the one in flight are back.
 - Overhead: with ``learn_overhead`` each replica learns two things online from completions
   (``on_complete``'s ``now``), each by stochastic quantile tracking:
-  - ``gap``: how much longer than its profile a batch runs on the replica itself, the median
+  - ``run_excess``: how much longer than its profile a batch runs on the replica itself, the median
     excess of the interval between back-to-back completions (the later batch was already sent
     when the earlier one came back, so the interval is its run time); it may be negative;
   - ``overhead``: the ``overhead_quantile`` of how late answers come back against that plan
@@ -75,14 +75,14 @@ def _step(est: float, above: bool, q: float, step: float) -> float:
 class _Replica:
     info: ReplicaInfo
     base: list[float]  # profile seconds of a batch by rows (index 0 unused)
-    table: list[float] = field(default_factory=list)  # base + gap + overhead: when answers are back
-    run: list[float] = field(default_factory=list)  # base + gap: how long a batch holds the replica
+    table: list[float] = field(default_factory=list)  # base + run_excess + overhead: when answers are back
+    run: list[float] = field(default_factory=list)  # base + run_excess: how long a batch holds the replica
     healthy: bool = True
     inflight: list[Batch] = field(default_factory=list)
     ends: list[float] = field(default_factory=list)  # predicted end on the replica of each in flight
-    gap: float = 0.0  # learned seconds a batch runs beyond its profile on the replica
+    run_excess: float = 0.0  # learned seconds a batch runs beyond its profile on the replica
     overhead: float = 0.0  # learned seconds from a batch's end on the replica to its answers
-    applied: tuple[float, float] = (0.0, 0.0)  # the (gap, overhead) the tables were built with
+    applied: tuple[float, float] = (0.0, 0.0)  # the (run_excess, overhead) the tables were built with
     last_done: float | None = None  # when the last batch came back
 
     def __post_init__(self) -> None:
@@ -97,18 +97,18 @@ class _Replica:
         if self.last_done is not None and batch.dispatched < self.last_done:
             # sent before the previous batch came back: it ran back to back after it
             excess = now - self.last_done - self.base[batch.rows]
-            self.gap = min(max(_step(self.gap, excess > self.gap, 0.5, step), -0.5 * self.base[1]),
-                           cfg.max_overhead_s)
+            est = _step(self.run_excess, excess > self.run_excess, 0.5, step)
+            self.run_excess = min(max(est, -0.5 * self.base[1]), cfg.max_overhead_s)
         lateness = now - batch.predicted_finish
         self.overhead = min(max(_step(self.overhead, lateness > 0, cfg.overhead_quantile, step), 0.0),
                             cfg.max_overhead_s)
         self.last_done = now
         g, o = self.applied
-        moved = max(abs(self.gap - g), abs(self.overhead - o)) >= _RETABLE_S
-        exact = (self.gap, self.overhead) == (0.0, 0.0) != (g, o)  # back to the profile itself
+        moved = max(abs(self.run_excess - g), abs(self.overhead - o)) >= _RETABLE_S
+        exact = (self.run_excess, self.overhead) == (0.0, 0.0) != (g, o)  # back to the profile itself
         if moved or exact:
-            self.applied = (self.gap, self.overhead)
-            self.run = [0.0] + [t + self.gap for t in self.base[1:]]
+            self.applied = (self.run_excess, self.overhead)
+            self.run = [0.0] + [t + self.run_excess for t in self.base[1:]]
             self.table = [0.0] + [t + self.overhead for t in self.run[1:]]
 
     def dispatch(self, batch: Batch) -> None:
@@ -229,7 +229,7 @@ class EdfScheduler:
         rep.healthy = healthy
 
     def replicas(self) -> tuple[ReplicaState, ...]:
-        return tuple(ReplicaState(r.info, r.healthy, tuple(r.inflight), r.overhead, r.gap)
+        return tuple(ReplicaState(r.info, r.healthy, tuple(r.inflight), r.overhead, r.run_excess)
                      for r in self._replicas.values())
 
     # ------------------------------------------------------------------ requests

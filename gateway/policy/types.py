@@ -91,7 +91,7 @@ class ReplicaState:
     healthy: bool = True
     inflight: tuple[Batch, ...] = field(default=())
     overhead: float = 0.0  # learned seconds from a batch's end on the replica to its answers
-    gap: float = 0.0  # learned seconds a batch runs on the replica beyond its profile
+    run_excess: float = 0.0  # learned seconds a batch runs on the replica beyond its profile
 
 
 class SchedulerCore(Protocol):
