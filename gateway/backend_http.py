@@ -21,7 +21,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
 from gateway.backend import ModelInfo, signature_of
-from gateway.codec import Tensor, json_to_raw
+from gateway.codec import Memo, Tensor, json_to_raw
 from gateway.errors import BackendError
 
 _GRPC_OF_HTTP = {
@@ -32,6 +32,29 @@ _GRPC_OF_HTTP = {
     503: grpc.StatusCode.UNAVAILABLE,
 }
 _HEADER_LEN = b"inference-header-content-length"
+
+
+# the JSON headers of recent batch layouts, both ways: most batches repeat a few shapes
+_REQUEST_HEADS = Memo()
+_RESPONSE_LAYOUTS = Memo()
+
+
+def _request_head(layout: tuple[tuple[str, str, tuple[int, ...], int], ...]) -> bytes:
+    """An infer request's JSON header for inputs (name, datatype, shape, bytes) sent binary."""
+    doc = {"inputs": [{"name": name, "datatype": dt, "shape": list(shape), "parameters": {"binary_data_size": n}}
+                      for name, dt, shape, n in layout],
+           "parameters": {"binary_data_output": True}}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _response_layout(head: bytes) -> tuple[tuple[str, str, list[int], int | None, Any], ...]:
+    """(name, datatype, shape, binary bytes or None, JSON data as bytes or None) per output."""
+    out = []
+    for o in json.loads(head)["outputs"]:
+        size = (o.get("parameters") or {}).get("binary_data_size")
+        raw = None if size is not None else json_to_raw(o["name"], o["datatype"], o["shape"], o.get("data"))
+        out.append((o["name"], o["datatype"], list(o["shape"]), size, raw))
+    return tuple(out)
 
 
 class _Conn(asyncio.Protocol):
@@ -172,10 +195,8 @@ class TritonHttpReplica:
                             retryable=code == grpc.StatusCode.UNAVAILABLE)
 
     async def infer(self, variant: str, inputs: list[Tensor], timeout: float | None) -> list[Tensor]:
-        doc = {"inputs": [{"name": t.name, "datatype": t.datatype, "shape": t.shape,
-                           "parameters": {"binary_data_size": len(t.raw)}} for t in inputs],
-               "parameters": {"binary_data_output": True}}
-        head = json.dumps(doc, separators=(",", ":")).encode()
+        layout = tuple((t.name, t.datatype, tuple(t.shape), len(t.raw)) for t in inputs)
+        head = _REQUEST_HEADS.get(layout) or _REQUEST_HEADS.put(layout, _request_head(layout))
         headers = b"Inference-Header-Content-Length: %d\r\n" % len(head)
         status, hdrs, data = await self._request(
             b"POST", f"/v2/models/{variant}/infer", headers, [head, *(t.raw for t in inputs)], timeout)
@@ -184,19 +205,21 @@ class TritonHttpReplica:
         hl = hdrs.get(_HEADER_LEN)
         try:
             n = int(hl) if hl is not None else len(data)
-            resp = json.loads(data[:n])
+            head = data[:n]
+            outputs = _RESPONSE_LAYOUTS.get(head) or _RESPONSE_LAYOUTS.put(head, _response_layout(head))
             view = memoryview(data)
             outs, off = [], n
-            for o in resp["outputs"]:
-                size = (o.get("parameters") or {}).get("binary_data_size")
-                if size is None:  # the server answered in JSON after all
-                    raw: Any = json_to_raw(o["name"], o["datatype"], o["shape"], o.get("data"))
-                else:
+            for name, datatype, shape, size, raw in outputs:
+                if size is not None:
                     raw, off = view[off : off + size], off + size
-                outs.append(Tensor(o["name"], o["datatype"], list(o["shape"]), raw))
+                outs.append(Tensor(name, datatype, shape, raw))
         except (ValueError, KeyError, TypeError) as e:
             raise BackendError(f"replica {self.url} ({variant}): INTERNAL: unreadable response: {e}",
                                grpc.StatusCode.INTERNAL, retryable=False) from None
+        if off > len(data):
+            raise BackendError(f"replica {self.url} ({variant}): INTERNAL: unreadable response: "
+                               f"outputs claim {off - n} binary bytes, {len(data) - n} sent",
+                               grpc.StatusCode.INTERNAL, retryable=False)
         return outs
 
     async def ready(self, variant: str, timeout: float = 1.0) -> bool:

@@ -94,16 +94,21 @@ def _element_count(shape: list[int]) -> int:
 
 def check_size(t: Tensor) -> None:
     """The byte length must match the shape (fixed-size types) or parse (BYTES)."""
+    if DTYPE_SIZE[t.datatype]:
+        _check_length(t.name, t.datatype, t.shape, len(t.raw))
+        return
     n = _element_count(t.shape)
-    size = DTYPE_SIZE[t.datatype]
-    if size:
-        if len(t.raw) != n * size:
-            raise InvalidRequest(
-                f"input '{t.name}': {len(t.raw)} bytes do not match shape {t.shape} of "
-                f"{t.datatype} ({n * size} bytes expected)"
-            )
-    elif _bytes_elements(t.raw, t.name) != n:
+    if _bytes_elements(t.raw, t.name) != n:
         raise InvalidRequest(f"input '{t.name}': BYTES data does not hold {n} elements for shape {t.shape}")
+
+
+def _check_length(name: str, datatype: str, shape: list[int], nbytes: int) -> None:
+    """A fixed-size datatype's byte length must match its shape."""
+    want = _element_count(shape) * DTYPE_SIZE[datatype]
+    if nbytes != want:
+        raise InvalidRequest(
+            f"input '{name}': {nbytes} bytes do not match shape {shape} of {datatype} ({want} bytes expected)"
+        )
 
 
 def _bytes_elements(raw: bytes | memoryview, name: str) -> int:
@@ -237,9 +242,54 @@ def _shape(name: str, shape: Any) -> list[int]:
     return shape
 
 
+class Memo:
+    """What a pure function of a hashable key returned for recent keys. Clients repeat a few
+    header layouts (same tensors, shapes and options, new bytes), so most requests skip a
+    JSON decode or encode. A stream of distinct keys only refills it: it is cleared when
+    full, which keeps hits free of any LRU bookkeeping. Values are shared: read-only."""
+
+    __slots__ = ("_d", "size")
+
+    def __init__(self, size: int = 256) -> None:
+        self._d: dict[Any, Any] = {}
+        self.size = size
+
+    def get(self, key: Any) -> Any:
+        return self._d.get(key)
+
+    def put(self, key: Any, value: Any) -> Any:
+        if len(self._d) >= self.size:
+            self._d.clear()
+        self._d[key] = value
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class _InputLayout:
+    name: str
+    datatype: str
+    shape: list[int]
+    size: int | None  # binary_data_size; None: the data came in the JSON
+    raw: bytes | None  # the JSON data as bytes (size is None)
+
+
+@dataclass(frozen=True, slots=True)
+class _RequestLayout:
+    """Everything an HTTP infer request's JSON header says: a pure function of its bytes."""
+
+    inputs: tuple[_InputLayout, ...]
+    outputs: list[RequestedOutput]
+    id: str
+    parameters: dict[str, Any]
+
+
+_REQUEST_LAYOUTS = Memo()
+
+
 def parse_http_infer(body: bytes, header_length: str | None) -> InferInput:
     """Decode a KServe v2 infer body (JSON, or JSON + binary tensors when
-    ``Inference-Header-Content-Length`` is given)."""
+    ``Inference-Header-Content-Length`` is given). The JSON header is decoded once per
+    distinct header (:class:`Memo`); the binary part is sliced per request."""
     binary: memoryview = memoryview(b"")
     if header_length is not None:
         try:
@@ -252,8 +302,33 @@ def parse_http_infer(body: bytes, header_length: str | None) -> InferInput:
             )
         binary = memoryview(body)[hl:]
         body = body[:hl]
+    layout = _REQUEST_LAYOUTS.get(body)
+    if layout is None:
+        layout = _REQUEST_LAYOUTS.put(body, _request_layout(body))
+    out: list[Tensor] = []
+    offset = 0
+    for inp in layout.inputs:
+        if inp.size is None:
+            out.append(Tensor(inp.name, inp.datatype, inp.shape, inp.raw))  # type: ignore[arg-type]
+            continue
+        if offset + inp.size > len(binary):
+            raise InvalidRequest(
+                f"input '{inp.name}': binary_data_size ({inp.size}) runs past the body "
+                f"({len(binary) - offset} binary bytes left)"
+            )
+        t = Tensor(inp.name, inp.datatype, inp.shape, binary[offset : offset + inp.size])
+        offset += inp.size
+        if inp.datatype == "BYTES":  # fixed-size types were checked with the layout
+            check_size(t)
+        out.append(t)
+    if offset != len(binary):
+        raise InvalidRequest(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
+    return InferInput(out, layout.outputs, layout.id, layout.parameters)
+
+
+def _request_layout(head: bytes) -> _RequestLayout:
     try:
-        doc = json.loads(body)
+        doc = json.loads(head)
     except (ValueError, UnicodeDecodeError) as e:
         raise InvalidRequest(f"malformed JSON request: {e}") from None
     if not isinstance(doc, dict):
@@ -261,8 +336,7 @@ def parse_http_infer(body: bytes, header_length: str | None) -> InferInput:
     inputs = doc.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise InvalidRequest("request needs a non-empty 'inputs' list")
-    out: list[Tensor] = []
-    offset = 0
+    out: list[_InputLayout] = []
     for i, inp in enumerate(inputs):
         if not isinstance(inp, dict) or not isinstance(inp.get("name"), str):
             raise InvalidRequest(f"inputs[{i}] must be an object with a string 'name'")
@@ -278,20 +352,13 @@ def parse_http_infer(body: bytes, header_length: str | None) -> InferInput:
         if bds is not None:
             if not isinstance(bds, int) or isinstance(bds, bool) or bds < 0:
                 raise InvalidRequest(f"input '{name}': binary_data_size {bds!r} must be a non-negative integer")
-            if offset + bds > len(binary):
-                raise InvalidRequest(
-                    f"input '{name}': binary_data_size ({bds}) runs past the body "
-                    f"({len(binary) - offset} binary bytes left)"
-                )
-            raw: bytes | memoryview = binary[offset : offset + bds]
-            offset += bds
+            if dt != "BYTES":  # BYTES data is checked per request: its content says
+                _check_length(name, dt, shape, bds)
+            out.append(_InputLayout(name, dt, shape, bds, None))
         else:
             raw = json_to_raw(name, dt, shape, inp.get("data"))
-        t = Tensor(name, dt, shape, raw)
-        check_size(t)
-        out.append(t)
-    if offset != len(binary):
-        raise InvalidRequest(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
+            check_size(Tensor(name, dt, shape, raw))
+            out.append(_InputLayout(name, dt, shape, None, raw))
     outputs = []
     for i, o in enumerate(doc.get("outputs") or []):
         if not isinstance(o, dict) or not isinstance(o.get("name"), str):
@@ -303,25 +370,38 @@ def parse_http_infer(body: bytes, header_length: str | None) -> InferInput:
     if not isinstance(params, dict):
         raise InvalidRequest("request parameters must be an object")
     rid = doc.get("id", "")
-    return InferInput(out, outputs, rid if isinstance(rid, str) else str(rid), params)
+    return _RequestLayout(tuple(out), outputs, rid if isinstance(rid, str) else str(rid), params)
+
+
+_RESPONSE_HEADS = Memo()
 
 
 def encode_http_response(
-    model: str, version: str, req: InferInput, outputs: list[Tensor], parameters: dict[str, Any]
+    model: str, version: str, req: InferInput, outputs: list[Tensor], parameters: dict[str, str]
 ) -> tuple[bytes, int | None]:
-    """The response body and, when any output is binary, the JSON header length."""
+    """The response body and, when any output is binary, the JSON header length. A header
+    that carries no data (every output binary) is encoded once per layout (:class:`Memo`)."""
     default_binary = bool(req.parameters.get("binary_data_output", False))
     wanted = {o.name: o for o in req.outputs}
-    items, blobs = [], []
+    chosen: list[tuple[Tensor, bool]] = []
     for t in outputs:
         if wanted and t.name not in wanted:
             continue
         o = wanted.get(t.name)
-        binary = default_binary if o is None or o.binary is None else o.binary
+        chosen.append((t, default_binary if o is None or o.binary is None else o.binary))
+    blobs = [t.raw for t, binary in chosen if binary]
+    key = None
+    if blobs and len(blobs) == len(chosen):  # the header is a function of the layout alone
+        key = (model, version, req.id, tuple(parameters.items()),
+               tuple((t.name, t.datatype, tuple(t.shape), len(t.raw)) for t, _ in chosen))
+        head = _RESPONSE_HEADS.get(key)
+        if head is not None:
+            return b"".join([head, *blobs]), len(head)
+    items = []
+    for t, binary in chosen:
         item: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": t.shape}
         if binary:
             item["parameters"] = {"binary_data_size": len(t.raw)}
-            blobs.append(t.raw)
         else:
             item["data"] = raw_to_json(t)
         items.append(item)
@@ -331,6 +411,8 @@ def encode_http_response(
     if parameters:
         doc["parameters"] = parameters
     head = json.dumps(doc, separators=(",", ":")).encode()
+    if key is not None:
+        _RESPONSE_HEADS.put(key, head)
     if not blobs:
         return head, None
     return b"".join([head, *blobs]), len(head)

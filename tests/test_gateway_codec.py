@@ -76,6 +76,35 @@ def test_binary_outputs_follow_request_and_output_flags():
     assert head["outputs"][1]["data"] == [7] and head["parameters"] == {"headrace_variant": "v"}
 
 
+def test_a_repeated_header_is_decoded_once_but_each_body_is_its_own():
+    head = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2],
+                                   "parameters": {"binary_data_size": 8}}]}).encode()
+    a, b = (np.array(v, np.float32) for v in ([1, 2], [3, 4]))
+    first = parse_http_infer(head + a.tobytes(), str(len(head)))
+    second = parse_http_infer(head + b.tobytes(), str(len(head)))
+    assert bytes(first.inputs[0].raw) == a.tobytes() and bytes(second.inputs[0].raw) == b.tobytes()
+    with pytest.raises(InvalidRequest, match="not claimed"):  # the known header still checks the body
+        parse_http_infer(head + a.tobytes() + b"\0", str(len(head)))
+    bad = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2],
+                                  "parameters": {"binary_data_size": 4}}]}).encode()
+    for _ in range(2):  # a header that fails is not remembered as good
+        with pytest.raises(InvalidRequest, match="bytes do not match shape"):
+            parse_http_infer(bad + b"\0" * 4, str(len(bad)))
+
+
+def test_response_headers_follow_each_requests_choice_of_outputs():
+    a = Tensor("a", "FP32", [1, 2], np.array([1, 2], np.float32).tobytes())
+    b = Tensor("b", "FP32", [1, 1], np.array([3], np.float32).tobytes())
+    everything = InferInput([], [], parameters={"binary_data_output": True})
+    only_b = InferInput([], [RequestedOutput("b", binary=True)])
+    for req, names, blobs in ((everything, ["a", "b"], a.raw + b.raw), (only_b, ["b"], b.raw),
+                              (everything, ["a", "b"], a.raw + b.raw)):
+        body, hl = encode_http_response("m", "1", req, [a, b], {"headrace_variant": "v"})
+        assert [o["name"] for o in json.loads(body[:hl])["outputs"]] == names and body[hl:] == blobs
+    body, hl = encode_http_response("m", "1", InferInput([], [RequestedOutput("a", binary=False)]), [a, b], {})
+    assert hl is None and json.loads(body)["outputs"][0]["data"] == [1.0, 2.0]
+
+
 @pytest.mark.parametrize("doc,match", [
     ({"inputs": []}, "non-empty 'inputs'"),
     ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, -3], "data": [1]}]}, "shape"),
