@@ -63,6 +63,7 @@ class _Conn(asyncio.Protocol):
 
     def __init__(self, max_body: int) -> None:
         self.max_body = max_body
+        self.loop = asyncio.get_running_loop()  # once: each lookup is a getpid() system call
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.fut: asyncio.Future | None = None
@@ -105,7 +106,7 @@ class _Conn(asyncio.Protocol):
             fut.set_result((self.parser.get_status_code(), self.headers, body))
 
     def request(self, parts: list[bytes]) -> asyncio.Future:
-        self.fut = asyncio.get_running_loop().create_future()
+        self.fut = self.loop.create_future()
         self.headers, self.body, self.size = {}, [], 0
         self.transport.writelines(parts)  # type: ignore[union-attr]
         return self.fut
@@ -156,15 +157,15 @@ class TritonHttpReplica:
         size = sum(len(p) for p in parts)
         head = b"".join((method, b" ", path.encode(), b" HTTP/1.1\r\n", self._host_header, headers,
                          b"Content-Length: ", str(size).encode(), b"\r\n\r\n"))
-        loop = asyncio.get_running_loop()
         timer, conn = None, None
         try:
             conn = self._idle_conn()  # the hot path: no connect, nothing to time out
             if conn is None:
                 async with asyncio.timeout(timeout):  # None: no limit
-                    _, conn = await loop.create_connection(lambda: _Conn(self._max_body), self._host, self._port)
+                    _, conn = await asyncio.get_running_loop().create_connection(
+                        lambda: _Conn(self._max_body), self._host, self._port)
             if timeout is not None:
-                timer = loop.call_later(timeout, conn.timed_out)
+                timer = conn.loop.call_later(timeout, conn.timed_out)
             status, hdrs, data = await conn.request([head, *parts])
         except TimeoutError:  # before OSError, of which it is a subclass
             raise BackendError(f"replica {self.url}: DEADLINE_EXCEEDED: no answer in {timeout:.3f}s",

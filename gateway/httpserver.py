@@ -49,16 +49,19 @@ class TurnClock:
     gives everything read in one turn the time the turn began reading, so work done on earlier
     reads of the turn is not charged to later ones."""
 
-    __slots__ = ("clock", "_at")
+    __slots__ = ("clock", "_at", "_loop")
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
         self._at: float | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # found once: each lookup is a getpid()
 
     def __call__(self) -> float:
         if self._at is None:
             self._at = self.clock()
-            asyncio.get_running_loop().call_soon(self._turn_ended)
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._loop.call_soon(self._turn_ended)
         return self._at
 
     def _turn_ended(self) -> None:
