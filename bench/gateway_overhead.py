@@ -149,9 +149,9 @@ def start_gateway(cfg_path: Path, http_port: int, profile_out: Path | None) -> s
     return start_serve(cfg_path, f"127.0.0.1:{http_port}", cfg_path.with_suffix(".log"), prefix=prefix)
 
 
-def start_relay(port: int, target: str) -> subprocess.Popen:
-    """``bench.relay`` in its own process group, listening once this returns."""
-    proc = subprocess.Popen([sys.executable, "-m", "bench.relay", str(port), target],
+def start_floor(module: str, port: int, *args: str) -> subprocess.Popen:
+    """``bench.relay`` or ``bench.grpc_echo`` in its own process group, listening once this returns."""
+    proc = subprocess.Popen([sys.executable, "-m", module, str(port), *args],
                             start_new_session=True, cwd=Path(__file__).parent.parent)
     deadline = time.monotonic() + 10.0
     while time.monotonic() < deadline and proc.poll() is None:
@@ -161,7 +161,7 @@ def start_relay(port: int, target: str) -> subprocess.Popen:
         except OSError:
             time.sleep(0.05)
     stop_group(proc)
-    raise RuntimeError(f"bench.relay on port {port} did not start")
+    raise RuntimeError(f"{module} on port {port} did not start")
 
 
 def run(requests: int, rounds: int, profile: bool) -> dict:
@@ -192,7 +192,10 @@ def run(requests: int, rounds: int, profile: bool) -> dict:
                 procs[f"gateway/{backend}"] = start_gateway(path, hp, None)
             relays = {proto: free_port() for proto in ("http", "grpc")}
             for proto, port in relays.items():
-                procs[f"relay/{proto}"] = start_relay(port, triton.http_url if proto == "http" else triton.grpc_url)
+                procs[f"relay/{proto}"] = start_floor("bench.relay", port,
+                                                      triton.http_url if proto == "http" else triton.grpc_url)
+            echo_port = free_port()
+            procs["grpc_echo"] = start_floor("bench.grpc_echo", echo_port)
             targets: dict = {}
             pid_of: dict = {}  # target -> the process whose CPU it is charged (none for Triton itself)
             for proto in ("http", "grpc"):
@@ -204,6 +207,9 @@ def run(requests: int, rounds: int, profile: bool) -> dict:
                     pid_of[key] = procs[f"gateway/{backend}"].pid
                 targets[(proto, "relay")] = make(f"127.0.0.1:{relays[proto]}", "echo")
                 pid_of[(proto, "relay")] = procs[f"relay/{proto}"].pid
+            # the floor of any Python gRPC front door: grpc.aio answering at once, no Triton
+            targets[("grpc", "grpc.aio echo")] = GrpcTarget(f"127.0.0.1:{echo_port}", "echo")
+            pid_of[("grpc", "grpc.aio echo")] = procs["grpc_echo"].pid
             # the refusal path: what a 429 costs the gateway (admission only, no Triton call)
             targets[("http", "refusal")] = RefusalTarget(f"127.0.0.1:{gateways[BACKENDS[0]][0]}", "echo")
             pid_of[("http", "refusal")] = procs[f"gateway/{BACKENDS[0]}"].pid
@@ -239,7 +245,7 @@ def run(requests: int, rounds: int, profile: bool) -> dict:
                  "cpus": os.cpu_count(), "rows": []}
     for proto in ("http", "grpc"):
         d = samples[(proto, "triton")]
-        for system in (*(f"gateway/{b}" for b in BACKENDS), "relay"):
+        for system in (*(f"gateway/{b}" for b in BACKENDS), "relay", *(("grpc.aio echo",) if proto == "grpc" else ())):
             g = samples[(proto, system)]
             backend = system.removeprefix("gateway/")
             row = {"client": proto, "backend": backend,
@@ -275,13 +281,18 @@ def markdown(res: dict) -> str:
         "The `relay` rows are the floor: a bare TCP relay process (`bench.relay`, uvloop, parses nothing) "
         "between the same client and Triton. What it adds is what any extra process in the path costs here.",
         "",
+        "The `grpc.aio echo` row is the floor of a Python gRPC front door: a grpc.aio server (`bench.grpc_echo`, "
+        "uvloop) that answers each ModelInfer at once with its inputs, calling no Triton. Its 'added' column "
+        "is its whole round trip minus Triton's, so a positive value means grpc.aio alone answers "
+        "slower than Triton runs the model.",
+        "",
         "| client protocol | gateway -> Triton | Triton p50 ms | gateway p50 ms | added p50 ms | Triton p99 ms | gateway p99 ms | added p99 ms | limit 0.5/1.5 | goal 0.3/1.0 | gateway CPU µs/request |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res["rows"]:
-        floor = r["backend"] == "relay"
+        floor = r["backend"] in ("relay", "grpc.aio echo")
         lines.append(
-            f"| {r['client']} | {'relay (floor)' if floor else r['backend']} | {r['direct_p50_ms']:.3f} | {r['gateway_p50_ms']:.3f} | **{r['added_p50_ms']:.3f}** | "
+            f"| {r['client']} | {r['backend'] + ' (floor)' if floor else r['backend']} | {r['direct_p50_ms']:.3f} | {r['gateway_p50_ms']:.3f} | **{r['added_p50_ms']:.3f}** | "
             f"{r['direct_p99_ms']:.3f} | {r['gateway_p99_ms']:.3f} | **{r['added_p99_ms']:.3f}** | "
             f"{'yes' if r['meets_limit'] else 'NO'} | {'yes' if r['meets_goal'] else 'no'} | "
             f"{r['gateway_cpu_us_per_request']:.0f} |"
