@@ -236,7 +236,7 @@ def run(requests: int, rounds: int, profile: bool) -> dict:
             gw = start_gateway(path, hp, prof)
             try:
                 for t in (GrpcTarget(f"127.0.0.1:{gp}", "echo"), HttpTarget(f"127.0.0.1:{hp}", "echo")):
-                    measure(t, requests * 2)
+                    measure(t, requests * 10)  # long enough that serving, not startup, dominates
                     t.close()
             finally:
                 stop_group(gw, signal.SIGINT)
