@@ -246,18 +246,24 @@ class Memo:
     """What a pure function of a hashable key returned for recent keys. Clients repeat a few
     header layouts (same tensors, shapes and options, new bytes), so most requests skip a
     JSON decode or encode. A stream of distinct keys only refills it: it is cleared when
-    full, which keeps hits free of any LRU bookkeeping. Values are shared: read-only."""
+    full, which keeps hits free of any LRU bookkeeping. Values are shared: read-only.
+    Byte-string keys longer than ``max_key_bytes`` are not kept: those are documents with
+    their data inline, each one seen once, and keeping them would hold their memory."""
 
-    __slots__ = ("_d", "size")
+    __slots__ = ("_d", "size", "max_key_bytes")
 
-    def __init__(self, size: int = 256) -> None:
+    def __init__(self, size: int = 256, max_key_bytes: int = 4096) -> None:
         self._d: dict[Any, Any] = {}
         self.size = size
+        self.max_key_bytes = max_key_bytes
 
     def get(self, key: Any) -> Any:
         return self._d.get(key)
 
     def put(self, key: Any, value: Any) -> Any:
+        """Remember ``value`` for ``key`` (unless the key is too long to keep); returns it."""
+        if isinstance(key, bytes) and len(key) > self.max_key_bytes:
+            return value
         if len(self._d) >= self.size:
             self._d.clear()
         self._d[key] = value

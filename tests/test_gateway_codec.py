@@ -14,6 +14,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from gateway.codec import (
     InferInput,
+    Memo,
     RequestedOutput,
     Tensor,
     concat,
@@ -90,6 +91,16 @@ def test_a_repeated_header_is_decoded_once_but_each_body_is_its_own():
     for _ in range(2):  # a header that fails is not remembered as good
         with pytest.raises(InvalidRequest, match="bytes do not match shape"):
             parse_http_infer(bad + b"\0" * 4, str(len(bad)))
+
+
+def test_the_memo_keeps_short_keys_only_and_empties_when_full():
+    memo = Memo(size=2, max_key_bytes=8)
+    assert memo.put(b"x" * 9, 1) == 1 and memo.get(b"x" * 9) is None  # a document with inline data
+    memo.put(b"a", 1)
+    memo.put(("t",), 2)
+    assert memo.get(b"a") == 1 and memo.get(("t",)) == 2
+    memo.put(b"c", 3)  # full: starts over
+    assert memo.get(b"a") is None and memo.get(b"c") == 3
 
 
 def test_response_headers_follow_each_requests_choice_of_outputs():
