@@ -57,7 +57,8 @@ class RequestedOutput:
 
 @dataclass(slots=True)
 class InferInput:
-    """One decoded inference request, protocol-neutral."""
+    """One decoded inference request, protocol-neutral. ``outputs`` and ``parameters`` are
+    shared by requests that came with the same HTTP header (:class:`Memo`): read-only."""
 
     inputs: list[Tensor]
     outputs: list[RequestedOutput] = field(default_factory=list)  # empty = all outputs
