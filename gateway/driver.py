@@ -234,8 +234,11 @@ class Driver:
         return m
 
     def render_metrics(self) -> bytes:
-        """The Prometheus text; what the scheduler has learned per replica is read now."""
+        """The Prometheus text; batches in flight and what the scheduler has learned per
+        replica are read now (off the request path)."""
         m = self.metrics
+        for r in self.replicas.values():
+            m.of(m.inflight, r.model, r.id).set(r.inflight)
         for st in self.core.replicas():
             m.of(m.overhead, st.info.model, st.info.id).set(st.overhead)
             m.of(m.run_excess, st.info.model, st.info.id).set(st.run_excess)
@@ -349,13 +352,11 @@ class Driver:
         entries = [self._pending.get(r.id) for r in b.requests]
         live = [p for p in entries if p is not None]
         rep.inflight += 1
-        self.metrics.of(self.metrics.inflight, model, rep.id).set(rep.inflight)
         sent = self.clock()
         try:
             results = await self._send(rep, b, live)
         except Exception as e:  # noqa: BLE001  (every failure is answered below)
             rep.inflight -= 1
-            self.metrics.of(self.metrics.inflight, model, rep.id).set(rep.inflight)
             self._record_dispatch(b, live, sent)
             self._on_failure(rep, b, live, e)
             return
@@ -386,7 +387,6 @@ class Driver:
         self._record_dispatch(b, live, sent)
         model = b.requests[0].model
         m = self.metrics
-        m.of(m.inflight, model, rep.id).set(rep.inflight)
         m.of(m.batch_duration, model, b.variant).observe(now - sent)
         planned = b.predicted_finish - b.dispatched
         if now - sent > 2 * planned + 0.05:

@@ -43,6 +43,8 @@ class EdfQueue:
         drop = set(indices)
         if not drop:
             return []
+        if len(drop) == len(self._items) and max(drop) == len(self._items) - 1:
+            return self.clear()  # all of it (a lone request, a whole-queue batch)
         taken = [self._items[i] for i in sorted(drop)]
         self._keys = [k for i, k in enumerate(self._keys) if i not in drop]
         self._items = [r for i, r in enumerate(self._items) if i not in drop]

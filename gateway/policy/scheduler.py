@@ -326,7 +326,7 @@ class EdfScheduler:
                 if not group.queued:
                     continue  # nothing to dispatch, expire or wake up for (the common case)
                 rejects += self._expire(group, healthy, now)
-                for rep in sorted(healthy, key=lambda r: r.info.profile.latency(1, self.config.quantile)):
+                for rep in sorted(healthy, key=lambda r: r.base[1]) if len(healthy) > 1 else healthy:
                     while rep.has_slot() and group.queued:
                         if rep.inflight:  # pipelined: form the next batch just before it can start
                             ready_at = rep.start(now) - self.config.pipeline_lead_s
@@ -416,8 +416,14 @@ class EdfScheduler:
 
     def _needed_batch(self, healthy: list[_Replica], rate: float) -> int:
         """Smallest batch (rows) at which the healthy replicas together keep up with ``rate``."""
-        top = max(r.info.max_batch for r in healthy)
         want = rate * (1.0 + self.config.headroom)
+        if len(healthy) == 1:  # the common case: the replica's own table
+            r = healthy[0]
+            for b in range(1, r.info.max_batch + 1):
+                if b / r.table[b] >= want:
+                    return b
+            return r.info.max_batch
+        top = max(r.info.max_batch for r in healthy)
         for b in range(1, top + 1):
             cap = sum(min(b, r.info.max_batch) / r.table[min(b, r.info.max_batch)] for r in healthy)
             if cap >= want:
