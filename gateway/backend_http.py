@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable
 from typing import Any
 
 import grpc
@@ -134,13 +135,15 @@ class TritonHttpReplica:
         host, _, port = url.rpartition(":")
         self._host, self._port = host, int(port)
         self._idle: list[_Conn] = []
+        self._busy: set[_Conn] = set()  # a request on the way: closed with the client
         self._max_idle = max_idle
         self._max_body = max_message_bytes
         self._host_header = f"Host: {url}\r\n".encode()
 
     async def close(self) -> None:
-        idle, self._idle = self._idle, []
-        for c in idle:
+        conns = self._idle + list(self._busy)
+        self._idle, self._busy = [], set()
+        for c in conns:
             c.close()
 
     def _idle_conn(self) -> _Conn | None:
@@ -153,31 +156,50 @@ class TritonHttpReplica:
 
     async def _request(self, method: bytes, path: str, headers: bytes, body: bytes | list[bytes],
                        timeout: float | None) -> tuple[int, dict[bytes, bytes], bytes]:
+        return await self._start(method, path, headers, body, timeout)
+
+    def _start(self, method: bytes, path: str, headers: bytes, body: bytes | list[bytes],
+               timeout: float | None) -> Awaitable[tuple[int, dict[bytes, bytes], bytes]]:
+        """Send a request and return the wait for its answer (status, headers, body). On a
+        pooled connection the request is written in this call (the hot path: no connect, no
+        loop turn before it leaves); else a new connection is opened once awaited."""
         parts = body if isinstance(body, list) else [body]
         size = sum(len(p) for p in parts)
         head = b"".join((method, b" ", path.encode(), b" HTTP/1.1\r\n", self._host_header, headers,
                          b"Content-Length: ", str(size).encode(), b"\r\n\r\n"))
-        timer, conn = None, None
+        conn = self._idle_conn()
+        if conn is None:
+            return self._connect_and_send([head, *parts], timeout)
+        return self._answer(conn, *self._send(conn, [head, *parts], timeout), timeout)
+
+    def _send(self, conn: _Conn, parts: list[bytes], timeout: float | None
+              ) -> tuple[asyncio.Future, asyncio.TimerHandle | None]:
+        self._busy.add(conn)
+        timer = conn.loop.call_later(timeout, conn.timed_out) if timeout is not None else None
+        return conn.request(parts), timer
+
+    async def _connect_and_send(self, parts: list[bytes], timeout: float | None
+                                ) -> tuple[int, dict[bytes, bytes], bytes]:
         try:
-            conn = self._idle_conn()  # the hot path: no connect, nothing to time out
-            if conn is None:
-                async with asyncio.timeout(timeout):  # None: no limit
-                    _, conn = await asyncio.get_running_loop().create_connection(
-                        lambda: _Conn(self._max_body), self._host, self._port)
-            if timeout is not None:
-                timer = conn.loop.call_later(timeout, conn.timed_out)
-            status, hdrs, data = await conn.request([head, *parts])
-        except TimeoutError:  # before OSError, of which it is a subclass
-            raise BackendError(f"replica {self.url}: DEADLINE_EXCEEDED: no answer in {timeout:.3f}s",
-                               grpc.StatusCode.DEADLINE_EXCEEDED, retryable=False) from None
+            async with asyncio.timeout(timeout):  # None: no limit
+                _, conn = await asyncio.get_running_loop().create_connection(
+                    lambda: _Conn(self._max_body), self._host, self._port)
         except (OSError, ValueError) as e:
-            raise BackendError(f"replica {self.url}: UNAVAILABLE: {type(e).__name__}: {e}",
-                               grpc.StatusCode.UNAVAILABLE, retryable=True) from None
+            raise self._transport_error(e, timeout) from None
+        return await self._answer(conn, *self._send(conn, parts, timeout), timeout)
+
+    async def _answer(self, conn: _Conn, fut: asyncio.Future, timer: asyncio.TimerHandle | None,
+                      timeout: float | None) -> tuple[int, dict[bytes, bytes], bytes]:
+        try:
+            status, hdrs, data = await fut
+        except (OSError, ValueError) as e:
+            conn.close()
+            raise self._transport_error(e, timeout) from None
         except BaseException:
-            if conn is not None:
-                conn.close()  # cancelled mid-request: its answer must not reach a later request
+            conn.close()  # cancelled mid-request: its answer must not reach a later request
             raise
         finally:
+            self._busy.discard(conn)
             if timer is not None:
                 timer.cancel()
         if not conn.closed and len(self._idle) < self._max_idle:
@@ -185,6 +207,13 @@ class TritonHttpReplica:
         else:
             conn.close()
         return status, hdrs, data
+
+    def _transport_error(self, e: Exception, timeout: float | None) -> BackendError:
+        if isinstance(e, TimeoutError):  # before OSError, of which it is a subclass
+            return BackendError(f"replica {self.url}: DEADLINE_EXCEEDED: no answer in {timeout:.3f}s",
+                                grpc.StatusCode.DEADLINE_EXCEEDED, retryable=False)
+        return BackendError(f"replica {self.url}: UNAVAILABLE: {type(e).__name__}: {e}",
+                            grpc.StatusCode.UNAVAILABLE, retryable=True)
 
     def _error(self, status: int, data: bytes, what: str) -> BackendError:
         try:
@@ -195,12 +224,19 @@ class TritonHttpReplica:
         return BackendError(f"replica {self.url} ({what}): {code.name}: {msg}", code,
                             retryable=code == grpc.StatusCode.UNAVAILABLE)
 
-    async def infer(self, variant: str, inputs: list[Tensor], timeout: float | None) -> list[Tensor]:
+    def infer(self, variant: str, inputs: list[Tensor], timeout: float | None) -> Awaitable[list[Tensor]]:
+        """Send a batch and return the wait for its outputs. With a pooled connection open the
+        request is on its way when this returns, before the caller's first await."""
         layout = tuple((t.name, t.datatype, tuple(t.shape), len(t.raw)) for t in inputs)
         head = _REQUEST_HEADS.get(layout) or _REQUEST_HEADS.put(layout, _request_head(layout))
         headers = b"Inference-Header-Content-Length: %d\r\n" % len(head)
-        status, hdrs, data = await self._request(
-            b"POST", f"/v2/models/{variant}/infer", headers, [head, *(t.raw for t in inputs)], timeout)
+        answer = self._start(b"POST", f"/v2/models/{variant}/infer", headers,
+                             [head, *(t.raw for t in inputs)], timeout)
+        return self._outputs(variant, answer)
+
+    async def _outputs(self, variant: str, answer: Awaitable[tuple[int, dict[bytes, bytes], bytes]]
+                       ) -> list[Tensor]:
+        status, hdrs, data = await answer
         if status != 200:
             raise self._error(status, data, variant)
         hl = hdrs.get(_HEADER_LEN)

@@ -16,7 +16,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -320,9 +320,7 @@ class Driver:
                     Rejected(rj.message or f"request rejected: {rj.reason}", rj.reason, rj.retry_after)
                 )
         for b in d.batches:
-            t = self._loop.create_task(self._run(b))  # type: ignore[union-attr]
-            self._tasks.add(t)
-            t.add_done_callback(self._tasks.discard)
+            self._dispatch(b)
         self._arm(d.wakeup, now)
 
     def _arm(self, wakeup: float | None, now: float) -> None:
@@ -346,15 +344,23 @@ class Driver:
                 p.future.set_exception(err)
         self._pending.clear()
 
-    async def _run(self, b: Batch) -> None:
+    def _dispatch(self, b: Batch) -> None:
+        """Send ``b`` now and leave the wait for its answer to a task: a replica client whose
+        ``infer`` writes at call time (HTTP on a pooled connection) has the batch on its way
+        before the task's first loop turn."""
         rep = self.replicas[b.replica]
-        model = b.requests[0].model
-        entries = [self._pending.get(r.id) for r in b.requests]
-        live = [p for p in entries if p is not None]
+        live = [p for r in b.requests if (p := self._pending.get(r.id)) is not None]
         rep.inflight += 1
         sent = self.clock()
+        t = self._loop.create_task(self._run(rep, b, live, sent, self._send(rep, b, live)))  # type: ignore[union-attr]
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    async def _run(self, rep: _Replica, b: Batch, live: list[_Pending], sent: float,
+                   answer: Awaitable[list[list[Tensor]]]) -> None:
+        model = b.requests[0].model
         try:
-            results = await self._send(rep, b, live)
+            results = await answer
         except Exception as e:  # noqa: BLE001  (every failure is answered below)
             rep.inflight -= 1
             self._record_dispatch(b, live, sent)
@@ -410,38 +416,40 @@ class Driver:
             queue.observe(sent - p.request.arrival)
         self.metrics.of(self.metrics.batch_size, model, b.variant).observe(b.rows)
 
-    async def _send(self, rep: _Replica, b: Batch, live: list[_Pending]) -> list[list[Tensor]]:
-        """One Triton request per group of requests whose non-batch shapes agree."""
-        if not live:
-            return []
-        remaining = max(0.0, max(p.request.deadline for p in live) - self.clock())
-        timeout = remaining + 2.0  # late answers are still answers; a hung replica is not
+    def _send(self, rep: _Replica, b: Batch, live: list[_Pending]) -> Awaitable[list[list[Tensor]]]:
+        """Start one Triton request per group of requests whose non-batch shapes agree; the
+        awaitable gives each request's outputs (or raises what went wrong, sending included)."""
+        try:
+            if not live:
+                return _value([])
+            remaining = max(0.0, max(p.request.deadline for p in live) - self.clock())
+            timeout = remaining + 2.0  # late answers are still answers; a hung replica is not
+            groups: dict[tuple, list[int]] = {}
+            if len(live) == 1:  # one request is one group: no shape keys to compute
+                groups[()] = [0]
+            else:
+                for i, p in enumerate(live):
+                    key = tuple((t.name, tuple(t.shape[1:])) for t in sorted(p.input.inputs, key=lambda t: t.name))
+                    groups.setdefault(key, []).append(i)
+            inputs = [_group_inputs([live[i] for i in idx]) for idx in groups.values()]
+            calls = [rep.client.infer(b.variant, x, timeout) for x in inputs]
+        except Exception as e:  # noqa: BLE001  (answered as the batch's failure)
+            return _raising(e)
         batched = self.models[live[0].request.model].info.signature.batched  # type: ignore[union-attr]
-        groups: dict[tuple, list[int]] = {}
-        if len(live) == 1:  # one request is one group: no shape keys to compute
-            groups[()] = [0]
-        else:
-            for i, p in enumerate(live):
-                key = tuple((t.name, tuple(t.shape[1:])) for t in sorted(p.input.inputs, key=lambda t: t.name))
-                groups.setdefault(key, []).append(i)
-        results: list[list[Tensor]] = [[] for _ in live]
+        return self._collect(rep, live, list(groups.values()), calls, batched)
 
-        async def one(idx: list[int]) -> None:
-            members = [live[i] for i in idx]
-            names = [t.name for t in members[0].input.inputs]
-            inputs = [concat([_by_name(p.input.inputs, n) for p in members]) for n in names]
-            rows = [p.request.size for p in members]
-            outs = await rep.client.infer(b.variant, inputs, timeout)
+    async def _collect(self, rep: _Replica, live: list[_Pending], groups: list[list[int]],
+                       calls: list[Awaitable[list[Tensor]]], batched: bool) -> list[list[Tensor]]:
+        """Each group's answer, cut back into its requests' outputs."""
+        answers = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
+        results: list[list[Tensor]] = [[] for _ in live]
+        for idx, outs in zip(groups, answers, strict=True):
+            rows = [live[i].request.size for i in idx]
             if batched:
                 _check_rows(rep.id, outs, sum(rows))
             parts = [split(o, rows) for o in outs] if batched else [[o] for o in outs]
             for k, i in enumerate(idx):
                 results[i] = [ps[k] for ps in parts]
-
-        if len(groups) == 1:
-            await one(next(iter(groups.values())))
-        else:
-            await asyncio.gather(*(one(idx) for idx in groups.values()))
         return results
 
     def _on_failure(self, rep: _Replica, b: Batch, live: list[_Pending], e: Exception) -> None:
@@ -513,6 +521,22 @@ def _check_rows(replica: str, outs: list[Tensor], rows: int) -> None:
             raise BackendError(
                 f"replica {replica}: output '{o.name}' has shape {o.shape}, expected {rows} rows "
                 "for the batch", grpc.StatusCode.INTERNAL, retryable=False)
+
+
+def _group_inputs(members: list[_Pending]) -> list[Tensor]:
+    """The inputs of requests that agree on shapes, stacked along the batch dimension."""
+    if len(members) == 1:
+        return members[0].input.inputs
+    names = [t.name for t in members[0].input.inputs]
+    return [concat([_by_name(p.input.inputs, n) for p in members]) for n in names]
+
+
+async def _value(v: Any) -> Any:
+    return v
+
+
+async def _raising(e: Exception) -> Any:
+    raise e
 
 
 def _by_name(tensors: list[Tensor], name: str) -> Tensor:

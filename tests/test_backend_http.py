@@ -84,3 +84,25 @@ def test_an_answer_claiming_missing_bytes_is_an_internal_error():
     with pytest.raises(BackendError, match="claim 16 binary bytes, 8 sent") as e:
         asyncio.run(main())
     assert e.value.grpc_code == grpc.StatusCode.INTERNAL and not e.value.retryable
+
+
+def test_on_a_pooled_connection_the_batch_leaves_before_the_first_await():
+    a, b = np.array([[1, 2]], np.float32), np.array([[3, 4]], np.float32)
+
+    async def main() -> None:
+        server, seen = await _scripted_server([_binary_answer(a), _binary_answer(b)])
+        client = TritonHttpReplica(f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        try:
+            await client.infer("m", _input(a), timeout=5.0)  # opens the connection the pool keeps
+            pending = client.infer("m", _input(b), timeout=5.0)  # not awaited yet
+            for _ in range(100):
+                if len(seen) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert len(seen) == 2 and seen[1][-8:] == b.tobytes()  # the server already has it
+            assert bytes((await pending)[0].raw) == b.tobytes()
+        finally:
+            await client.close()
+            server.close()
+
+    asyncio.run(main())
