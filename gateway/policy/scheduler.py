@@ -326,7 +326,7 @@ class EdfScheduler:
                 if not group.queued:
                     continue  # nothing to dispatch, expire or wake up for (the common case)
                 rejects += self._expire(group, healthy, now)
-                for rep in sorted(healthy, key=lambda r: r.base[1]) if len(healthy) > 1 else healthy:
+                for rep in sorted(healthy, key=lambda r: r.base[1]):
                     while rep.has_slot() and group.queued:
                         if rep.inflight:  # pipelined: form the next batch just before it can start
                             ready_at = rep.start(now) - self.config.pipeline_lead_s
@@ -415,17 +415,15 @@ class EdfScheduler:
         return Reject(r, reason, retry_after, message)
 
     def _needed_batch(self, healthy: list[_Replica], rate: float) -> int:
-        """Smallest batch (rows) at which the healthy replicas together keep up with ``rate``."""
-        want = rate * (1.0 + self.config.headroom)
-        if len(healthy) == 1:  # the common case: the replica's own table
-            r = healthy[0]
-            for b in range(1, r.info.max_batch + 1):
-                if b / r.table[b] >= want:
-                    return b
-            return r.info.max_batch
+        """Smallest batch (rows) at which the healthy replicas together keep up with ``rate``
+        (a replica whose max batch is smaller runs its max batch)."""
         top = max(r.info.max_batch for r in healthy)
+        want = rate * (1.0 + self.config.headroom)
         for b in range(1, top + 1):
-            cap = sum(min(b, r.info.max_batch) / r.table[min(b, r.info.max_batch)] for r in healthy)
+            cap = 0.0
+            for r in healthy:
+                k = min(b, r.info.max_batch)
+                cap += k / r.table[k]
             if cap >= want:
                 return b
         return top
