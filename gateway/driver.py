@@ -71,7 +71,6 @@ class _Replica:
     variant: str
     client: TritonReplica
     healthy: bool = True
-    inflight: int = 0
 
 
 @dataclass
@@ -188,7 +187,6 @@ class Driver:
                     ReplicaInfo(r.id, m.served.name, r.variant, r.profile, max_batch, r.max_inflight), now
                 )
                 self.metrics.of(self.metrics.healthy, m.served.name, r.id).set(1)
-                self.metrics.of(self.metrics.inflight, m.served.name, r.id).set(0)
         reps = list(self.replicas.values())  # a replica down at startup starts unhealthy
         oks = await asyncio.gather(*(r.client.ready(r.variant) for r in reps), return_exceptions=True)
         for r, ok in zip(reps, oks, strict=True):
@@ -234,12 +232,11 @@ class Driver:
         return m
 
     def render_metrics(self) -> bytes:
-        """The Prometheus text; batches in flight and what the scheduler has learned per
-        replica are read now (off the request path)."""
+        """The Prometheus text; each replica's batches in flight and what the scheduler has
+        learned of it are read from the core now (off the request path)."""
         m = self.metrics
-        for r in self.replicas.values():
-            m.of(m.inflight, r.model, r.id).set(r.inflight)
         for st in self.core.replicas():
+            m.of(m.inflight, st.info.model, st.info.id).set(len(st.inflight))
             m.of(m.overhead, st.info.model, st.info.id).set(st.overhead)
             m.of(m.run_excess, st.info.model, st.info.id).set(st.run_excess)
         return m.render()
@@ -350,9 +347,8 @@ class Driver:
         before the task's first loop turn."""
         rep = self.replicas[b.replica]
         live = [p for r in b.requests if (p := self._pending.get(r.id)) is not None]
-        rep.inflight += 1
         sent = self.clock()
-        t = self._loop.create_task(self._run(rep, b, live, sent, self._send(rep, b, live)))  # type: ignore[union-attr]
+        t = self._loop.create_task(self._run(rep, b, live, sent, self._send(rep, b, live, sent)))  # type: ignore[union-attr]
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
@@ -362,11 +358,9 @@ class Driver:
         try:
             results = await answer
         except Exception as e:  # noqa: BLE001  (every failure is answered below)
-            rep.inflight -= 1
             self._record_dispatch(b, live, sent)
             self._on_failure(rep, b, live, e)
             return
-        rep.inflight -= 1
         now = self.clock()
         try:
             self.core.on_complete(b, now)
@@ -416,13 +410,13 @@ class Driver:
             queue.observe(sent - p.request.arrival)
         self.metrics.of(self.metrics.batch_size, model, b.variant).observe(b.rows)
 
-    def _send(self, rep: _Replica, b: Batch, live: list[_Pending]) -> Awaitable[list[list[Tensor]]]:
+    def _send(self, rep: _Replica, b: Batch, live: list[_Pending], now: float) -> Awaitable[list[list[Tensor]]]:
         """Start one Triton request per group of requests whose non-batch shapes agree; the
         awaitable gives each request's outputs (or raises what went wrong, sending included)."""
         try:
             if not live:
                 return _value([])
-            remaining = max(0.0, max(p.request.deadline for p in live) - self.clock())
+            remaining = max(0.0, max(p.request.deadline for p in live) - now)
             timeout = remaining + 2.0  # late answers are still answers; a hung replica is not
             groups: dict[tuple, list[int]] = {}
             if len(live) == 1:  # one request is one group: no shape keys to compute

@@ -279,3 +279,24 @@ def test_metrics_show_the_per_batch_overhead_the_scheduler_learned():
         await d.stop()
 
     run(main())
+
+
+def test_the_inflight_gauge_shows_the_batches_a_replica_holds_at_scrape_time():
+    def inflight(d: Driver) -> float:
+        line = next(ln for ln in d.render_metrics().decode().splitlines()
+                    if ln.startswith("headrace_replica_inflight_batches{"))
+        return float(line.rsplit(" ", 1)[1])
+
+    async def main() -> None:
+        d, (fake,) = make_driver(Clock())
+        await d.start()
+        assert inflight(d) == 0
+        task = asyncio.create_task(d.infer("m", request([1, 1])))
+        await settle()
+        assert inflight(d) == 1  # sent, not yet answered
+        fake.release()
+        await task
+        assert inflight(d) == 0
+        await d.stop()
+
+    run(main())
