@@ -22,7 +22,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
 from gateway.backend import ModelInfo, signature_of
-from gateway.codec import Memo, Tensor, json_to_raw
+from gateway.codec import Memo, Tensor, TensorLayout, json_to_raw
 from gateway.errors import BackendError
 
 _GRPC_OF_HTTP = {
@@ -48,13 +48,13 @@ def _request_head(layout: tuple[tuple[str, str, tuple[int, ...], int], ...]) -> 
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def _response_layout(head: bytes) -> tuple[tuple[str, str, list[int], int | None, Any], ...]:
-    """(name, datatype, shape, binary bytes or None, JSON data as bytes or None) per output."""
+def _response_layout(head: bytes) -> tuple[TensorLayout, ...]:
+    """The outputs an infer answer's JSON header describes."""
     out = []
     for o in json.loads(head)["outputs"]:
         size = (o.get("parameters") or {}).get("binary_data_size")
         raw = None if size is not None else json_to_raw(o["name"], o["datatype"], o["shape"], o.get("data"))
-        out.append((o["name"], o["datatype"], list(o["shape"]), size, raw))
+        out.append(TensorLayout(o["name"], o["datatype"], list(o["shape"]), size, raw))
     return tuple(out)
 
 
@@ -154,12 +154,8 @@ class TritonHttpReplica:
                 return c
         return None
 
-    async def _request(self, method: bytes, path: str, headers: bytes, body: bytes | list[bytes],
-                       timeout: float | None) -> tuple[int, dict[bytes, bytes], bytes]:
-        return await self._start(method, path, headers, body, timeout)
-
-    def _start(self, method: bytes, path: str, headers: bytes, body: bytes | list[bytes],
-               timeout: float | None) -> Awaitable[tuple[int, dict[bytes, bytes], bytes]]:
+    def _request(self, method: bytes, path: str, headers: bytes, body: bytes | list[bytes],
+                 timeout: float | None) -> Awaitable[tuple[int, dict[bytes, bytes], bytes]]:
         """Send a request and return the wait for its answer (status, headers, body). On a
         pooled connection the request is written in this call (the hot path: no connect, no
         loop turn before it leaves); else a new connection is opened once awaited."""
@@ -228,10 +224,10 @@ class TritonHttpReplica:
         """Send a batch and return the wait for its outputs. With a pooled connection open the
         request is on its way when this returns, before the caller's first await."""
         layout = tuple((t.name, t.datatype, tuple(t.shape), len(t.raw)) for t in inputs)
-        head = _REQUEST_HEADS.get(layout) or _REQUEST_HEADS.put(layout, _request_head(layout))
+        head = _REQUEST_HEADS.get(layout, _request_head)
         headers = b"Inference-Header-Content-Length: %d\r\n" % len(head)
-        answer = self._start(b"POST", f"/v2/models/{variant}/infer", headers,
-                             [head, *(t.raw for t in inputs)], timeout)
+        answer = self._request(b"POST", f"/v2/models/{variant}/infer", headers,
+                               [head, *(t.raw for t in inputs)], timeout)
         return self._outputs(variant, answer)
 
     async def _outputs(self, variant: str, answer: Awaitable[tuple[int, dict[bytes, bytes], bytes]]
@@ -243,13 +239,14 @@ class TritonHttpReplica:
         try:
             n = int(hl) if hl is not None else len(data)
             head = data[:n]
-            outputs = _RESPONSE_LAYOUTS.get(head) or _RESPONSE_LAYOUTS.put(head, _response_layout(head))
+            outputs = _RESPONSE_LAYOUTS.get(head, _response_layout)
             view = memoryview(data)
             outs, off = [], n
-            for name, datatype, shape, size, raw in outputs:
-                if size is not None:
-                    raw, off = view[off : off + size], off + size
-                outs.append(Tensor(name, datatype, shape, raw))
+            for o in outputs:
+                raw: Any = o.raw
+                if o.size is not None:
+                    raw, off = view[off : off + o.size], off + o.size
+                outs.append(Tensor(o.name, o.datatype, o.shape, raw))
         except (ValueError, KeyError, TypeError) as e:
             raise BackendError(f"replica {self.url} ({variant}): INTERNAL: unreadable response: {e}",
                                grpc.StatusCode.INTERNAL, retryable=False) from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,8 +259,12 @@ class Memo:
         self.size = size
         self.max_key_bytes = max_key_bytes
 
-    def get(self, key: Any) -> Any:
-        return self._d.get(key)
+    def get(self, key: Any, make: Callable[[Any], Any] | None = None) -> Any:
+        """The value for ``key``; on a miss ``make(key)``, remembered (None without ``make``)."""
+        value = self._d.get(key)
+        if value is None and make is not None:
+            value = self.put(key, make(key))
+        return value
 
     def put(self, key: Any, value: Any) -> Any:
         """Remember ``value`` for ``key`` (unless the key is too long to keep); returns it."""
@@ -272,7 +277,10 @@ class Memo:
 
 
 @dataclass(frozen=True, slots=True)
-class _InputLayout:
+class TensorLayout:
+    """A tensor as a KServe v2 JSON header describes it: its bytes follow in the binary part
+    (``size``) or came in the JSON itself (``raw``)."""
+
     name: str
     datatype: str
     shape: list[int]
@@ -284,7 +292,7 @@ class _InputLayout:
 class _RequestLayout:
     """Everything an HTTP infer request's JSON header says: a pure function of its bytes."""
 
-    inputs: tuple[_InputLayout, ...]
+    inputs: tuple[TensorLayout, ...]
     outputs: list[RequestedOutput]
     id: str
     parameters: dict[str, Any]
@@ -309,9 +317,7 @@ def parse_http_infer(body: bytes, header_length: str | None) -> InferInput:
             )
         binary = memoryview(body)[hl:]
         body = body[:hl]
-    layout = _REQUEST_LAYOUTS.get(body)
-    if layout is None:
-        layout = _REQUEST_LAYOUTS.put(body, _request_layout(body))
+    layout = _REQUEST_LAYOUTS.get(body, _request_layout)
     out: list[Tensor] = []
     offset = 0
     for inp in layout.inputs:
@@ -343,7 +349,7 @@ def _request_layout(head: bytes) -> _RequestLayout:
     inputs = doc.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise InvalidRequest("request needs a non-empty 'inputs' list")
-    out: list[_InputLayout] = []
+    out: list[TensorLayout] = []
     for i, inp in enumerate(inputs):
         if not isinstance(inp, dict) or not isinstance(inp.get("name"), str):
             raise InvalidRequest(f"inputs[{i}] must be an object with a string 'name'")
@@ -361,11 +367,11 @@ def _request_layout(head: bytes) -> _RequestLayout:
                 raise InvalidRequest(f"input '{name}': binary_data_size {bds!r} must be a non-negative integer")
             if dt != "BYTES":  # BYTES data is checked per request: its content says
                 _check_length(name, dt, shape, bds)
-            out.append(_InputLayout(name, dt, shape, bds, None))
+            out.append(TensorLayout(name, dt, shape, bds, None))
         else:
             raw = json_to_raw(name, dt, shape, inp.get("data"))
             check_size(Tensor(name, dt, shape, raw))
-            out.append(_InputLayout(name, dt, shape, None, raw))
+            out.append(TensorLayout(name, dt, shape, None, raw))
     outputs = []
     for i, o in enumerate(doc.get("outputs") or []):
         if not isinstance(o, dict) or not isinstance(o.get("name"), str):
