@@ -4,7 +4,9 @@ Setup (issue 5): ResNet-50 on A100-80GB 1g.10gb, t(b) = 8.4 + 2.346·b ms (the r
 profile's p50, served deterministically; the policies predict with its p99, 2% higher),
 max batch 32, SLO 100 ms, Poisson and Gamma(CV=4) arrivals, one replica. Every system is the
 same EdfScheduler with a different registered policy, driven by loadgen.sim, so the
-comparison is like for like and runs in one process.
+comparison is like for like and runs in one process. Beside them, the clairvoyant bound
+(bench.policy_bound): the most any one-replica scheduler could finish on the same arrivals
+if it knew them all in advance.
 
     .venv/bin/python -m bench.policy_study            # full study (~15 min on one core)
     .venv/bin/python -m bench.policy_study --quick    # 15 s of arrivals per point
@@ -19,10 +21,12 @@ import argparse
 import json
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
+from bench.policy_bound import clairvoyant_ok
 from gateway.policy import EdfScheduler, SchedulerConfig
 from gateway.policy.types import ReplicaInfo
 from loadgen.arrivals import make_process, times
@@ -30,6 +34,7 @@ from loadgen.sim import SimReplica, Simulator, make_requests
 from profiles.profile import LatencyPoint, Profile, ProfileError, ProfileSet, Provenance
 
 RATES = (150, 250, 300, 330, 350, 500, 1000)
+BOUND = "clairvoyant bound"  # not a policy: the most any scheduler could finish (bench.policy_bound)
 DEFAULT = "adaptive"  # the family whose config is SchedulerConfig()'s default
 PROTECT = "adaptive admit-protect"  # the default batcher with every refusal made at arrival
 SLO = 0.100
@@ -72,10 +77,23 @@ SYSTEMS = (
 )
 
 
+def arrivals(arrival: str, rate: float, duration: float, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return times(make_process(arrival, rate, 4.0 if arrival == "gamma" else 1.0), duration, rng)
+
+
+def bound_point(arrival: str, rate: float, duration: float, seed: int, profile: Profile) -> dict:
+    """The clairvoyant bound on the same arrivals and the same (served) latencies."""
+    ts = arrivals(arrival, rate, duration, seed)
+    lat = [0.0] + [profile.latency(b, "p50") for b in range(1, MAX_BATCH + 1)]
+    ok = clairvoyant_ok(ts.tolist(), lat, SLO, MAX_BATCH)
+    return {"system": BOUND, "family": BOUND, "arrival": arrival, "rate": rate, "seed": seed,
+            "offered": len(ts), "ok": ok, "attainment": ok / max(len(ts), 1), "goodput_rps": ok / duration}
+
+
 def run_point(system: System, arrival: str, rate: float, duration: float, seed: int,
               profile: Profile) -> dict:
-    rng = np.random.default_rng(seed)
-    ts = times(make_process(arrival, rate, 4.0 if arrival == "gamma" else 1.0), duration, rng)
+    ts = arrivals(arrival, rate, duration, seed)
     core = EdfScheduler(system.config)
     info = ReplicaInfo("r0", "resnet50", profile.variant, profile, MAX_BATCH)
     res = Simulator(core, [SimReplica(info)], service="p50").run(make_requests(ts, "resnet50", SLO))
@@ -85,11 +103,13 @@ def run_point(system: System, arrival: str, rate: float, duration: float, seed: 
             "seed": seed, **s}
 
 
-def max_rate_at(system: System, target: float, duration: float, seeds: list[int], profile: Profile,
+def max_rate_at(system: System | None, target: float, duration: float, seeds: list[int], profile: Profile,
                 lo: float = 150.0, hi: float = 383.0, tol: float = 2.0) -> float:
-    """Highest Poisson rate (to ``tol``) whose attainment, averaged over seeds, is >= target."""
+    """Highest Poisson rate (to ``tol``) whose attainment, averaged over seeds, is >= target
+    (``system`` None: the clairvoyant bound's)."""
     def ok(rate: float) -> bool:
-        att = [run_point(system, "poisson", rate, duration, s, profile)["attainment"] for s in seeds]
+        att = [(bound_point if system is None else partial(run_point, system))(
+            "poisson", rate, duration, s, profile)["attainment"] for s in seeds]
         return float(np.mean(att)) >= target
     if not ok(lo):
         return 0.0
@@ -111,6 +131,8 @@ def best_of_family(rows: list[dict]) -> dict[tuple[str, str, float], dict]:
 def markdown(result: dict) -> str:
     best = best_of_family(result["points"])
     fams = list(dict.fromkeys(s.family for s in SYSTEMS))
+    if any(r["family"] == BOUND for r in result["points"]):
+        fams.append(BOUND)
     lines = [
         "# Batch-policy study (virtual time)", "",
         f"ResNet-50 A100-80GB 1g.10gb, t(b)=8.4+2.346·b ms (p50, deterministic), max batch {MAX_BATCH}, "
@@ -130,13 +152,19 @@ def markdown(result: dict) -> str:
                 if r is None:
                     cells.append("-")
                     continue
+                if r["family"] == BOUND:
+                    cells.append(f"{r['attainment'] * 100:.1f}% / {r['goodput_rps']:.0f}")
+                    continue
                 p99 = "-" if r["p99_ms"] is None else f"{r['p99_ms']:.0f}"
                 rp99 = "" if r["reject_p99_ms"] is None else f" (p99 {r['reject_p99_ms']:.0f} ms)"
                 cells.append(f"{r['attainment'] * 100:.1f}% / {r['goodput_rps']:.0f} / p99 {p99} / "
                              f"rej {r['rejected']}{rp99}")
             lines.append(f"| {rate} | " + " | ".join(cells) + " |")
         lines.append("")
-    lines += ["Cells: attainment / goodput req/s / p99 ms / rejections (p99 ms from arrival to the reject).", "",
+    lines += ["Cells: attainment / goodput req/s / p99 ms / rejections (p99 ms from arrival to the reject). "
+              f"The {BOUND} (`bench/policy_bound.py`) is not a policy: it is the most requests any one-replica "
+              "batch scheduler could finish in time on the same arrivals and latencies if it knew every arrival "
+              "in advance (an exact dynamic programme), so no policy's cell can exceed it.", "",
               "## Highest Poisson rate at >= 99% attainment", "", "| system | req/s |", "|---|---:|"]
     lines += [f"| {k} | {v:g} |" for k, v in result["max_rate_99"].items()]
     b = best_of_family(result["points"])
@@ -163,6 +191,14 @@ def markdown(result: dict) -> str:
               "protect refuses at arrival instead, at the cost above.",
               f"- Default policy: {DEFAULT} (admission plan). Best on the study's criteria (99% rate, then "
               f"Gamma goodput): {result['chosen']}.", ""]
+    if BOUND in result["max_rate_99"]:
+        lines[-1:-1] = [
+            f"- What knowing the future is worth: at 330 req/s Poisson the {BOUND} is "
+            f"{att(BOUND, 'poisson', 330.0)} against {att(DEFAULT, 'poisson', 330.0)} for {DEFAULT}; it holds 99% up "
+            f"to {result['max_rate_99'][BOUND]:g} req/s, {DEFAULT} to {result['max_rate_99'][DEFAULT]:g}. "
+            f"99% at 330 allows losing 1% of requests, {_loss_ratio(b)} what the bound loses there "
+            f"({100 - b[(BOUND, 'poisson', 330.0)]['attainment'] * 100:.2f}%).",
+        ]
     for who in reported(result):
         lines += [f"## Targets for {who} (the live gateway's; here in zero-overhead virtual time)", ""]
         lines += [f"- {t['name']}: {t['value']} -> {'met' if t['met'] else 'NOT met'}"
@@ -170,6 +206,11 @@ def markdown(result: dict) -> str:
         lines.append("")
     lines.append("")
     return "\n".join(lines)
+
+
+def _loss_ratio(best: dict) -> str:
+    bound_loss = 1 - best[(BOUND, "poisson", 330.0)]["attainment"]
+    return "any multiple of" if bound_loss <= 0 else f"{0.01 / bound_loss:.1f}x"
 
 
 def reported(result: dict) -> list[str]:
@@ -223,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         for rate in RATES:
             for system in SYSTEMS:
                 points.append(run_point(system, arrival, float(rate), args.duration, args.seed, profile))
+            points.append(bound_point(arrival, float(rate), args.duration, args.seed, profile))
             print(f"{arrival} {rate} req/s done ({time.perf_counter() - t0:.0f} s)", flush=True)
     seeds = list(range(args.seed, args.seed + args.search_seeds))
     fam_rep = {}
@@ -230,8 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         fam_rep.setdefault(s.family, s)
     max99 = {f: max_rate_at(s, 0.99, args.duration, seeds, profile) for f, s in fam_rep.items()
              if f != "triton tuned"}
+    max99[BOUND] = max_rate_at(None, 0.99, args.duration, seeds, profile)
     print(f"max rates: {max99} ({time.perf_counter() - t0:.0f} s)", flush=True)
-    deadline_aware = [f for f in max99 if not f.startswith("triton")]
+    deadline_aware = [f for f in max99 if not f.startswith("triton") and f != BOUND]
     chosen = max(deadline_aware, key=lambda f: (max99[f], best_of_family(points)[(f, "gamma", 350.0)]["goodput_rps"]))
     result = {
         "command": "python -m bench.policy_study" + (" --quick" if args.quick else ""),
