@@ -126,10 +126,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--admission",
-        choices=("plan", "protect", "alone"),
+        choices=("plan", "protect", "burst", "alone"),
         default="plan",
         help="plan: count the queue ahead at submit; protect: also refuse requests that would "
-        "push admitted ones late; alone: only the request itself",
+        "push admitted ones late; burst: protect only while arrivals run well above capacity; "
+        "alone: only the request itself",
     )
     p.add_argument(
         "--quantile", choices=("p50", "p99"), default="p99", help="latency the policy predicts with"

@@ -97,6 +97,22 @@ def test_protect_admission_refuses_a_request_that_would_push_an_admitted_one_lat
         assert plain.submit(r, 0.0) is None  # "plan" only asks whether the newcomer itself fits
 
 
+def test_burst_admission_protects_only_while_arrivals_outrun_capacity() -> None:
+    # NOTE: the fake profile's capacity is 32 rows / 83.5 ms = 383/s; the same 24 arrivals
+    # in one 50 ms window (480/s) are steady load at burst_factor 1.5 and a burst at 1.0
+    def arrive(s) -> list:
+        s.add_replica(replica(), 0.0)
+        for r in make_requests(20, slo=0.061):  # 20 rows take 55.3 ms
+            assert s.submit(r, 0.0) is None
+        return [s.submit(Request(600 + i, "m", 0.0, 0.1), 0.0) for i in range(4)]
+
+    assert arrive(sched(admission="burst")) == [None] * 4  # "plan" decides
+    during = arrive(sched(admission="burst", burst_factor=1.0))
+    # "protect" decides: 22 rows fit the admitted requests' 61 ms, 23 do not
+    assert [r is None for r in during] == [True, True, False, False]
+    assert all(r.reason == "infeasible" for r in during[2:])
+
+
 def test_batch_never_exceeds_max_and_meets_predicted_deadlines() -> None:
     s = sched(wait=False)
     s.add_replica(replica(max_batch=8, profile=fake_profile(max_batch=8)), 0.0)

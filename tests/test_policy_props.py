@@ -13,7 +13,8 @@ call against the rules stated in :mod:`gateway.policy.scheduler` and
 - rejections happen only when infeasible: at submit exactly when the admission plan (closed
   form below, one replica; no rows ahead with ``admission="alone"``) misses the deadline or,
   with ``admission="protect"``, admitting it would push a request the plan finishes in time
-  past its deadline; while queued only when no replica can finish
+  past its deadline (``"burst"``: the plan misses, or it would push one late); while queued
+  only when no replica can finish
   the request alone in time.
 """
 
@@ -119,19 +120,24 @@ class CheckedCore:
             start, lat, mb = self._start(rid, now), self._lat(rid), self.infos[rid].max_batch
             plan = plan_finish_one_replica(start, lat, mb, g_ahead, request.size)
             hurts = False
-            if self.core.config.admission == "protect" and queue:
+            if self.core.config.admission in ("protect", "burst") and queue:
                 idx = sum(1 for r in queue if r.deadline <= request.deadline)
                 before = plan_finishes_one_replica(start, lat, mb, [r.size for r in queue])
                 after = plan_finishes_one_replica(start, lat, mb, [r.size for r in queue[:idx]] + [request.size]
                                                   + [r.size for r in queue[idx:]])
                 after = after[:idx] + after[idx + 1:]
                 hurts = any(b <= r.deadline < a for r, b, a in zip(queue, before, after, strict=True))
-            if (plan > request.deadline or hurts) != (rej is not None):
+            if self.core.config.admission == "burst":  # protects only during a burst
+                wrong = (rej is None and plan > request.deadline) or (
+                    rej is not None and plan <= request.deadline and not hurts)
+            else:
+                wrong = (plan > request.deadline or hurts) != (rej is not None)
+            if wrong:
                 self.violations.append(
                     f"submit of {request.id}: plan finish {plan:.6f} vs deadline {request.deadline:.6f}"
                     f" but reject={rej}")
         elif (rej is not None and g_ahead == 0 and request.priority == Priority.GUARANTEED
-              and (self.core.config.admission != "protect" or not queue)):
+              and (self.core.config.admission not in ("protect", "burst") or not queue)):
             alone = min(self._start(i, now) + self._lat(i)(request.size) for i in reps)
             if alone <= request.deadline:
                 self.violations.append(f"request {request.id} rejected with nothing ahead though feasible")
@@ -200,7 +206,7 @@ class CheckedCore:
 scenario = st.fixed_dictionaries({
     "policy": st.sampled_from(["adaptive", "skip-heads", "largest-prefix", "take-all"]),
     "wait": st.booleans(),
-    "admission": st.sampled_from(["plan", "protect", "alone"]),
+    "admission": st.sampled_from(["plan", "protect", "burst", "alone"]),
     "rate": st.floats(20, 1500),
     "cv": st.sampled_from([1.0, 4.0]),
     "slo": st.floats(0.012, 0.3),

@@ -21,14 +21,25 @@ class SchedulerConfig(BaseModel):
     quantile: Literal["p50", "p99"] = Field(
         default="p99", description="profile latency quantile used to predict batch completion"
     )
-    admission: Literal["plan", "protect", "alone"] = Field(
+    admission: Literal["plan", "protect", "burst", "alone"] = Field(
         default="plan",
         description="deadline-aware policies reject at submit a request predicted to miss its "
         "deadline: 'plan' counts the rows queued ahead of it in EDF order (answers early), "
         "'protect' also refuses a request whose admission would push an admitted request past "
         "its deadline in that plan (rejects at arrival instead of skipping heads later); "
+        "'burst' is 'plan', and 'protect' while the model's arrivals over the last "
+        "burst_window_s exceed burst_factor times its replicas' capacity; "
         "'alone' only asks whether it could finish alone on the replica that starts first "
         "(leaves the choice to the batcher; more goodput under overload, later rejects)",
+    )
+    burst_window_s: float = Field(
+        default=0.05, gt=0.0, le=1.0,
+        description="admission 'burst': seconds of arrivals that tell a burst from steady load",
+    )
+    burst_factor: float = Field(
+        default=1.5, gt=0.0, le=10.0,
+        description="admission 'burst': arrivals over the window above this multiple of the "
+        "replicas' capacity are a burst",
     )
     wait: bool = Field(
         default=False,

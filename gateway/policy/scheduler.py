@@ -16,7 +16,10 @@ Rules (each one is tested):
   finish predicted by :func:`gateway.policy.admission.predict_finish` is past its deadline
   ("infeasible"; "shed" for best-effort). With ``admission="plan"`` the prediction counts
   the rows ahead of it in EDF order (guaranteed rows all count ahead of best-effort ones);
-  with ``"alone"`` none.
+  with ``"alone"`` none. ``"protect"`` also refuses a guaranteed request whose admission
+  would push a queued one past its deadline in that plan; ``"burst"`` does so only while the
+  model's arrivals over the last ``burst_window_s`` exceed ``burst_factor`` times the
+  capacity of the variant's replicas.
 - Expiry: a queued request no replica can still finish alone in time is answered at the
   next poll ("expired"; "failed" after a failed batch; "shed" for best-effort).
 - Batches follow the EDF shape of :mod:`gateway.policy.batching`; a batch is never larger
@@ -166,6 +169,7 @@ class _Group:
 class _Model:
     name: str
     rate: RateEstimator
+    burst: RateEstimator  # arrivals over the burst window (admission "burst")
     groups: dict[str, _Group] = field(default_factory=dict)
     level: Level = field(default_factory=Level)
 
@@ -239,6 +243,8 @@ class EdfScheduler:
             raise ValueError(f"request id {request.id} is already pending")
         model = self._model(request.model)
         model.rate.observe(now, request.size)
+        if self.config.admission == "burst":
+            model.burst.observe(now, request.size)
         live = {v: h for v, g in model.groups.items() if (h := self._healthy(g))}
         if not live:
             return self._reject(request, RejectReason.NO_REPLICA, self.config.no_replica_retry_after_s,
@@ -265,7 +271,7 @@ class EdfScheduler:
         if self.policy.deadline_aware:
             for v in fits:
                 f = self._plan(model.groups[v], live[v], request, now)
-                if f <= request.deadline and self._protects(model.groups[v], live[v], request, now):
+                if f <= request.deadline and self._protects(model, model.groups[v], live[v], request, now):
                     choice, finish = v, f
                     break
                 finish = min(finish, f)
@@ -363,7 +369,9 @@ class EdfScheduler:
 
     def _model(self, name: str) -> _Model:
         if name not in self._models:
-            self._models[name] = _Model(name, RateEstimator(self.config.rate_window_s))
+            w = self.config.burst_window_s
+            self._models[name] = _Model(name, RateEstimator(self.config.rate_window_s),
+                                        RateEstimator(w, min_span=w))
         return self._models[name]
 
     def _healthy(self, group: _Group) -> list[_Replica]:
@@ -375,10 +383,14 @@ class EdfScheduler:
     def _variant_infos(self, model: _Model, live: dict[str, list[_Replica]]) -> list[VariantInfo]:
         return [VariantInfo(v, model.groups[v].accuracy, self._capacity(reps)) for v, reps in live.items()]
 
-    def _protects(self, group: _Group, healthy: list[_Replica], request: Request, now: float) -> bool:
-        """With ``admission="protect"``: admitting ``request`` pushes no queued guaranteed
-        request that the plan finishes in time past its deadline."""
-        if self.config.admission != "protect" or request.priority == Priority.BEST_EFFORT:
+    def _protects(self, model: _Model, group: _Group, healthy: list[_Replica], request: Request,
+                  now: float) -> bool:
+        """With ``admission="protect"`` (or ``"burst"`` during a burst): admitting ``request``
+        pushes no queued guaranteed request that the plan finishes in time past its deadline."""
+        mode = self.config.admission
+        if mode not in ("protect", "burst") or request.priority == Priority.BEST_EFFORT:
+            return True
+        if mode == "burst" and model.burst.rate(now) <= self.config.burst_factor * self._capacity(healthy):
             return True
         queue = list(group.guaranteed)
         if not queue:
