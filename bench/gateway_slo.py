@@ -9,6 +9,8 @@ Poisson and Gamma(CV=4) arrivals. Systems, all on one CPU Triton with one emulat
 - ``headrace-protect``: the same with ``admission: protect``: a request is refused at arrival
   rather than admitted and later skipped, so every refusal comes at once and admitted requests
   keep their deadlines, for a little attainment near capacity;
+- ``headrace-burst``: ``admission: burst``, which is ``plan`` under steady load and
+  ``protect`` while the last 50 ms of arrivals run above 1.5x the replica's capacity;
 - ``triton-default``: Triton's dynamic batcher with default settings;
 - ``triton-tuned``: the best of a few ``max_queue_delay_microseconds`` / queue-policy timeout
   settings, chosen in a short tuning phase at the decisive points (Poisson 330, Gamma 350).
@@ -49,6 +51,7 @@ SLO_MS = 100.0
 GATEWAYS = {  # system -> (scheduler config, what it is)
     "headrace": ({}, "the default: admission plan, the batcher may skip heads"),
     "headrace-protect": ({"admission": "protect"}, "admission protect: every refusal at arrival"),
+    "headrace-burst": ({"admission": "burst"}, "admission burst: protect only while arrivals outrun capacity"),
 }
 POISSON_RATES = (150, 250, 300, 320, 330, 350, 500, 1000)
 GAMMA_RATES = (150, 250, 300, 350, 500, 1000)
