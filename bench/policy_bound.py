@@ -23,6 +23,7 @@ The bound says how much of a policy's loss is the price of not knowing the futur
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 INF = float("inf")
@@ -82,27 +83,21 @@ class _HeadStart:
     """``gain(d)``: the most rows a replica free ``d`` seconds earlier can finish beyond one
     free later, from the same requests: the rows of back-to-back batches that all start within
     ``d`` (the later replica skips those batches and runs the rest of the same schedule, which
-    starts no earlier than it is free). ``d`` is rounded up to a grid, which only raises it."""
-
-    GRID = 1e-4
+    starts no earlier than it is free). ``d`` is counted in whole grid cells, rounded up, and
+    a batch's latency in cells rounded down, which can only raise the gain."""
 
     def __init__(self, lat: list[float], top: int) -> None:
-        self.lat, self.top = lat, top
-        self.memo: dict[int, int] = {}
+        self.grid = min(1e-4, lat[1] / 4)  # a batch spans at least 4 cells
+        self.cells = [int(lat[b] / self.grid) for b in range(1, top + 1)]
+        self.table = [0]  # table[k]: the gain of a head start of k cells
 
     def gain(self, d: float) -> int:
-        return self._g(-int(-d // self.GRID))
-
-    def _g(self, k: int) -> int:
-        if k <= 0:
-            return 0
-        got = self.memo.get(k)
-        if got is None:
-            d = k * self.GRID
-            got = max(b + self._g(-int(-(d - self.lat[b]) // self.GRID)) if self.lat[b] < d else b
-                      for b in range(1, self.top + 1))
-            self.memo[k] = got
-        return got
+        k = math.ceil(d / self.grid)
+        table = self.table
+        while len(table) <= k:  # a batch starts at 0, the next ones once it is done
+            j = len(table)
+            table.append(max(b + table[max(0, j - c)] for b, c in enumerate(self.cells, 1)))
+        return table[k] if k > 0 else 0
 
 
 def _undominated(states: dict[int, float] | None, now: float,
