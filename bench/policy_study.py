@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -106,13 +107,12 @@ def run_point(system: System, arrival: str, rate: float, duration: float, seed: 
             "seed": seed, **s}
 
 
-def max_rate_at(system: System | None, target: float, duration: float, seeds: list[int], profile: Profile,
-                lo: float = 150.0, hi: float = 383.0, tol: float = 2.0) -> float:
-    """Highest Poisson rate (to ``tol``) whose attainment, averaged over seeds, is >= target
-    (``system`` None: the clairvoyant bound's)."""
+def max_rate_at(point: Callable[..., dict], target: float, duration: float, seeds: list[int],
+                profile: Profile, lo: float = 150.0, hi: float = 383.0, tol: float = 2.0) -> float:
+    """Highest Poisson rate (to ``tol``) whose attainment, averaged over seeds, is >= target;
+    ``point(arrival, rate, duration, seed, profile)`` runs one point (a policy or the bound)."""
     def ok(rate: float) -> bool:
-        att = [(bound_point if system is None else partial(run_point, system))(
-            "poisson", rate, duration, s, profile)["attainment"] for s in seeds]
+        att = [point("poisson", rate, duration, s, profile)["attainment"] for s in seeds]
         return float(np.mean(att)) >= target
     if not ok(lo):
         return 0.0
@@ -274,9 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     fam_rep = {}
     for s in SYSTEMS:
         fam_rep.setdefault(s.family, s)
-    max99 = {f: max_rate_at(s, 0.99, args.duration, seeds, profile) for f, s in fam_rep.items()
+    max99 = {f: max_rate_at(partial(run_point, s), 0.99, args.duration, seeds, profile) for f, s in fam_rep.items()
              if f != "triton tuned"}
-    max99[BOUND] = max_rate_at(None, 0.99, args.duration, seeds, profile)
+    max99[BOUND] = max_rate_at(bound_point, 0.99, args.duration, seeds, profile)
     print(f"max rates: {max99} ({time.perf_counter() - t0:.0f} s)", flush=True)
     deadline_aware = [f for f in max99 if not f.startswith("triton") and f != BOUND]
     chosen = max(deadline_aware, key=lambda f: (max99[f], best_of_family(points)[(f, "gamma", 350.0)]["goodput_rps"]))
