@@ -27,6 +27,9 @@ def test_config_errors_name_field_and_value() -> None:
     with pytest.raises(ValidationError) as e:
         SchedulerConfig(headroom=-1)
     assert "headroom" in str(e.value) and "-1" in str(e.value)
+    with pytest.raises(ValidationError, match=r"burst_window_s \(0.05\) must not exceed rate_window_s \(0.01\)"):
+        SchedulerConfig(admission="burst", rate_window_s=0.01)
+    assert SchedulerConfig(admission="plan", rate_window_s=0.01).rate_window_s == 0.01
 
 
 def test_replica_max_batch_beyond_profile_is_refused_with_values() -> None:

@@ -120,6 +120,14 @@ class SchedulerConfig(BaseModel):
                              f"variant_high_load ({self.variant_high_load})")
         return self
 
+    @model_validator(mode="after")
+    def _burst_within_rate_window(self) -> SchedulerConfig:
+        # the burst is read from the arrivals the rate estimate keeps: its window at most
+        if self.admission == "burst" and self.burst_window_s > self.rate_window_s:
+            raise ValueError(f"burst_window_s ({self.burst_window_s}) must not exceed "
+                             f"rate_window_s ({self.rate_window_s})")
+        return self
+
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, v: str) -> str:

@@ -32,3 +32,13 @@ class RateEstimator:
             self._times.popleft()
         span = max(self.min_span, min(self.window, now - self._first))
         return len(self._times) / span
+
+    def recent(self, now: float, window: float) -> float:
+        """Requests per second over the last ``window`` seconds (at most its own window)."""
+        lo = now - window
+        n = 0
+        for t in reversed(self._times):
+            if t < lo:
+                break
+            n += 1
+        return n / window

@@ -169,7 +169,6 @@ class _Group:
 class _Model:
     name: str
     rate: RateEstimator
-    burst: RateEstimator  # arrivals over the burst window (admission "burst")
     groups: dict[str, _Group] = field(default_factory=dict)
     level: Level = field(default_factory=Level)
 
@@ -243,8 +242,6 @@ class EdfScheduler:
             raise ValueError(f"request id {request.id} is already pending")
         model = self._model(request.model)
         model.rate.observe(now, request.size)
-        if self.config.admission == "burst":
-            model.burst.observe(now, request.size)
         live = {v: h for v, g in model.groups.items() if (h := self._healthy(g))}
         if not live:
             return self._reject(request, RejectReason.NO_REPLICA, self.config.no_replica_retry_after_s,
@@ -369,9 +366,7 @@ class EdfScheduler:
 
     def _model(self, name: str) -> _Model:
         if name not in self._models:
-            w = self.config.burst_window_s
-            self._models[name] = _Model(name, RateEstimator(self.config.rate_window_s),
-                                        RateEstimator(w, min_span=w))
+            self._models[name] = _Model(name, RateEstimator(self.config.rate_window_s))
         return self._models[name]
 
     def _healthy(self, group: _Group) -> list[_Replica]:
@@ -390,8 +385,10 @@ class EdfScheduler:
         mode = self.config.admission
         if mode not in ("protect", "burst") or request.priority == Priority.BEST_EFFORT:
             return True
-        if mode == "burst" and model.burst.rate(now) <= self.config.burst_factor * self._capacity(healthy):
-            return True
+        if mode == "burst":
+            recent = model.rate.recent(now, self.config.burst_window_s)
+            if recent <= self.config.burst_factor * self._capacity(healthy):
+                return True  # steady load: admission as by "plan"
         queue = list(group.guaranteed)
         if not queue:
             return True
