@@ -1,0 +1,194 @@
+"""How fast refusals come back inside bursts, against the floor of any Python front door here.
+
+Issue 5 asks that rejections be answered within 5 ms at p99. Under Gamma(CV=4) arrivals most
+requests come in clumps: at 350 req/s offered, 70% of gaps between arrivals are under 0.1 ms,
+so a refusal waits for every request of its clump read before it. Systems, measured in rounds
+(every system once per round, so host noise spreads over all of them alike):
+
+- ``floor``: ``bench.refusal_floor``, the gateway's own HTTP server on uvloop answering every
+  POST 429 at once (no routing, decoding, scheduling or metrics);
+- ``gateway all-refused``: ``headrace serve`` with every request sent a deadline (Triton's
+  ``timeout``, 1 µs) no batch can meet, so each one takes the whole refusal path;
+- ``headrace`` / ``headrace-protect``: the gateway as in ``bench.gateway_slo`` (SLO 100 ms),
+  with admission ``plan`` and ``protect``: the refusals of a real overload.
+
+All in front of one CPU Triton with the emulated ResNet-50 (A100-80GB 1g.10gb, max batch 32).
+Per point: the client's refusal p99 from each request's scheduled send time and from when it
+was actually sent, the server process's CPU time (user + system) per request, and the share
+of CPU the hypervisor stole.
+
+    .venv/bin/python -m bench.refusal_latency [--rounds 3] [--duration 15]
+
+Writes bench/results/refusal_latency.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.gateway_overhead import start_floor, start_gateway
+from bench.gateway_slo import RESULTS, SLO_MS, reference_profile, wait_idle
+from bench.host import cpu_times, steal_share
+from deploy.process import stop_group
+from deploy.triton import TritonServer, free_port
+from loadgen.run import run_load
+from loadgen.spec import LoadSpec
+from profiles.emulator import write_emulated_model
+from profiles.profile import save_profiles
+
+RATES = (150, 350, 1000)
+TARGET_MS = 5.0
+ALL_REFUSED_SLO_MS = 0.001  # sent as Triton's timeout (1 µs): no batch meets it
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def point(target: str, pid: int, rate: float, slo_ms: float, duration: float, seed: int) -> dict[str, Any]:
+    spec = LoadSpec(target=target, model="resnet50", arrival="gamma", rate=rate, cv=4.0, duration_s=duration,
+                    warmup_s=2.0, slo_ms=slo_ms, seed=seed, request_timeout_s=10.0)
+    cpu0, host0 = process_cpu_s(pid), cpu_times()
+    s = (await run_load(spec)).summary
+    sent = s["offered"] * (duration + 2.0) / duration  # the warm-up's requests cost CPU too
+    return {
+        "offered": s["offered"], "rejected": s["rejected"], "ok": s["ok"], "expired": s["expired"],
+        "reject_p99_ms": s["reject_latency_p99_ms"], "reject_from_sent_p99_ms": s["reject_latency_from_send_p99_ms"],
+        "send_lag_p99_ms": s["send_lag_ms"]["p99"],
+        "server_cpu_us_per_request": round((process_cpu_s(pid) - cpu0) / max(sent, 1) * 1e6, 1),
+        "steal": steal_share(host0, cpu_times()),
+    }
+
+
+async def run(rounds: int, duration: float) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="hr-bench-refusal-"))
+    prof = reference_profile()
+    write_emulated_model(work / "repo", "emulated", prof, slice_id="gpu0/1g.10gb@0")
+    save_profiles(work / "resnet50.yaml", [prof])
+    out: dict[str, Any] = {"duration_s": duration, "rounds": rounds, "cpus": os.cpu_count(), "points": []}
+    with TritonServer(work / "repo", ready_timeout=120) as triton:
+        procs = []
+        try:
+            ports = {}
+            for name, admission in (("headrace", "plan"), ("headrace-protect", "protect")):
+                hp = ports[name] = free_port()
+                (work / f"{name}.yaml").write_text(yaml.safe_dump({
+                    "listen": {"http_port": hp, "grpc_port": free_port()}, "scheduler": {"admission": admission},
+                    "models": [{"name": "resnet50", "slo_ms": SLO_MS, "max_batch": 32, "replicas": [
+                        {"url": triton.http_url, "protocol": "http", "variant": "emulated",
+                         "profile": str(work / "resnet50.yaml")}]}],
+                }))
+                procs.append(gw := start_gateway(work / f"{name}.yaml", hp, None))
+                ports[name] = (hp, gw.pid)
+            fp = free_port()
+            procs.append(floor := start_floor("bench.refusal_floor", fp, f"http://127.0.0.1:{ports['headrace'][0]}"))
+            systems = {  # name -> (target, server pid, SLO sent)
+                "floor": (f"http://127.0.0.1:{fp}", floor.pid, SLO_MS),
+                "gateway all-refused": (f"http://127.0.0.1:{ports['headrace'][0]}", ports["headrace"][1],
+                                        ALL_REFUSED_SLO_MS),
+                **{n: (f"http://127.0.0.1:{hp}", pid, SLO_MS) for n, (hp, pid) in ports.items()},
+            }
+            for target, pid, _ in systems.values():  # warm every path once
+                await point(target, pid, 50, SLO_MS, 1.0, 99)
+            for rnd in range(rounds):
+                for rate in RATES:
+                    for name, (target, pid, slo) in systems.items():
+                        r = await point(target, pid, float(rate), slo, duration, 1)
+                        r.update(system=name, rate=rate, round=rnd)
+                        out["points"].append(r)
+                        print(f"round {rnd} {name:20s} gamma {rate:5d}/s  refusals {r['rejected']:6d}  "
+                              f"p99 {r['reject_p99_ms'] or 0:6.2f} ms (from sent {r['reject_from_sent_p99_ms'] or 0:.2f})"
+                              f"  {r['server_cpu_us_per_request']:.0f} µs CPU/request", flush=True)
+                        await wait_idle(triton.http_url)
+        finally:
+            for p in procs:
+                stop_group(p)
+    out["load_average"] = os.getloadavg()
+    out["summary"] = summarize(out["points"])
+    return out
+
+
+def summarize(points: list[dict]) -> list[dict]:
+    """Per system and rate: median, best and worst over the rounds, and the median ratio of the
+    system's p99 to the floor's in the same round."""
+    rows = []
+    keys = list(dict.fromkeys((p["system"], p["rate"]) for p in points))
+    floor = {(p["rate"], p["round"]): p for p in points if p["system"] == "floor"}
+    for system, rate in keys:
+        ps = [p for p in points if (p["system"], p["rate"]) == (system, rate) and p["rejected"]]
+        if not ps:
+            continue
+        p99 = [p["reject_p99_ms"] for p in ps]
+        sent = [p["reject_from_sent_p99_ms"] for p in ps]
+        ratios = [p["reject_p99_ms"] / f["reject_p99_ms"] for p in ps
+                  if (f := floor.get((rate, p["round"]))) and f["reject_p99_ms"]]
+        rows.append({
+            "system": system, "rate": rate, "rounds": len(ps), "refusal_share": statistics.median(
+                p["rejected"] / max(p["offered"], 1) for p in ps),
+            "p99_ms_median": statistics.median(p99), "p99_ms_min": min(p99), "p99_ms_max": max(p99),
+            "from_sent_p99_ms_median": statistics.median(sent),
+            "rounds_within_target": sum(v <= TARGET_MS for v in p99),
+            "vs_floor_median": statistics.median(ratios) if ratios else None,
+            "cpu_us_median": statistics.median(p["server_cpu_us_per_request"] for p in ps),
+            "steal_max": max((p["steal"] or 0.0) for p in ps),
+        })
+    return rows
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        "# Refusals inside bursts: the gateway against the floor of a Python front door", "",
+        f"Gamma CV=4 arrivals, {result['duration_s']:g} s measured after 2 s warm-up per point, "
+        f"{result['rounds']} rounds (every system once per round); {result['cpus']} CPUs shared by the load "
+        "generator, the server under test and Triton. Load average at the end: "
+        f"{', '.join(f'{x:.1f}' for x in result['load_average'])}.",
+        "Command: `.venv/bin/python -m bench.refusal_latency`", "",
+        "`floor` is the gateway's HTTP server answering every request 429 unread (`bench/refusal_floor.py`); "
+        "`gateway all-refused` is `headrace serve` refusing every request through its whole path (a 1 µs "
+        "deadline); `headrace` / `headrace-protect` are the gateway at SLO 100 ms (admission plan / protect), "
+        "refusing what cannot make it. Refusal p99 counts from each request's scheduled send time (the "
+        "load generator's own lag included); `from sent`, from when it went out. CPU is the server "
+        "process's user + system time per request sent.", "",
+        f"| system | Gamma rate /s | refused | refusal p99 ms, median (min-max) | rounds <= {TARGET_MS:g} ms | "
+        "from sent, median | vs floor, median | server CPU µs/request | max CPU stolen |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["summary"]:
+        vs = f"{r['vs_floor_median']:.2f}x" if r["vs_floor_median"] is not None else "-"
+        lines.append(
+            f"| {r['system']} | {r['rate']} | {r['refusal_share']:.0%} | {r['p99_ms_median']:.2f} "
+            f"({r['p99_ms_min']:.2f}-{r['p99_ms_max']:.2f}) | {r['rounds_within_target']}/{r['rounds']} | "
+            f"{r['from_sent_p99_ms_median']:.2f} | {vs} | {r['cpu_us_median']:.0f} | {r['steal_max']:.1%} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=15.0, help="measured seconds per point")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    result = asyncio.run(run(args.rounds, args.duration))
+    result["command"] = "python -m bench.refusal_latency" + (
+        f" --rounds {args.rounds}" if args.rounds != 3 else "") + (
+        f" --duration {args.duration:g}" if args.duration != 15.0 else "")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "refusal_latency.json").write_text(json.dumps(result, indent=1))
+    (args.out / "refusal_latency.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
