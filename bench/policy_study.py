@@ -1,7 +1,8 @@
 """Batch-policy study in virtual time: which policy finishes the most requests within SLO?
 
 Setup (issue 5): ResNet-50 on A100-80GB 1g.10gb, t(b) = 8.4 + 2.346·b ms (the reference
-profile's p50, served deterministically; the policies predict with its p99, 2% higher),
+profile's p50, served deterministically; the policies predict with its p99, which the published
+fit gives equal to p50; the fallback fit built without the YAML takes p99 2% higher),
 max batch 32, SLO 100 ms, Poisson and Gamma(CV=4) arrivals, one replica. Every system is the
 same EdfScheduler with a different registered policy, driven by loadgen.sim, so the
 comparison is like for like and runs in one process. Beside them, the clairvoyant bound

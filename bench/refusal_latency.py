@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from bench.gateway_overhead import start_floor, start_gateway
+from bench.gateway_overhead import cpu_seconds, start_floor, start_gateway
 from bench.gateway_slo import RESULTS, SLO_MS, reference_profile, wait_idle
 from bench.host import cpu_times, steal_share
 from deploy.process import stop_group
@@ -50,23 +50,17 @@ TARGET_MS = 5.0
 ALL_REFUSED_SLO_MS = 0.001  # sent as Triton's timeout (1 µs): no batch meets it
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process (all its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def point(target: str, pid: int, rate: float, slo_ms: float, duration: float, seed: int) -> dict[str, Any]:
     spec = LoadSpec(target=target, model="resnet50", arrival="gamma", rate=rate, cv=4.0, duration_s=duration,
                     warmup_s=2.0, slo_ms=slo_ms, seed=seed, request_timeout_s=10.0)
-    cpu0, host0 = process_cpu_s(pid), cpu_times()
+    cpu0, host0 = cpu_seconds(pid), cpu_times()
     s = (await run_load(spec)).summary
     sent = s["offered"] * (duration + 2.0) / duration  # the warm-up's requests cost CPU too
     return {
         "offered": s["offered"], "rejected": s["rejected"], "ok": s["ok"], "expired": s["expired"],
         "reject_p99_ms": s["reject_latency_p99_ms"], "reject_from_sent_p99_ms": s["reject_latency_from_send_p99_ms"],
         "send_lag_p99_ms": s["send_lag_ms"]["p99"],
-        "server_cpu_us_per_request": round((process_cpu_s(pid) - cpu0) / max(sent, 1) * 1e6, 1),
+        "server_cpu_us_per_request": round((cpu_seconds(pid) - cpu0) / max(sent, 1) * 1e6, 1),
         "steal": steal_share(host0, cpu_times()),
     }
 
