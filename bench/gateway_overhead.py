@@ -28,6 +28,7 @@ import numpy as np
 import yaml
 from tritonclient.grpc import service_pb2 as pb
 
+from bench.host import cpu_times, steal_share
 from deploy.process import start_serve, stop_group
 from deploy.repository import ModelConfig, TensorSpec, write_model
 from deploy.triton import TritonServer, free_port
@@ -44,6 +45,8 @@ class TritonPythonModel:
 '''
 BACKENDS = ("http", "grpc")  # how the gateway reaches Triton; the first is the default
 TARGETS = {"p50": (0.5, 0.3), "p99": (1.5, 1.0)}  # (limit, goal) of added ms
+GRPC_ECHO, GRPC_VIA_HTTP, GRPC_VIA_GRPC = "grpc.aio echo", "grpc.aio -> Triton HTTP", "grpc.aio -> Triton gRPC, unparsed"
+GRPC_FLOORS = (GRPC_ECHO, GRPC_VIA_HTTP, GRPC_VIA_GRPC)
 
 
 class HttpTarget:
@@ -194,8 +197,11 @@ def run(requests: int, rounds: int, profile: bool) -> dict:
             for proto, port in relays.items():
                 procs[f"relay/{proto}"] = start_floor("bench.relay", port,
                                                       triton.http_url if proto == "http" else triton.grpc_url)
-            echo_port = free_port()
-            procs["grpc_echo"] = start_floor("bench.grpc_echo", echo_port)
+            grpc_floors = {  # row -> bench.grpc_echo mode: what a Python gRPC front door costs at least
+                GRPC_ECHO: [], GRPC_VIA_HTTP: ["http", triton.http_url], GRPC_VIA_GRPC: ["grpc", triton.grpc_url]}
+            floor_ports = {name: free_port() for name in grpc_floors}
+            for name, mode in grpc_floors.items():
+                procs[name] = start_floor("bench.grpc_echo", floor_ports[name], *mode)
             targets: dict = {}
             pid_of: dict = {}  # target -> the process whose CPU it is charged (none for Triton itself)
             for proto in ("http", "grpc"):
@@ -207,9 +213,9 @@ def run(requests: int, rounds: int, profile: bool) -> dict:
                     pid_of[key] = procs[f"gateway/{backend}"].pid
                 targets[(proto, "relay")] = make(f"127.0.0.1:{relays[proto]}", "echo")
                 pid_of[(proto, "relay")] = procs[f"relay/{proto}"].pid
-            # the floor of any Python gRPC front door: grpc.aio answering at once, no Triton
-            targets[("grpc", "grpc.aio echo")] = GrpcTarget(f"127.0.0.1:{echo_port}", "echo")
-            pid_of[("grpc", "grpc.aio echo")] = procs["grpc_echo"].pid
+            for name in grpc_floors:
+                targets[("grpc", name)] = GrpcTarget(f"127.0.0.1:{floor_ports[name]}", "echo")
+                pid_of[("grpc", name)] = procs[name].pid
             # the refusal path: what a 429 costs the gateway (admission only, no Triton call)
             targets[("http", "refusal")] = RefusalTarget(f"127.0.0.1:{gateways[BACKENDS[0]][0]}", "echo")
             pid_of[("http", "refusal")] = procs[f"gateway/{BACKENDS[0]}"].pid
@@ -217,6 +223,7 @@ def run(requests: int, rounds: int, profile: bool) -> dict:
             for fn in targets.values():
                 measure(fn, 50)  # warm up connections and code paths
             cpu: dict = {k: 0.0 for k in targets}
+            host0 = cpu_times()
             for r in range(rounds):
                 order = list(targets) if r % 2 == 0 else list(reversed(targets))
                 for k in order:
@@ -224,6 +231,7 @@ def run(requests: int, rounds: int, profile: bool) -> dict:
                     c0 = cpu_seconds(pid) if pid else 0.0
                     samples[k] += measure(targets[k], requests)
                     cpu[k] += (cpu_seconds(pid) - c0) if pid else 0.0
+            stolen = steal_share(host0, cpu_times())
             for t in targets.values():
                 t.close()
         finally:
@@ -245,7 +253,7 @@ def run(requests: int, rounds: int, profile: bool) -> dict:
                  "cpus": os.cpu_count(), "rows": []}
     for proto in ("http", "grpc"):
         d = samples[(proto, "triton")]
-        for system in (*(f"gateway/{b}" for b in BACKENDS), "relay", *(("grpc.aio echo",) if proto == "grpc" else ())):
+        for system in (*(f"gateway/{b}" for b in BACKENDS), "relay", *(GRPC_FLOORS if proto == "grpc" else ())):
             g = samples[(proto, system)]
             backend = system.removeprefix("gateway/")
             row = {"client": proto, "backend": backend,
@@ -265,6 +273,7 @@ def run(requests: int, rounds: int, profile: bool) -> dict:
                       "gateway_cpu_us_per_request": cpu[("http", "refusal")] / len(ref) * 1e6}
     out["policy_core"] = core_cost(echo)
     out["load_average"] = os.getloadavg()
+    out["steal"] = stolen
     out["hot_path_profile"] = hot_path
     return out
 
@@ -281,16 +290,19 @@ def markdown(res: dict) -> str:
         "The `relay` rows are the floor: a bare TCP relay process (`bench.relay`, uvloop, parses nothing) "
         "between the same client and Triton. What it adds is what any extra process in the path costs here.",
         "",
-        "The `grpc.aio echo` row is the floor of a Python gRPC front door: a grpc.aio server (`bench.grpc_echo`, "
-        "uvloop) that answers each ModelInfer at once with its inputs, calling no Triton. Its 'added' column "
-        "is its whole round trip minus Triton's, so a positive value means grpc.aio alone answers "
-        "slower than Triton runs the model.",
+        "The grpc.aio rows are floors of a Python gRPC front door (`bench.grpc_echo`, uvloop, no scheduling, "
+        f"validation or metrics): `{GRPC_ECHO}` answers each ModelInfer at once with its inputs, calling no "
+        f"Triton; `{GRPC_VIA_HTTP}` sends its tensors to Triton over HTTP with the gateway's own replica client "
+        f"and answers with Triton's outputs (what the gateway's gRPC path does, less the gateway); "
+        f"`{GRPC_VIA_GRPC}` hands the request's bytes, unparsed, to Triton's gRPC endpoint and returns the "
+        "answer's bytes (the least any Python gRPC proxy does). Their 'added' column is their round trip minus "
+        "Triton's.",
         "",
         "| client protocol | gateway -> Triton | Triton p50 ms | gateway p50 ms | added p50 ms | Triton p99 ms | gateway p99 ms | added p99 ms | limit 0.5/1.5 | goal 0.3/1.0 | gateway CPU µs/request |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res["rows"]:
-        floor = r["backend"] in ("relay", "grpc.aio echo")
+        floor = r["backend"] in ("relay", *GRPC_FLOORS)
         lines.append(
             f"| {r['client']} | {r['backend'] + ' (floor)' if floor else r['backend']} | {r['direct_p50_ms']:.3f} | {r['gateway_p50_ms']:.3f} | **{r['added_p50_ms']:.3f}** | "
             f"{r['direct_p99_ms']:.3f} | {r['gateway_p99_ms']:.3f} | **{r['added_p99_ms']:.3f}** | "
@@ -306,7 +318,8 @@ def markdown(res: dict) -> str:
               f"{c['submit_poll_us']:.0f} µs, on_complete+poll {c['complete_poll_us']:.0f} µs per request "
               "(the driver skips the second poll when nothing is queued).",
               f"Load average during the run: {', '.join(f'{x:.1f}' for x in res['load_average'])} "
-              f"on {res['cpus']} CPUs."]
+              f"on {res['cpus']} CPUs" + (f"; {res['steal']:.1%} of all CPU time stolen by the hypervisor "
+                                          "while it measured." if res.get("steal") is not None else ".")]
     if res.get("hot_path_profile"):
         lines += ["", "## Where the time goes (pyinstrument, gateway process)", "",
                   res.get("hot_path_notes", ""), "", "```", res["hot_path_profile"].strip()[:12000], "```"]
