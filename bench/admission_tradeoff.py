@@ -20,13 +20,13 @@ independent of machine load.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from itertools import product
 from pathlib import Path
 
+from bench.output import write_results
 from bench.policy_study import BOUND, OUT, System, bound_point, run_point, study_profile
 from gateway.policy import SchedulerConfig
 
@@ -110,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = list(pool.map(measure, settings()))
         result = {"command": "python -m bench.admission_tradeoff", "rows": rows, "bound": bound_f.result()}
     result["wall_s"] = round(time.perf_counter() - t0, 1)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "admission_tradeoff.json").write_text(json.dumps(result, indent=1))
-    (args.out / "admission_tradeoff.md").write_text(markdown(result))
+    write_results(args.out, "admission_tradeoff", result, markdown(result))
     print(markdown(result))
     return 0
 

@@ -22,7 +22,6 @@ Writes bench/results/emulator_fidelity.{json,md}; exits 1 if a check fails.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -35,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import tritonclient.http as httpclient
 
+from bench.output import write_results
 from deploy.triton import TritonServer
 from profiles.emulator import (
     ArbiterClient,
@@ -272,9 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.samples < 1 or args.duration <= 0 or args.rounds < 1:
         ap.error(f"need --samples >= 1, --duration > 0, --rounds >= 1 (got {args.samples}, {args.duration}, {args.rounds})")
     res = run(args.samples, args.duration, args.rounds, not args.no_calibrate)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "emulator_fidelity.json").write_text(json.dumps(res, indent=2) + "\n")
-    (args.out / "emulator_fidelity.md").write_text(markdown(res))
+    write_results(args.out, "emulator_fidelity", res, markdown(res))
     print(markdown(res))
     return 0 if res["pass"] else 1
 

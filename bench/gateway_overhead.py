@@ -29,6 +29,7 @@ import yaml
 from tritonclient.grpc import service_pb2 as pb
 
 from bench.host import cpu_times, steal_share
+from bench.output import write_results
 from deploy.process import start_serve, stop_group
 from deploy.repository import ModelConfig, TensorSpec, write_model
 from deploy.triton import TritonServer, free_port
@@ -336,10 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     res = run(args.requests, args.rounds, args.profile)
     res["hot_path_notes"] = args.notes
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gateway_overhead.json").write_text(json.dumps(res, indent=2))
-    (out / "gateway_overhead.md").write_text(markdown(res))
+    write_results(args.out, "gateway_overhead", res, markdown(res))
     print(markdown(res).split("## Where")[0])
     return 0
 

@@ -38,6 +38,7 @@ import yaml
 
 from bench.gateway_overhead import start_gateway
 from bench.host import cpu_times, steal_share
+from bench.output import write_results
 from deploy.process import stop_group
 from deploy.repository import DynamicBatching
 from deploy.triton import TritonServer, free_port
@@ -384,10 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     res = asyncio.run(run(duration, warmup, args.quick))
     res["elapsed_s"] = time.monotonic() - t0
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gateway_slo.json").write_text(json.dumps(res, indent=2))
-    (out / "gateway_slo.md").write_text(markdown(res))
+    write_results(args.out, "gateway_slo", res, markdown(res))
     print(markdown(res))
     return 0
 

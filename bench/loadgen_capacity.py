@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.output import write_results
 from deploy.triton import free_port
 from loadgen.drivers import open_loop
 from loadgen.run import run_load
@@ -403,10 +404,8 @@ def main() -> None:
         return
     signal.signal(signal.SIGTERM, _interrupt)  # stop the endpoint processes, then exit
     r = asyncio.run(main_async(a))
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "loadgen_capacity.json").write_text(json.dumps(r, indent=2) + "\n")
     md = markdown(r)
-    (a.out / "loadgen_capacity.md").write_text(md)
+    write_results(a.out, "loadgen_capacity", r, md)
     print(md)
 
 

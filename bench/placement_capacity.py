@@ -17,6 +17,7 @@ import os
 import platform
 from pathlib import Path
 
+from bench.output import write_results
 from placement.capacity import replica_capacity
 from placement.plan import Demand, GpuClass, GpuPlan, Inventory, Plan, Replica, SlicePlan
 from profiles.derive import with_derived
@@ -103,8 +104,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(key, json.dumps(rows[key]), flush=True)
     meta = {"command": f"python -m bench.placement_capacity --duration {args.duration:g} --fractions {args.fractions}",
             "machine": f"{platform.machine()} {platform.python_version()}"}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "placement_capacity.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = ["# Predicted capacity vs served goodput (emulated GPUs, gateway, Poisson load)", "",
              f"`{meta['command']}` on {meta['machine']}. Poisson load offered at a fraction of the "
              "predicted capacity; SLO 100 ms. `load avg` is the machine's 1-minute load average after the "
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {name} | {r['predicted_rps']} | {r['offered_rps']} | {r['goodput_rps']} | "
                      f"{r['attainment']:.4f} | {r['p99_ms']:.1f} | {r['fell_behind']} | {r['load_average']} | "
                      f"{r['pass']} |")
-    (args.out / "placement_capacity.md").write_text("\n".join(lines) + "\n")
+    write_results(args.out, "placement_capacity", {"meta": meta, "rows": rows}, "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if all(r["pass"] for r in rows.values()) else 1
 

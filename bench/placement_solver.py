@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.output import write_results
 from placement.plan import Demand, GpuClass, Inventory, Plan
 from placement.solver import DEFAULT, Options, candidates, lower_bound, solve
 from profiles.derive import with_derived
@@ -191,10 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": "python -m bench.placement_solver --sizes " + args.sizes + f" --seed {args.seed}",
             "machine": f"{platform.machine()} {platform.python_version()}", "seed": args.seed,
             "other_seeds": [o["seed"] for o in others]}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "placement_solver.json").write_text(
-        json.dumps({"meta": meta, "rows": rows, "other_seeds": others}, indent=2) + "\n")
-    (args.out / "placement_solver.md").write_text(markdown(rows, meta, others))
+    write_results(args.out, "placement_solver", {"meta": meta, "rows": rows, "other_seeds": others},
+                  markdown(rows, meta, others))
     print(markdown(rows, meta, others))
     return 0
 

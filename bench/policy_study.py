@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.output import write_results
 from bench.policy_bound import clairvoyant_ok
 from gateway.policy import EdfScheduler, SchedulerConfig
 from gateway.policy.types import ReplicaInfo
@@ -256,8 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render:
         result = json.loads((args.out / "policy_study.json").read_text())
         result["targets"] = {f: targets(result, f) for f in reported(result)}
-        (args.out / "policy_study.json").write_text(json.dumps(result, indent=1))
-        (args.out / "policy_study.md").write_text(markdown(result))
+        write_results(args.out, "policy_study", result, markdown(result))
         print(markdown(result))
         return 0
     if args.quick:
@@ -288,9 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         "chosen": chosen, "wall_s": round(time.perf_counter() - t0, 1),
     }
     result["targets"] = {f: targets(result, f) for f in reported(result)}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "policy_study.json").write_text(json.dumps(result, indent=1))
-    (args.out / "policy_study.md").write_text(markdown(result))
+    write_results(args.out, "policy_study", result, markdown(result))
     print(markdown(result))
     return 0
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import tempfile
@@ -38,6 +37,7 @@ import yaml
 from bench.gateway_overhead import cpu_seconds, start_floor, start_gateway
 from bench.gateway_slo import RESULTS, SLO_MS, reference_profile, wait_idle
 from bench.host import cpu_times, steal_share
+from bench.output import write_results
 from deploy.process import stop_group
 from deploy.triton import TritonServer, free_port
 from loadgen.run import run_load
@@ -177,9 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     result["command"] = "python -m bench.refusal_latency" + (
         f" --rounds {args.rounds}" if args.rounds != 3 else "") + (
         f" --duration {args.duration:g}" if args.duration != 15.0 else "")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "refusal_latency.json").write_text(json.dumps(result, indent=1))
-    (args.out / "refusal_latency.md").write_text(markdown(result))
+    write_results(args.out, "refusal_latency", result, markdown(result))
     print(markdown(result))
     return 0
 
