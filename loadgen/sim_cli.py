@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import get_args
 
 import numpy as np
 from pydantic import ValidationError
@@ -98,6 +99,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _choices(field: str) -> tuple[str, ...]:
+    """The values SchedulerConfig accepts for a Literal field: the CLI offers exactly those."""
+    return get_args(SchedulerConfig.model_fields[field].annotation)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "sim",
@@ -126,14 +132,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--admission",
-        choices=("plan", "protect", "burst", "alone"),
-        default="plan",
+        choices=_choices("admission"),
+        default=SchedulerConfig.model_fields["admission"].default,
         help="plan: count the queue ahead at submit; protect: also refuse requests that would "
         "push admitted ones late; burst: protect only while arrivals run well above capacity; "
         "alone: only the request itself",
     )
     p.add_argument(
-        "--quantile", choices=("p50", "p99"), default="p99", help="latency the policy predicts with"
+        "--quantile",
+        choices=_choices("quantile"),
+        default=SchedulerConfig.model_fields["quantile"].default,
+        help="latency the policy predicts with",
     )
     p.add_argument(
         "--service", choices=("p50", "p99"), default="p50", help="latency the replicas take"
