@@ -12,11 +12,11 @@ reordered so its batches are consecutive runs of the kept requests in arrival or
 finishing any request later (swap an earlier-arriving request of a later batch with a
 later-arriving one of an earlier batch: both stay on time). So a dynamic programme over
 "requests decided so far" is exact: for each prefix it keeps, per count of requests finished
-in time, the earliest moment the replica is free again; a state is dropped only when another
-with at least as many finished requests frees the replica no later (it can do everything the
-first can). Counts more than ``spread`` below the best of their prefix are pruned as well;
-this can only lower the bound, and raising ``spread`` from 12 to 40 changes nothing on the
-study's traces.
+in time, the earliest moment the replica is free again. A state is dropped only when another
+provably does at least as well: it has as many finished requests and frees the replica no
+later, or its lead in finished requests is at least what the head start of the first could win
+back (the rows of the batches that fit in that head start). A replica free before the next
+arrival counts as free at it. Pruning never drops a better schedule, so the count is exact.
 
 The bound says how much of a policy's loss is the price of not knowing the future.
 """
@@ -26,7 +26,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from profiles.profile import Profile
+
 INF = float("inf")
+
+
+def served_latency(profile: Profile, max_batch: int) -> list[float]:
+    """``latency[b]`` as :func:`clairvoyant_ok` takes it (index 0 unused): the profile's p50,
+    the latency the simulated replicas serve."""
+    return [0.0] + [profile.latency(b, "p50") for b in range(1, max_batch + 1)]
 
 
 def clairvoyant_ok(arrivals: Sequence[float], latency: Sequence[float], slo: float,

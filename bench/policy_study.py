@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.output import write_results
-from bench.policy_bound import clairvoyant_ok
+from bench.policy_bound import clairvoyant_ok, served_latency
 from gateway.policy import EdfScheduler, SchedulerConfig
 from gateway.policy.types import ReplicaInfo
 from loadgen.arrivals import make_process, times
@@ -91,8 +91,7 @@ def arrivals(arrival: str, rate: float, duration: float, seed: int) -> np.ndarra
 def bound_point(arrival: str, rate: float, duration: float, seed: int, profile: Profile) -> dict:
     """The clairvoyant bound on the same arrivals and the same (served) latencies."""
     ts = arrivals(arrival, rate, duration, seed)
-    lat = [0.0] + [profile.latency(b, "p50") for b in range(1, MAX_BATCH + 1)]
-    ok = clairvoyant_ok(ts.tolist(), lat, SLO, MAX_BATCH)
+    ok = clairvoyant_ok(ts.tolist(), served_latency(profile, MAX_BATCH), SLO, MAX_BATCH)
     return {"system": BOUND, "family": BOUND, "arrival": arrival, "rate": rate, "seed": seed,
             "offered": len(ts), "ok": ok, "attainment": ok / max(len(ts), 1), "goodput_rps": ok / duration}
 
