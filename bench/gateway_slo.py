@@ -134,11 +134,21 @@ def write_repo(repo: Path) -> None:
                              dynamic_batching=db)
 
 
+def gateway_config(http_port: int, triton_http: str, variant: str, profile_path: Path,
+                   scheduler: dict[str, Any]) -> dict[str, Any]:
+    """``headrace serve`` YAML: model resnet50 (SLO_MS, max batch 32) on one Triton variant."""
+    return {
+        "listen": {"http_port": http_port, "grpc_port": free_port()}, "scheduler": scheduler,
+        "models": [{"name": "resnet50", "slo_ms": SLO_MS, "max_batch": 32, "replicas": [
+            {"url": triton_http, "protocol": "http", "variant": variant, "profile": str(profile_path)}]}],
+    }
+
+
 async def point(target: str, model: str, arrival: str, rate: float, duration: float, warmup: float,
-                seed: int) -> dict[str, Any]:
+                seed: int, slo_ms: float = SLO_MS) -> dict[str, Any]:
     spec = LoadSpec(target=target, model=model, arrival=arrival, rate=rate,
                     cv=4.0 if arrival == "gamma" else 1.0, duration_s=duration, warmup_s=warmup,
-                    slo_ms=SLO_MS, seed=seed, request_timeout_s=10.0)
+                    slo_ms=slo_ms, seed=seed, request_timeout_s=10.0)
     res = await run_load(spec)
     s = res.summary
     return {
@@ -165,12 +175,8 @@ async def run(duration: float, warmup: float, quick: bool) -> dict[str, Any]:
         try:
             for name, (scheduler, _) in GATEWAYS.items():
                 hp = ports[name] = free_port()
-                (work / f"{name}.yaml").write_text(yaml.safe_dump({
-                    "listen": {"http_port": hp, "grpc_port": free_port()}, "scheduler": scheduler,
-                    "models": [{"name": "resnet50", "slo_ms": SLO_MS, "max_batch": 32, "replicas": [
-                        {"url": triton.http_url, "protocol": "http", "variant": f"{name}-gw",
-                         "profile": str(work / "resnet50.yaml")}]}],
-                }))
+                (work / f"{name}.yaml").write_text(yaml.safe_dump(gateway_config(
+                    hp, triton.http_url, f"{name}-gw", work / "resnet50.yaml", scheduler)))
                 procs.append(start_gateway(work / f"{name}.yaml", hp, None))
             tdirect = f"http://{triton.http_url}"
             systems = {**{name: (f"http://127.0.0.1:{hp}", "resnet50") for name, hp in ports.items()},

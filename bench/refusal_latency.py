@@ -35,34 +35,29 @@ from typing import Any
 import yaml
 
 from bench.gateway_overhead import cpu_seconds, start_floor, start_gateway
-from bench.gateway_slo import RESULTS, SLO_MS, reference_profile, wait_idle
+from bench.gateway_slo import RESULTS, SLO_MS, gateway_config, reference_profile, wait_idle
+from bench.gateway_slo import point as slo_point
 from bench.host import cpu_times, steal_share
 from bench.output import write_results
 from deploy.process import stop_group
 from deploy.triton import TritonServer, free_port
-from loadgen.run import run_load
-from loadgen.spec import LoadSpec
 from profiles.emulator import write_emulated_model
 from profiles.profile import save_profiles
 
 RATES = (150, 350, 1000)
+WARMUP_S = 2.0
 TARGET_MS = 5.0
 ALL_REFUSED_SLO_MS = 0.001  # sent as Triton's timeout (1 µs): no batch meets it
 
 
 async def point(target: str, pid: int, rate: float, slo_ms: float, duration: float, seed: int) -> dict[str, Any]:
-    spec = LoadSpec(target=target, model="resnet50", arrival="gamma", rate=rate, cv=4.0, duration_s=duration,
-                    warmup_s=2.0, slo_ms=slo_ms, seed=seed, request_timeout_s=10.0)
+    """One Gamma CV=4 point against ``target``, and the CPU its server process (``pid``) spent."""
     cpu0, host0 = cpu_seconds(pid), cpu_times()
-    s = (await run_load(spec)).summary
-    sent = s["offered"] * (duration + 2.0) / duration  # the warm-up's requests cost CPU too
-    return {
-        "offered": s["offered"], "rejected": s["rejected"], "ok": s["ok"], "expired": s["expired"],
-        "reject_p99_ms": s["reject_latency_p99_ms"], "reject_from_sent_p99_ms": s["reject_latency_from_send_p99_ms"],
-        "send_lag_p99_ms": s["send_lag_ms"]["p99"],
-        "server_cpu_us_per_request": round((cpu_seconds(pid) - cpu0) / max(sent, 1) * 1e6, 1),
-        "steal": steal_share(host0, cpu_times()),
-    }
+    r = await slo_point(target, "resnet50", "gamma", rate, duration, WARMUP_S, seed, slo_ms)
+    sent = r["offered"] * (duration + WARMUP_S) / duration  # the warm-up's requests cost CPU too
+    r["server_cpu_us_per_request"] = round((cpu_seconds(pid) - cpu0) / max(sent, 1) * 1e6, 1)
+    r["steal"] = steal_share(host0, cpu_times())
+    return r
 
 
 async def run(rounds: int, duration: float) -> dict[str, Any]:
@@ -76,13 +71,9 @@ async def run(rounds: int, duration: float) -> dict[str, Any]:
         try:
             ports = {}
             for name, admission in (("headrace", "plan"), ("headrace-protect", "protect")):
-                hp = ports[name] = free_port()
-                (work / f"{name}.yaml").write_text(yaml.safe_dump({
-                    "listen": {"http_port": hp, "grpc_port": free_port()}, "scheduler": {"admission": admission},
-                    "models": [{"name": "resnet50", "slo_ms": SLO_MS, "max_batch": 32, "replicas": [
-                        {"url": triton.http_url, "protocol": "http", "variant": "emulated",
-                         "profile": str(work / "resnet50.yaml")}]}],
-                }))
+                hp = free_port()
+                (work / f"{name}.yaml").write_text(yaml.safe_dump(gateway_config(
+                    hp, triton.http_url, "emulated", work / "resnet50.yaml", {"admission": admission})))
                 procs.append(gw := start_gateway(work / f"{name}.yaml", hp, None))
                 ports[name] = (hp, gw.pid)
             fp = free_port()
@@ -102,7 +93,7 @@ async def run(rounds: int, duration: float) -> dict[str, Any]:
                         r.update(system=name, rate=rate, round=rnd)
                         out["points"].append(r)
                         print(f"round {rnd} {name:20s} gamma {rate:5d}/s  refusals {r['rejected']:6d}  "
-                              f"p99 {r['reject_p99_ms'] or 0:6.2f} ms (from sent {r['reject_from_sent_p99_ms'] or 0:.2f})"
+                              f"p99 {r['reject_latency_p99_ms'] or 0:6.2f} ms (from sent {r['reject_latency_from_send_p99_ms'] or 0:.2f})"
                               f"  {r['server_cpu_us_per_request']:.0f} µs CPU/request", flush=True)
                         await wait_idle(triton.http_url)
         finally:
@@ -123,10 +114,10 @@ def summarize(points: list[dict]) -> list[dict]:
         ps = [p for p in points if (p["system"], p["rate"]) == (system, rate) and p["rejected"]]
         if not ps:
             continue
-        p99 = [p["reject_p99_ms"] for p in ps]
-        sent = [p["reject_from_sent_p99_ms"] for p in ps]
-        ratios = [p["reject_p99_ms"] / f["reject_p99_ms"] for p in ps
-                  if (f := floor.get((rate, p["round"]))) and f["reject_p99_ms"]]
+        p99 = [p["reject_latency_p99_ms"] for p in ps]
+        sent = [p["reject_latency_from_send_p99_ms"] for p in ps]
+        ratios = [p["reject_latency_p99_ms"] / f["reject_latency_p99_ms"] for p in ps
+                  if (f := floor.get((rate, p["round"]))) and f["reject_latency_p99_ms"]]
         rows.append({
             "system": system, "rate": rate, "rounds": len(ps), "refusal_share": statistics.median(
                 p["rejected"] / max(p["offered"], 1) for p in ps),
@@ -143,7 +134,7 @@ def summarize(points: list[dict]) -> list[dict]:
 def markdown(result: dict) -> str:
     lines = [
         "# Refusals inside bursts: the gateway against the floor of a Python front door", "",
-        f"Gamma CV=4 arrivals, {result['duration_s']:g} s measured after 2 s warm-up per point, "
+        f"Gamma CV=4 arrivals, {result['duration_s']:g} s measured after {WARMUP_S:g} s warm-up per point, "
         f"{result['rounds']} rounds (every system once per round); {result['cpus']} CPUs shared by the load "
         "generator, the server under test and Triton. Load average at the end: "
         f"{', '.join(f'{x:.1f}' for x in result['load_average'])}.",
