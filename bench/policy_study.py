@@ -23,7 +23,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 
 import numpy as np
@@ -46,8 +46,10 @@ MAX_BATCH = 32
 OUT = Path(__file__).parent / "results"
 
 
+@cache
 def study_profile() -> Profile:
-    """The reference profile, or the same fit built in code if the YAML is not there."""
+    """The reference profile, or the same fit built in code if the YAML is not there (read once
+    per process: every point of a study, and every task of a worker, uses the same one)."""
     try:
         return ProfileSet.reference().get("resnet50", "A100-80GB", "1g.10gb").with_max_batch(MAX_BATCH)
     except ProfileError:
