@@ -288,10 +288,10 @@ def markdown(res: dict) -> str:
         f"Command: `.venv/bin/python -m bench.gateway_overhead --profile --rounds {res['rounds']} "
         f"--requests {res['requests_per_round']}`",
         "",
-        "The `relay` rows are the floor: a bare TCP relay process (`bench.relay`, uvloop, parses nothing) "
+        "The `relay` rows are the floor: a bare TCP relay process (`bench.relay`, on the gateway's event loop, parses nothing) "
         "between the same client and Triton. What it adds is what any extra process in the path costs here.",
         "",
-        "The grpc.aio rows are floors of a Python gRPC front door (`bench.grpc_echo`, uvloop, no scheduling, "
+        "The grpc.aio rows are floors of a Python gRPC front door (`bench.grpc_echo`, on the gateway's event loop, no scheduling, "
         f"validation or metrics): `{GRPC_ECHO}` answers each ModelInfer at once with its inputs, calling no "
         f"Triton; `{GRPC_VIA_HTTP}` sends its tensors to Triton over HTTP with the gateway's own replica client "
         f"and answers with Triton's outputs (what the gateway's gRPC path does, less the gateway); "

@@ -1,5 +1,5 @@
-"""Floors of a Python gRPC front door: grpc.aio servers (on uvloop, like ``headrace serve``)
-that answer every ``ModelInfer`` with no scheduling, no validation and no metrics.
+"""Floors of a Python gRPC front door: grpc.aio servers, on the event loop ``headrace serve``
+runs, that answer every ``ModelInfer`` with no scheduling, no validation and no metrics.
 
 - ``echo``: answers at once with its inputs as outputs, calling nothing. What a client waits
   for it is what grpc.aio alone costs a request on this machine.
@@ -14,13 +14,13 @@ that answer every ``ModelInfer`` with no scheduling, no validation and no metric
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Awaitable, Callable
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
+from gateway.cli import run_on_serve_loop
 from gateway.codec import Tensor
 from gateway.grpc_server import SERVICE
 
@@ -64,8 +64,11 @@ def via_grpc(url: str) -> Handler:
     return infer
 
 
-async def serve(port: int, mode: list[str]) -> None:
-    handler = echo() if mode in ([], ["echo"]) else via_http(mode[1]) if mode[0] == "http" else via_grpc(mode[1])
+MODES: dict[str, Callable[..., Handler]] = {"echo": echo, "http": via_http, "grpc": via_grpc}
+
+
+async def serve(port: int, mode: str = "echo", *args: str) -> None:
+    handler = MODES[mode](*args)  # built on the running loop: a replica client binds to it
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
         SERVICE, {"ModelInfer": grpc.unary_unary_rpc_method_handler(handler)}),))
@@ -76,17 +79,13 @@ async def serve(port: int, mode: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    ok_mode = args[1:] in ([], ["echo"]) or (len(args) == 3 and args[1] in ("http", "grpc"))
+    mode = args[1:] or ["echo"]
+    ok_mode = mode == ["echo"] or (len(mode) == 2 and mode[0] in ("http", "grpc"))
     if not args or not args[0].isdigit() or not ok_mode:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
     try:
-        import uvloop
-    except ImportError:
-        uvloop = None
-    run = uvloop.run if uvloop is not None else asyncio.run
-    try:
-        run(serve(int(args[0]), args[1:]))
+        run_on_serve_loop(serve(int(args[0]), *mode))
     except KeyboardInterrupt:
         pass
     return 0

@@ -1,6 +1,6 @@
-"""The floor of a refusal: the gateway's own HTTP server (``gateway.httpserver`` on uvloop)
-with a handler that answers every POST ``429`` at once, reading nothing of it. No routing,
-no decoding, no scheduling, no metrics. What a client waits for its refusals during a burst is
+"""The floor of a refusal: the gateway's own HTTP server (``gateway.httpserver``, on the
+event loop ``headrace serve`` runs) with a handler that answers every POST ``429`` at once,
+reading nothing of it. No routing, no decoding, no scheduling, no metrics. What a client waits for its refusals during a burst is
 what reading and answering requests one after another costs on this machine, before any of
 the gateway's work.
 
@@ -17,8 +17,7 @@ import sys
 import urllib.error
 import urllib.request
 
-import uvloop
-
+from gateway.cli import run_on_serve_loop
 from gateway.errors import REASON_HEADER
 from gateway.httpserver import HttpRequest, HttpResponse, HttpServer, error_response
 
@@ -49,4 +48,4 @@ async def serve(port: int, source: str) -> None:
 
 
 if __name__ == "__main__":
-    uvloop.run(serve(int(sys.argv[1]), sys.argv[2]))
+    run_on_serve_loop(serve(int(sys.argv[1]), sys.argv[2]))

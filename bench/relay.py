@@ -1,7 +1,7 @@
-"""The floor of any proxy: a bare TCP relay on uvloop that copies bytes both ways, parsing
-nothing. What it adds over calling Triton directly is what one more user-space process in
-the path costs on this machine (two socket reads, two writes and their wake-ups a request),
-before any HTTP or gRPC work.
+"""The floor of any proxy: a bare TCP relay, on the event loop ``headrace serve`` runs, that
+copies bytes both ways, parsing nothing. What it adds over calling Triton directly is what
+one more user-space process in the path costs on this machine (two socket reads, two writes
+and their wake-ups a request), before any HTTP or gRPC work.
 
     .venv/bin/python -m bench.relay LISTEN_PORT TARGET_HOST:TARGET_PORT
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
+
+from gateway.cli import run_on_serve_loop
 
 
 class _Pipe(asyncio.Protocol):
@@ -79,12 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     host, tport = args[1].rsplit(":", 1)
     try:
-        import uvloop
-    except ImportError:
-        uvloop = None
-    run = uvloop.run if uvloop is not None else asyncio.run
-    try:
-        run(serve(int(args[0]), host, int(tport)))
+        run_on_serve_loop(serve(int(args[0]), host, int(tport)))
     except KeyboardInterrupt:
         pass
     return 0

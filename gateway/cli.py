@@ -8,6 +8,8 @@ import gc
 import logging
 import signal
 import sys
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from gateway.config import ConfigError, load_config
 from gateway.errors import GatewayError
@@ -54,6 +56,9 @@ async def serve(args: argparse.Namespace) -> int:
     return 0
 
 
+T = TypeVar("T")
+
+
 def _loop_factory():  # noqa: ANN202
     """uvloop when installed (a faster loop for the front door and the replica clients), else asyncio's."""
     try:
@@ -63,11 +68,17 @@ def _loop_factory():  # noqa: ANN202
     return uvloop.new_event_loop
 
 
+def run_on_serve_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on the event loop ``headrace serve`` runs on (benchmarks' floor servers
+    use it too, so they measure the same loop)."""
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(main)
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            return runner.run(serve(args))
+        return run_on_serve_loop(serve(args))
     except (ConfigError, GatewayError, OSError) as e:
         print(f"headrace serve: {e}", file=sys.stderr)
         return 2
