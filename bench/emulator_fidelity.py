@@ -35,6 +35,7 @@ import numpy as np
 import tritonclient.http as httpclient
 
 from bench.output import write_results
+from deploy.process import exit_on_sigterm
 from deploy.triton import TritonServer
 from profiles.emulator import (
     ArbiterClient,
@@ -269,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-calibrate", action="store_true", help="use the default Triton overhead")
     ap.add_argument("--out", type=Path, default=OUT, help="directory for the JSON and markdown results")
     args = ap.parse_args(argv)
+    exit_on_sigterm()  # what it started is stopped on the way out
     if args.samples < 1 or args.duration <= 0 or args.rounds < 1:
         ap.error(f"need --samples >= 1, --duration > 0, --rounds >= 1 (got {args.samples}, {args.duration}, {args.rounds})")
     res = run(args.samples, args.duration, args.rounds, not args.no_calibrate)

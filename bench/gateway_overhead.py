@@ -30,7 +30,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from bench.host import cpu_times, steal_share
 from bench.output import write_results
-from deploy.process import start_serve, stop_group
+from deploy.process import exit_on_sigterm, start_serve, stop_group
 from deploy.repository import ModelConfig, TensorSpec, write_model
 from deploy.triton import TritonServer, free_port
 from profiles.profile import LatencyPoint, Profile, Provenance, save_profiles
@@ -335,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--notes", default="", help="text placed above the profile in the markdown")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
+    exit_on_sigterm()  # what it started is stopped on the way out
     res = run(args.requests, args.rounds, args.profile)
     res["hot_path_notes"] = args.notes
     write_results(args.out, "gateway_overhead", res, markdown(res))

@@ -39,7 +39,7 @@ import yaml
 from bench.gateway_overhead import start_gateway
 from bench.host import cpu_times, steal_share
 from bench.output import write_results
-from deploy.process import stop_group
+from deploy.process import exit_on_sigterm, stop_group
 from deploy.repository import DynamicBatching
 from deploy.triton import TritonServer, free_port
 from loadgen.run import run_load
@@ -386,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="6 s points (a smoke run, noisier)")
     ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
+    exit_on_sigterm()  # what it started is stopped on the way out
     duration = 6.0 if args.quick else args.duration
     warmup = 1.0 if args.quick else args.warmup
     t0 = time.monotonic()

@@ -32,7 +32,6 @@ import os
 import platform
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from bench.output import write_results
+from deploy.process import exit_on_sigterm, stop_group
 from deploy.triton import free_port
 from loadgen.drivers import open_loop
 from loadgen.run import run_load
@@ -75,7 +75,6 @@ class Servers:
                 cmd = [sys.executable, "-m", "loadgen.testserver", "--raw", "--reuse-port",
                        "--http-port", str(self.port)]  # fmt: skip
                 self.procs.append(subprocess.Popen(cmd, start_new_session=True))
-                STARTED.append(self.procs[-1])
             deadline = time.monotonic() + 30
             while True:
                 try:
@@ -96,17 +95,7 @@ class Servers:
 
     def __exit__(self, *exc: object) -> None:
         for p in self.procs or []:
-            _stop_group(p)
-
-
-def _stop_group(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-            p.wait(timeout=5)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(timeout=5)
+            stop_group(p, grace=5.0)
 
 
 class TritonclientHttp:
@@ -260,13 +249,12 @@ def locust_peak(url: str, duration: float, users: int = 64) -> dict[str, Any] | 
                "--only-summary", "--loglevel", "ERROR"]  # fmt: skip
         p = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)  # fmt: skip
-        STARTED.append(p)
         try:
             p.wait(timeout=duration + 60)
         except subprocess.TimeoutExpired:
             pass
         finally:
-            _stop_group(p)
+            stop_group(p, grace=5.0)
         stats = Path(d) / "out_stats.csv"
         if not stats.exists():
             return None
@@ -376,15 +364,6 @@ def markdown(r: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-STARTED: list[subprocess.Popen] = []  # endpoint and Locust processes, stopped on SIGTERM
-
-
-def _interrupt(*_: object) -> None:
-    for p in STARTED:
-        _stop_group(p)
-    os._exit(143)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -402,7 +381,7 @@ def main() -> None:
         (a.out / "loadgen_capacity.md").write_text(md)
         print(md)
         return
-    signal.signal(signal.SIGTERM, _interrupt)  # stop the endpoint processes, then exit
+    exit_on_sigterm()  # what it started is stopped on the way out
     r = asyncio.run(main_async(a))
     md = markdown(r)
     write_results(a.out, "loadgen_capacity", r, md)

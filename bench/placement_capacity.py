@@ -18,6 +18,7 @@ import platform
 from pathlib import Path
 
 from bench.output import write_results
+from deploy.process import exit_on_sigterm
 from placement.capacity import replica_capacity
 from placement.plan import Demand, GpuClass, GpuPlan, Inventory, Plan, Replica, SlicePlan
 from profiles.derive import with_derived
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fractions", default="0.5,0.9,1.0", help="offered load / predicted capacity")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
+    exit_on_sigterm()  # what it started is stopped on the way out
     ps = with_derived(ProfileSet.reference())
     rows = {}
     for name, plan in scenario_plans(ps).items():

@@ -39,7 +39,7 @@ from bench.gateway_slo import RESULTS, SLO_MS, gateway_config, reference_profile
 from bench.gateway_slo import point as slo_point
 from bench.host import cpu_times, steal_share
 from bench.output import write_results
-from deploy.process import stop_group
+from deploy.process import exit_on_sigterm, stop_group
 from deploy.triton import TritonServer, free_port
 from profiles.emulator import write_emulated_model
 from profiles.profile import save_profiles
@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=15.0, help="measured seconds per point")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
+    exit_on_sigterm()  # what it started is stopped on the way out
     result = asyncio.run(run(args.rounds, args.duration))
     result["command"] = "python -m bench.refusal_latency" + (
         f" --rounds {args.rounds}" if args.rounds != 3 else "") + (

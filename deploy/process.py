@@ -37,6 +37,16 @@ def wait_http_ready(hostport: str, proc: subprocess.Popen | None, timeout: float
     return f"not ready after {timeout:g}s"
 
 
+def exit_on_sigterm() -> None:
+    """Make SIGTERM end this process as Ctrl-C would: it raises SystemExit(143) where the
+    process is, so every ``finally`` and context manager on the way out runs and stops the
+    process groups this one started (asyncio.run cancels its tasks, whose ``finally`` blocks
+    run too). Without it a terminated benchmark leaves its Triton and gateways running."""
+    def _exit(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, _exit)
+
+
 def stop_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 30.0) -> None:
     """``sig`` to the process group, up to ``grace`` seconds to exit, then SIGKILL to whatever
     of the group is left (children such as Triton's python stubs), and wait until it is gone."""
