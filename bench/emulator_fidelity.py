@@ -35,8 +35,6 @@ import numpy as np
 import tritonclient.http as httpclient
 
 from bench.output import write_results
-from deploy.process import exit_on_sigterm
-from deploy.triton import TritonServer
 from profiles.emulator import (
     ArbiterClient,
     EmulatedGpu,
@@ -44,8 +42,10 @@ from profiles.emulator import (
     calibrate_overhead,
     write_emulated_model,
 )
+from profiles.process import exit_on_sigterm
 from profiles.profile import Profile, ProfileSet
 from profiles.sharing import ActiveJob
+from profiles.tritonserver import TritonServer
 
 OUT = Path(__file__).parent / "results"
 MAX_BATCH = 32

@@ -30,10 +30,10 @@ from tritonclient.grpc import service_pb2 as pb
 
 from bench.host import cpu_times, steal_share
 from bench.output import write_results
-from deploy.process import exit_on_sigterm, start_serve, stop_group
-from deploy.repository import ModelConfig, TensorSpec, write_model
-from deploy.triton import TritonServer, free_port
+from profiles.process import exit_on_sigterm, start_serve, stop_group
 from profiles.profile import LatencyPoint, Profile, Provenance, save_profiles
+from profiles.repository import ModelConfig, TensorSpec, write_model
+from profiles.tritonserver import TritonServer, free_port
 
 RESULTS = Path(__file__).parent / "results"
 # the echo model: as cheap as Triton's python backend gets, so the gateway's cost shows

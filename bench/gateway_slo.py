@@ -39,13 +39,13 @@ import yaml
 from bench.gateway_overhead import start_gateway
 from bench.host import cpu_times, steal_share
 from bench.output import write_results
-from deploy.process import exit_on_sigterm, stop_group
-from deploy.repository import DynamicBatching
-from deploy.triton import TritonServer, free_port
 from loadgen.run import run_load
 from loadgen.spec import LoadSpec
 from profiles.emulator import write_emulated_model
+from profiles.process import exit_on_sigterm, stop_group
 from profiles.profile import ProfileSet, save_profiles
+from profiles.repository import DynamicBatching
+from profiles.tritonserver import TritonServer, free_port
 
 RESULTS = Path(__file__).parent / "results"
 SLO_MS = 100.0

@@ -44,12 +44,12 @@ from typing import Any
 import numpy as np
 
 from bench.output import write_results
-from deploy.process import exit_on_sigterm, stop_group
-from deploy.triton import free_port
 from loadgen.drivers import open_loop
 from loadgen.run import run_load
 from loadgen.spec import InputSpec, LoadSpec
 from loadgen.stats import OK, Recorder
+from profiles.process import exit_on_sigterm, stop_group
+from profiles.tritonserver import free_port
 
 RESULTS = Path(__file__).parent / "results"
 LAG_LIMIT_MS = 1.0

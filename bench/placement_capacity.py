@@ -18,10 +18,10 @@ import platform
 from pathlib import Path
 
 from bench.output import write_results
-from deploy.process import exit_on_sigterm
 from placement.capacity import replica_capacity
 from placement.plan import Demand, GpuClass, GpuPlan, Inventory, Plan, Replica, SlicePlan
 from profiles.derive import with_derived
+from profiles.process import exit_on_sigterm
 from profiles.profile import ProfileSet
 
 OUT = Path(__file__).parent / "results"
@@ -53,11 +53,11 @@ def measure(plan: Plan, ps: ProfileSet, duration: float, seed: int = 0, fraction
     import yaml
 
     from bench.gateway_overhead import start_gateway
-    from deploy.process import stop_group
-    from deploy.triton import free_port
     from loadgen.run import run_load_sync
     from loadgen.spec import LoadSpec
     from placement.emulated import Emulated, gateway_config
+    from profiles.process import stop_group
+    from profiles.tritonserver import free_port
 
     plan.verify()
     predicted = plan.capacity("resnet50")

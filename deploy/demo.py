@@ -24,8 +24,8 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from deploy.process import start_serve, stop_group
-from deploy.triton import free_port
+from profiles.process import start_serve, stop_group
+from profiles.tritonserver import free_port
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "placement" / "examples"
 DIGITS_RATE = 200.0  # req/s offered to the digits model
@@ -64,8 +64,8 @@ def _load(out: Console, args: argparse.Namespace, target: str, model: str, rate:
 
 
 def _digits(out: Console, args: argparse.Namespace, workdir: Path) -> None:
-    from deploy.triton import TritonServer
     from profiles.digits import MEASURED_DIR, write_digits_models
+    from profiles.tritonserver import TritonServer
 
     repo = workdir / "digits-repo"
     accuracy = write_digits_models(repo)

@@ -306,8 +306,3 @@ def _write(
         a.plot.parent.mkdir(parents=True, exist_ok=True)
         report.plot(result.summary, result.recorder, a.plot)
 
-
-if __name__ == "__main__":
-    from deploy.cli import main as headrace_main
-
-    sys.exit(headrace_main(["load", *sys.argv[1:]]))

@@ -30,7 +30,7 @@ import bisect
 from dataclasses import dataclass
 from functools import lru_cache
 
-from placement.catalogue import GpuModel
+from profiles.catalogue import GpuModel
 from profiles.profile import Profile, Quantile
 from profiles.sharing import mps_latency
 

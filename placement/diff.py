@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from placement.capacity import replica_capacity
-from placement.catalogue import gpu_model
 from placement.plan import Demand, GpuClass, GpuPlan, Inventory, Plan, Replica, SlicePlan
 from placement.solver import DEFAULT, Options, SolverError, solve
+from profiles.catalogue import gpu_model
 from profiles.profile import ProfileSet
 
 Action = Literal["enable_mig", "create_slice", "start_mps", "start_replica",

@@ -1,7 +1,7 @@
 """The ``Emulated`` executor: a plan served for real on emulated GPUs on this machine.
 
 One :class:`profiles.emulator.EmulatedGpu` arbiter per planned GPU, one Triton server
-(:class:`deploy.triton.TritonServer`) per replica, each serving an emulated model that replays
+(:class:`profiles.tritonserver.TritonServer`) per replica, each serving an emulated model that replays
 its variant's profile on its slice (``slice_id`` = ``<gpu>/<slice>``) with the planned MPS share.
 Every process is stopped by its PID / process group in :meth:`Emulated.stop`, also on failure.
 """
@@ -13,12 +13,12 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deploy.repository import DynamicBatching
-from deploy.triton import TritonServer
 from placement.diff import PlanDiff, Step, diff
 from placement.executors import ExecutorError
 from placement.plan import Plan
 from profiles.profile import ProfileSet
+from profiles.repository import DynamicBatching
+from profiles.tritonserver import TritonServer
 
 
 @dataclass(frozen=True)

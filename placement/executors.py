@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from placement.catalogue import gpu_model
 from placement.diff import PlanDiff, Step, diff
 from placement.plan import Plan, SlicePlan
+from profiles.catalogue import gpu_model
 
 MPS_ROOT = "/tmp/headrace-mps"
 

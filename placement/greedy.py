@@ -16,9 +16,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from placement.catalogue import WHOLE, Instance
 from placement.plan import Demand, GpuPlan, Inventory, Replica, SlicePlan
 from placement.solver import Candidate, LayoutOption, Options, SolverError, layout_options
+from profiles.catalogue import WHOLE, Instance
 
 FIT_EFFICIENCY = 0.85  # take opened room if at least this efficient relative to a new GPU
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from placement.capacity import fits_memory, replica_capacity
-from placement.catalogue import WHOLE, CatalogueError, Instance, gpu_model, overlap_reason
+from profiles.catalogue import WHOLE, CatalogueError, Instance, gpu_model, overlap_reason
 from profiles.profile import Profile, ProfileError, ProfileSet
 
 API_VERSION = "headrace.dev/v1"

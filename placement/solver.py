@@ -30,8 +30,8 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from placement.capacity import Capacity, fits_memory, legal_shares, replica_capacity
-from placement.catalogue import WHOLE, Instance, Layout, gpu_model, layouts
 from placement.plan import Demand, GpuClass, GpuPlan, Inventory, Plan, Replica, SlicePlan
+from profiles.catalogue import WHOLE, Instance, Layout, gpu_model, layouts
 from profiles.profile import Profile, ProfileSet
 
 METHODS = ("greedy", "milp")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from deploy.repository import DynamicBatching, ModelConfig, TensorSpec, write_model
+from profiles.repository import DynamicBatching, ModelConfig, TensorSpec, write_model
 
 FAMILY = "digits"
 INPUT = TensorSpec("INPUT0", "FP32", (64,))
@@ -216,8 +216,8 @@ def measure_profiles(out_dir: str | Path = MEASURED_DIR, variants: list[str] | N
     write ``<out_dir>/<variant>.yaml`` (gpu and slice ``cpu``, held-out accuracy recorded)."""
     import tempfile
 
-    from deploy.triton import TritonServer
     from profiles.profiler import default_batches, profile_model
+    from profiles.tritonserver import TritonServer
 
     out_dir = Path(out_dir)
     written = []

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from deploy.triton import TritonServer
 from profiles.digits import (
     MEASURED_DIR,
     VARIANTS,
@@ -19,6 +18,7 @@ from profiles.digits import (
     write_digits_models,
 )
 from profiles.profile import ProfileSet
+from profiles.tritonserver import TritonServer
 
 SIZE_ORDER = ["digits-small", "digits-medium", "digits-large"]
 

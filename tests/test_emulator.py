@@ -6,13 +6,13 @@ import random
 
 import pytest
 
-from deploy.repository import TensorSpec
 from profiles.emulator.arbiter import ArbiterCore
 from profiles.emulator.batchtime import batch_seconds
 from profiles.emulator.overhead import Overhead
 from profiles.emulator.physics import SharedGpu
 from profiles.emulator.repository import write_emulated_model
 from profiles.profile import LatencyPoint, Profile, ProfileError
+from profiles.repository import TensorSpec
 from profiles.sharing import ActiveJob
 
 

@@ -13,11 +13,11 @@ import pytest
 import tritonclient.http as httpclient
 
 from bench.emulator_fidelity import closed_loop
-from deploy.repository import DynamicBatching
-from deploy.triton import TritonServer
 from profiles.emulator import ArbiterClient, ArbiterError, EmulatedGpu, write_emulated_model
 from profiles.profile import LatencyPoint, Profile, ProfileSet
+from profiles.repository import DynamicBatching
 from profiles.sharing import ActiveJob
+from profiles.tritonserver import TritonServer
 
 
 def const_profile(ms: float, max_batch: int = 8) -> Profile:

@@ -17,11 +17,11 @@ import tritonclient.grpc.aio as grpcaio
 import yaml
 from tritonclient.utils import InferenceServerException
 
-from deploy.triton import TritonServer, free_port
 from gateway.app import GatewayThread
 from gateway.config import parse_config
 from profiles.emulator import write_emulated_model
 from profiles.profile import LatencyPoint, Profile, Provenance, save_profiles
+from profiles.tritonserver import TritonServer, free_port
 
 pytestmark = pytest.mark.integration
 

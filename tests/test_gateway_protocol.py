@@ -18,10 +18,10 @@ import tritonclient.http.aio as httpaio
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.utils import InferenceServerException
 
-from deploy.repository import ModelConfig, TensorSpec, write_model
-from deploy.triton import TritonServer
 from gateway.app import GatewayThread
 from gateway.config import parse_config
+from profiles.repository import ModelConfig, TensorSpec, write_model
+from profiles.tritonserver import TritonServer
 
 pytestmark = pytest.mark.integration
 

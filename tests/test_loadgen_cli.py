@@ -15,8 +15,8 @@ import urllib.request
 import pytest
 
 from deploy.cli import main
-from deploy.triton import free_port
 from loadgen.report import CSV_COLUMNS
+from profiles.tritonserver import free_port
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deploy.triton import free_port
 from loadgen.arrivals import Constant, single
 from loadgen.clients import LoadError, RawHttpClient
 from loadgen.drivers import CLOSED_LOOP_NOTE, closed_loop, open_loop
@@ -18,6 +17,7 @@ from loadgen.run import run_load
 from loadgen.spec import InputSpec, LoadSpec
 from loadgen.stats import OK, REJECTED, Recorder
 from loadgen.testserver import MODEL, Behaviour, serve
+from profiles.tritonserver import free_port
 
 RATE = 100.0
 WARMUP = 0.3

@@ -6,11 +6,11 @@ import asyncio
 
 import pytest
 
-from deploy.triton import free_port
 from loadgen.run import run_load
 from loadgen.spec import LoadSpec
 from loadgen.sweep import find_max_rate, parse_range, stability
 from loadgen.testserver import MODEL, Behaviour, serve
+from profiles.tritonserver import free_port
 
 SERVICE_S = 0.004  # one request at a time: capacity 250 req/s
 

@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from deploy.repository import DynamicBatching, ModelConfig, TensorSpec, write_model
-from deploy.triton import TritonServer
 from loadgen.run import run_load
 from loadgen.spec import LoadSpec
+from profiles.repository import DynamicBatching, ModelConfig, TensorSpec, write_model
+from profiles.tritonserver import TritonServer
 
 SLEEPY = """
 import time

@@ -9,12 +9,12 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from placement.capacity import arrivals_during, batch_latency, replica_capacity, worst_wait
-from placement.catalogue import Instance, gpu_model, layouts, overlap_reason
 from placement.diff import diff, replan
 from placement.executors import DryRun, ExecutorError, Nvml
 from placement.plan import Demand, GpuClass, GpuPlan, Inventory, Plan, PlanError, Replica, SlicePlan
 from placement.solver import Options, SolverError, candidates, lower_bound, solve
 from placement.spec import SpecError, load_problem
+from profiles.catalogue import Instance, gpu_model, layouts, overlap_reason
 from profiles.derive import with_derived
 from profiles.profile import LatencyPoint, Profile, ProfileSet
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PARENT = textwrap.dedent("""
     import asyncio, subprocess, sys
-    from deploy.process import exit_on_sigterm, stop_group
+    from profiles.process import exit_on_sigterm, stop_group
     if sys.argv[1] == "on":
         exit_on_sigterm()
     async def main():

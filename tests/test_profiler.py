@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from deploy.cli import main as headrace
-from deploy.triton import TritonServer, free_port
 from profiles.digits import write_digits_models
 from profiles.emulator import write_emulated_model
 from profiles.profile import LatencyPoint, ProfileSet, load_profiles
@@ -17,6 +16,7 @@ from profiles.profiler import (
     parse_int_list,
     profile_model,
 )
+from profiles.tritonserver import TritonServer, free_port
 
 BATCHES = [1, 2, 4, 8, 16, 32]
 

@@ -69,11 +69,11 @@ def test_live_gateway_matches_the_simulator(tmp_path) -> None:
     tritonclient_grpc = pytest.importorskip("tritonclient.grpc.aio")
     from tritonclient.utils import InferenceServerException
 
-    from deploy.triton import TritonServer
     from gateway.app import GatewayThread
     from gateway.config import parse_config
     from profiles.emulator import write_emulated_model
     from profiles.profile import save_profiles
+    from profiles.tritonserver import TritonServer
 
     predicted = simulate(SC)
     save_profiles(tmp_path / "emu.yaml", [SC.profile])

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from deploy.repository import ModelConfig, TensorSpec, write_model
-from deploy.triton import TritonError, TritonServer
+from profiles.repository import ModelConfig, TensorSpec, write_model
+from profiles.tritonserver import TritonError, TritonServer
 
 DOUBLE = '''
 import triton_python_backend_utils as pb_utils

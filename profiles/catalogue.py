@@ -17,6 +17,8 @@ from functools import cache
 
 MPS_CLIENTS_PER_DEVICE = 48
 WHOLE = "gpu"  # slice name of a whole GPU without MIG
+HOST = "cpu"  # the host pseudo-GPU: CPU-served models (its one slice is WHOLE; profiles say "cpu")
+HOST_CLIENTS = 8  # processes the planner co-locates on one host
 
 
 class CatalogueError(ValueError):
@@ -73,6 +75,8 @@ class GpuModel:
 
     def mps_client_limit(self, slice_name: str) -> int:
         """Most MPS clients on one device (whole GPU) or one MIG slice (see module doc)."""
+        if self.name == HOST:
+            return HOST_CLIENTS
         if slice_name == WHOLE:
             return MPS_CLIENTS_PER_DEVICE
         return max(1, MPS_CLIENTS_PER_DEVICE * self.profile(slice_name).compute // self.compute_slices)
@@ -131,6 +135,8 @@ GPUS: dict[str, GpuModel] = {
             _p("2g.12gb", 2, 2, 11.69, 2, (0, 2), 28, "NVML_GPU_INSTANCE_PROFILE_2_SLICE"),
             _p("4g.24gb", 4, 4, 23.5, 1, (0,), 56, "NVML_GPU_INSTANCE_PROFILE_4_SLICE"),
         )),
+        # the host: no MIG; "MPS" on it means co-located server processes sharing its cores
+        GpuModel(HOST, 64.0, 0, 1, 1, ()),
     )
 }
 

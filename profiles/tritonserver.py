@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deploy.process import http_ready, stop_group, wait_http_ready
+from profiles.process import http_ready, stop_group, wait_http_ready
 
 INSTALL_HINT = (
     "the tritonserver binary was not found; install it with `pip install nvidia-pytriton` "
