@@ -28,17 +28,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from gateway.policy.types import Priority
 from profiles.profile import LatencyPoint, Profile, ProfileError, ProfileSet, load_profiles
+from profiles.schema import GatewaySettings
 
 
 class ConfigError(ValueError):
     """The gateway config is invalid; the message names the field and the value."""
-
-
-class ListenConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    host: str = Field(default="127.0.0.1", min_length=1, description="address the gateway binds")
-    http_port: int = Field(default=8000, ge=0, le=65535, description="KServe v2 HTTP port (0: any free)")
-    grpc_port: int = Field(default=8001, ge=0, le=65535, description="KServe v2 gRPC port (0: any free)")
 
 
 class ReplicaConfig(BaseModel):
@@ -92,17 +86,12 @@ class ModelConfig(BaseModel):
     replicas: list[ReplicaConfig] = Field(min_length=1, description="where the model runs")
 
 
-class GatewayConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    listen: ListenConfig = Field(default_factory=ListenConfig)
+class GatewayConfig(GatewaySettings):
+    """``headrace serve``'s YAML: the gateway settings (one definition, :mod:`profiles.schema`)
+    and the models with their replicas. The operator renders it from a plan
+    (:func:`placement.render.gateway_config`)."""
+
     models: list[ModelConfig] = Field(min_length=1, description="served models")
-    health_interval_s: float = Field(default=0.5, gt=0, le=60, description="replica ready-probe period")
-    startup_timeout_s: float = Field(default=30.0, gt=0, le=600, description="wait for replicas' metadata")
-    drain_timeout_s: float = Field(default=30.0, ge=0, le=600, description="SIGTERM: wait for in-flight")
-    max_message_bytes: int = Field(
-        default=64 << 20, ge=1024, le=2**31 - 1, description="largest request/response body"
-    )
-    scheduler: dict[str, Any] = Field(default_factory=dict, description="policy core settings")
     base_dir: Path | None = Field(default=None, exclude=True, description="resolves relative profile paths")
 
     @model_validator(mode="after")

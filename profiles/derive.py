@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from placement.catalogue import GPUS, WHOLE, GpuModel, gpu_model
+from profiles.catalogue import GPUS, HOST, WHOLE, GpuModel, gpu_model
 from profiles.profile import LatencyPoint, Profile, ProfileSet, Provenance
 
 THREE_G_BONUS = 1.15
@@ -114,7 +114,8 @@ def derive_one(known: ProfileSet, variant: str, gpu: str, slice_name: str) -> Pr
     same_gpu = [p for p in known.find(variant=variant, gpu=gpu) if p.provenance.kind != "derived"]
     if same_gpu:
         return to_slice(_closest(same_gpu, g, slice_name), slice_name)
-    others = [p for p in known.find(variant=variant) if p.gpu in GPUS and p.provenance.kind != "derived"]
+    others = [p for p in known.find(variant=variant)
+              if p.gpu in GPUS and p.gpu != HOST and p.provenance.kind != "derived"]
     if not others:
         raise ValueError(f"no profile of {variant} to derive {variant}@{gpu}/{slice_name} from")
     # prefer a source GPU with the target's geometry, then the most SMs alike
@@ -132,8 +133,11 @@ def derive_one(known: ProfileSet, variant: str, gpu: str, slice_name: str) -> Pr
 def with_derived(known: ProfileSet, gpus: tuple[str, ...] | None = None) -> ProfileSet:
     """``known`` plus a derived profile for every (variant, GPU, slice kind) it lacks."""
     out = ProfileSet(known)
-    variants = sorted({p.variant for p in known})
-    for gname in gpus or tuple(GPUS):
+    # host profiles measure a CPU: nothing is derived from them, nor onto the host
+    variants = sorted({p.variant for p in known if p.gpu != HOST})
+    for gname in gpus or tuple(g for g in GPUS if g != HOST):
+        if gname == HOST:
+            continue
         for sname in gpu_model(gname).slice_names():
             for v in variants:
                 if not known.find(variant=v, gpu=gname, slice=sname):

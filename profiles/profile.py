@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from profiles.catalogue import HOST, WHOLE
 
 Quantile = Literal["p50", "p99"]
 
@@ -239,6 +241,9 @@ class ProfileSet:
             self.add(p)
 
     def add(self, p: Profile) -> None:
+        if p.gpu == HOST and p.slice != WHOLE:
+            # a host has one device; the profiler names its slice "cpu", the planner WHOLE
+            p = replace(p, slice=WHOLE)
         if p.key in self._by_key:
             raise ProfileError(f"duplicate profile {p.name}")
         self._by_key[p.key] = p

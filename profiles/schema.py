@@ -1,0 +1,310 @@
+"""The operator's configuration schema: ``GpuPool``, ``ModelDeployment`` and ``Gateway`` documents.
+
+One definition of every field, kept in the bottom layer so the gateway (its settings), the
+planner (pool and demand), the simulator and the operator all read the same models. Documents
+follow Kubernetes conventions (apiVersion, kind, metadata, spec). :func:`load_documents`
+reports a bad document in one line: file, document index, field path and the value given.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from profiles.catalogue import GPUS, HOST
+
+API_VERSION = "headrace.dev/v1"
+
+
+class SpecError(ValueError):
+    """An invalid document; the message names file, document, field and value."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Metadata(_Strict):
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+                      description="object name (lower-case letters, digits, '-' and '.')")
+    labels: dict[str, str] = Field(default_factory=dict, description="free-form labels")
+
+
+# --------------------------------------------------------------------------- GpuPool
+
+
+class GpuGroup(_Strict):
+    model: str = Field(min_length=1, description=f"GPU model, one of {', '.join(GPUS)} "
+                                                  f"('{HOST}': the host's cores, for CPU-served models)")
+    count: int = Field(ge=1, le=10_000, description="GPUs of this model on the node")
+    cost_per_hour: float = Field(default=1.0, gt=0, le=10_000, description="price of one GPU-hour")
+    mig: bool = Field(default=True, description="MIG partitioning allowed (never on the host)")
+    mps: bool = Field(default=True, description="MPS sharing allowed (inside a whole GPU or a slice); "
+                                                "on the host: co-located server processes")
+
+    @model_validator(mode="after")
+    def _known(self) -> GpuGroup:
+        if self.model not in GPUS:
+            raise ValueError(f"model ({self.model!r}) is not a known GPU; known: {', '.join(GPUS)}")
+        if self.model == HOST:
+            self.mig = False
+        return self
+
+
+class Node(_Strict):
+    name: str = Field(min_length=1, max_length=253, description="node name, the prefix of GPU ids")
+    gpus: list[GpuGroup] = Field(min_length=1, max_length=64, description="GPU groups on the node")
+
+
+class GpuPoolSpec(_Strict):
+    nodes: list[Node] = Field(min_length=1, max_length=10_000, description="nodes and their GPUs")
+    objective: Literal["gpus", "cost"] = Field(default="gpus", description="minimise GPUs or cost")
+    emulate: bool = Field(default=False, description="serve on emulated GPUs (no hardware)")
+
+    @model_validator(mode="after")
+    def _unique(self) -> GpuPoolSpec:
+        names = [n.name for n in self.nodes]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"node names must be unique, got {dup} more than once")
+        return self
+
+
+class GpuPool(_Strict):
+    apiVersion: Literal["headrace.dev/v1"] = Field(default=API_VERSION, description="schema version")
+    kind: Literal["GpuPool"] = Field(default="GpuPool", description="document kind")
+    metadata: Metadata
+    spec: GpuPoolSpec
+
+
+# --------------------------------------------------------------------------- ModelDeployment
+
+
+class ArtifactSpec(_Strict):
+    uri: str = Field(min_length=1, description="a Triton model directory (a path, relative to the "
+                     "YAML file, or file://...) holding config.pbtxt and numbered version folders")
+    version: int | None = Field(default=None, ge=1, le=2**31 - 1,
+                                description="the version folder to serve (default: the highest)")
+
+    @field_validator("uri")
+    @classmethod
+    def _local(cls, v: str) -> str:
+        scheme, sep, _ = v.partition("://")
+        if sep and scheme != "file":
+            raise ValueError(f"uri {v!r}: only local paths and file:// are served here (got scheme {scheme!r})")
+        return v
+
+
+class VariantSpec(_Strict):
+    name: str = Field(min_length=1, max_length=200, description="variant name: the Triton model name "
+                      "and the profiles' `variant`")
+    artifact: ArtifactSpec | None = Field(default=None, description="the model's files "
+                                          "(required when the deployment's source is 'artifact')")
+    profile: str | None = Field(default=None, description="latency profile YAML for this variant "
+                                "(headrace profile writes one); default: the reference profiles")
+
+
+class AutoscalingSpec(_Strict):
+    enabled: bool = Field(default=True, description="re-plan when the observed rate leaves the planned band")
+    min_replicas: int = Field(default=1, ge=0, le=10_000, description="fewest replicas kept")
+    max_replicas: int | None = Field(default=None, ge=1, le=10_000, description="most replicas (None: the pool)")
+    upscale_delay_s: float = Field(default=10.0, ge=0, le=86_400,
+                                   description="observed rate above the planned rate this long -> scale up")
+    downscale_delay_s: float = Field(default=60.0, ge=0, le=86_400,
+                                     description="observed rate below downscale_below x planned this long -> scale down")
+    downscale_below: float = Field(default=0.5, gt=0, lt=1,
+                                   description="fraction of the planned rate under which load counts as low")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSpec:
+        if self.max_replicas is not None and self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})")
+        return self
+
+
+Source = Literal["emulated", "digits", "artifact"]
+
+
+class ModelDeploymentSpec(_Strict):
+    model: str = Field(min_length=1, max_length=200,
+                       description="the model name clients address (the profiles' `model`), e.g. resnet50")
+    rate: float = Field(ge=0, le=1e7, description="expected requests per second")
+    slo_ms: float = Field(gt=0, le=600_000, description="latency objective per request, ms")
+    source: Source = Field(default="emulated", description="where the variants' models come from: "
+                           "'emulated' (an emulated GPU replaying the profile), 'digits' (the built-in "
+                           "real MLP family, trained at set-up), 'artifact' (each variant's artifact)")
+    variants: list[str | VariantSpec] = Field(
+        default_factory=list, max_length=64,
+        description="allowed variants (names or {name, artifact, profile}); empty: every profiled variant")
+    accuracy_floor: float | None = Field(default=None, ge=0, le=1, description="least acceptable accuracy")
+    priority: Literal["guaranteed", "best-effort"] = Field(default="guaranteed", description="priority class")
+    headroom: float = Field(default=1.1, ge=1.0, le=10.0,
+                            description="planned capacity / expected rate (burst margin)")
+    autoscaling: AutoscalingSpec | None = Field(default=None, description="re-plan from observed load "
+                                                "(off when absent)")
+
+    @model_validator(mode="after")
+    def _variants(self) -> ModelDeploymentSpec:
+        names = [v if isinstance(v, str) else v.name for v in self.variants]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"variants must be unique, got {dup} more than once")
+        if self.source == "artifact":
+            missing = [n for n, v in zip(names, self.variants, strict=True)
+                       if isinstance(v, str) or v.artifact is None]
+            if not names or missing:
+                raise ValueError(f"source 'artifact' needs an artifact for every variant; "
+                                 f"missing for {missing or 'all (no variants listed)'}")
+        return self
+
+    def variant_specs(self) -> list[VariantSpec]:
+        return [VariantSpec(name=v) if isinstance(v, str) else v for v in self.variants]
+
+    def variant_names(self) -> tuple[str, ...]:
+        return tuple(v.name for v in self.variant_specs())
+
+
+class ModelDeployment(_Strict):
+    apiVersion: Literal["headrace.dev/v1"] = Field(default=API_VERSION, description="schema version")
+    kind: Literal["ModelDeployment"] = Field(default="ModelDeployment", description="document kind")
+    metadata: Metadata
+    spec: ModelDeploymentSpec
+
+
+# --------------------------------------------------------------------------- Gateway
+
+
+class ListenConfig(_Strict):
+    host: str = Field(default="127.0.0.1", min_length=1, description="address the gateway binds")
+    http_port: int = Field(default=8000, ge=0, le=65535, description="KServe v2 HTTP port (0: any free)")
+    grpc_port: int = Field(default=8001, ge=0, le=65535, description="KServe v2 gRPC port (0: any free)")
+
+
+class GatewaySettings(_Strict):
+    """What the gateway is configured with besides its models (``headrace serve`` YAML's top level)."""
+
+    listen: ListenConfig = Field(default_factory=ListenConfig, description="where clients connect")
+    health_interval_s: float = Field(default=0.5, gt=0, le=60, description="replica ready-probe period")
+    startup_timeout_s: float = Field(default=30.0, gt=0, le=600, description="wait for replicas' metadata")
+    drain_timeout_s: float = Field(default=30.0, ge=0, le=600, description="SIGTERM: wait for in-flight")
+    max_message_bytes: int = Field(default=64 << 20, ge=1024, le=2**31 - 1,
+                                   description="largest request/response body")
+    scheduler: dict[str, Any] = Field(default_factory=dict,
+                                      description="policy core settings (headrace explain Scheduler)")
+
+
+class AdminSpec(_Strict):
+    host: str = Field(default="127.0.0.1", min_length=1, description="address of the operator's admin API")
+    port: int = Field(default=0, ge=0, le=65535, description="admin API port (0: any free)")
+    token_env: str = Field(default="HEADRACE_ADMIN_TOKEN", min_length=1,
+                           description="environment variable holding the admin token")
+    token_file: str | None = Field(default=None, description="file holding the admin token "
+                                   "(default: generated into the state directory)")
+
+
+class GatewaySpec(GatewaySettings):
+    admin: AdminSpec = Field(default_factory=AdminSpec, description="the operator's admin API")
+
+
+class Gateway(_Strict):
+    apiVersion: Literal["headrace.dev/v1"] = Field(default=API_VERSION, description="schema version")
+    kind: Literal["Gateway"] = Field(default="Gateway", description="document kind")
+    metadata: Metadata
+    spec: GatewaySpec = Field(default_factory=GatewaySpec)
+
+
+KINDS: dict[str, type[_Strict]] = {"GpuPool": GpuPool, "ModelDeployment": ModelDeployment, "Gateway": Gateway}
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@dataclass
+class Documents:
+    """Every document of a set of files, by kind, each with where it came from."""
+
+    pools: list[GpuPool] = field(default_factory=list)
+    deployments: list[ModelDeployment] = field(default_factory=list)
+    gateways: list[Gateway] = field(default_factory=list)
+    where: dict[int, str] = field(default_factory=dict)  # id(document) -> "file document i"
+    base_dir: dict[int, Path] = field(default_factory=dict)  # id(document) -> its file's folder
+
+    def origin(self, doc: object) -> str:
+        return self.where.get(id(doc), "(document)")
+
+
+def format_error(err: ValidationError, where: str) -> str:
+    """One line: where, then each failing field path with its message and the value given."""
+    parts = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"] if not str(x).startswith(("str", "VariantSpec"))) or "(document)"
+        msg = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg} (got {e.get('input')!r})")
+    return f"{where}: " + "; ".join(dict.fromkeys(parts))
+
+
+def yaml_files(paths: list[str | Path] | tuple[str | Path, ...]) -> list[Path]:
+    """The files named, a folder standing for its *.yaml / *.yml files in name order."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out += sorted(x for x in p.iterdir() if x.suffix in (".yaml", ".yml"))
+        else:
+            out.append(p)
+    return out
+
+
+def parse_documents(text: str, where: str, docs: Documents, base_dir: Path | None = None) -> None:
+    """Validate every document of one YAML stream into ``docs``."""
+    try:
+        raw = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        raise SpecError(f"{where}: not valid YAML: {' '.join(str(e).split())}") from None
+    sinks = {"GpuPool": docs.pools, "ModelDeployment": docs.deployments, "Gateway": docs.gateways}
+    for i, d in enumerate(raw):
+        here = f"{where} document {i}"
+        if not isinstance(d, dict) or d.get("kind") not in KINDS:
+            got = d.get("kind") if isinstance(d, dict) else type(d).__name__
+            raise SpecError(f"{here}: kind: must be one of {', '.join(KINDS)} (got {got!r})")
+        try:
+            obj = KINDS[d["kind"]].model_validate(d)
+        except ValidationError as e:
+            raise SpecError(format_error(e, here)) from None
+        sinks[d["kind"]].append(obj)
+        docs.where[id(obj)] = here
+        if base_dir is not None:
+            docs.base_dir[id(obj)] = base_dir
+
+
+def load_documents(*paths: str | Path) -> Documents:
+    """Read every document of the given YAML files or folders."""
+    docs = Documents()
+    for path in yaml_files(paths):
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise SpecError(f"{path}: cannot read: {e.strerror}") from None
+        parse_documents(text, str(path), docs, path.parent.resolve())
+    return docs
+
+
+def json_schema(kind: str) -> dict[str, Any]:
+    """The JSON Schema of one kind (``headrace explain KIND --schema``)."""
+    if kind not in KINDS:
+        raise SpecError(f"unknown kind {kind!r}; known: {', '.join(KINDS)}")
+    return KINDS[kind].model_json_schema()
+
+
+def dump_json_schemas(out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for kind in KINDS:
+        p = out_dir / f"{kind}.schema.json"
+        p.write_text(json.dumps(json_schema(kind), indent=2) + "\n")
+        paths.append(p)
+    return paths
