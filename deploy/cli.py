@@ -18,6 +18,8 @@ SUBCOMMAND_MODULES = (
     "placement.cli",  # headrace plan
     "deploy.demo",  # headrace demo (the README's main job)
     "loadgen.sim_cli",  # headrace sim
+    "deploy.operator.cli",  # headrace up / apply / status / down / rollback
+    "deploy.explain",  # headrace explain
 )
 
 
