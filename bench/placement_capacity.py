@@ -55,7 +55,8 @@ def measure(plan: Plan, ps: ProfileSet, duration: float, seed: int = 0, fraction
     from bench.gateway_overhead import start_gateway
     from loadgen.run import run_load_sync
     from loadgen.spec import LoadSpec
-    from placement.emulated import Emulated, gateway_config
+    from placement.emulated import Emulated
+    from placement.render import gateway_config
     from profiles.process import stop_group
     from profiles.tritonserver import free_port
 
@@ -70,7 +71,8 @@ def measure(plan: Plan, ps: ProfileSet, duration: float, seed: int = 0, fraction
             return _row(res.summary, predicted, fraction)
         hp, gp = free_port(), free_port()
         cfg_path = ex.workdir / "gateway.yaml"
-        cfg_path.write_text(yaml.safe_dump(gateway_config(ex, plan, hp, gp)))
+        cfg_path.write_text(yaml.safe_dump(gateway_config(plan, ex.endpoints.values(), ex.profiles, ex.workdir / "profiles",
+                                                      {"listen": {"host": "127.0.0.1", "http_port": hp, "grpc_port": gp}})))
         gw = start_gateway(cfg_path, hp, None)  # its own process: the load generator keeps its GIL
         try:
             res = run_load_sync(LoadSpec(target=f"grpc://127.0.0.1:{gp}", model="resnet50", rate=predicted * fraction,

@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as e:
-            if e.name == name:
+            if e.name and (name == e.name or name.startswith(e.name + ".")):
                 continue
             raise
         mod.register(sub)

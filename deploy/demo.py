@@ -87,7 +87,8 @@ def _digits(out: Console, args: argparse.Namespace, workdir: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from placement.cli import load_profile_set, render
-    from placement.emulated import Emulated, gateway_config
+    from placement.emulated import Emulated
+    from placement.render import gateway_config
     from placement.solver import solve
     from placement.spec import load_problem
 
@@ -111,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
                 out.print(f"{e.replica_id}: Triton grpc://{e.grpc_url} serving {e.variant} "
                           f"(planned {e.capacity:.0f} req/s)")
             out.rule("[bold]3. serve (headrace gateway)")
-            cfg = gateway_config(ex, plan, http_port=free_port(), grpc_port=free_port())
+            cfg = gateway_config(plan, ex.endpoints.values(), profiles, workdir / "profiles",
+                                 {"listen": {"host": "127.0.0.1", "http_port": free_port(), "grpc_port": free_port()}})
             with serving(cfg, workdir) as (http, grpc):
                 out.print(f"gateway ready: http {http}  grpc {grpc}")
                 for d in plan.demands:

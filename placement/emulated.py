@@ -16,25 +16,11 @@ from pathlib import Path
 from placement.diff import PlanDiff, Step, diff
 from placement.executors import ExecutorError
 from placement.plan import Plan
+from placement.render import Endpoint
 from profiles.profile import ProfileSet
 from profiles.repository import DynamicBatching
-from profiles.tritonserver import TritonServer
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where one replica serves: the gateway's ReplicaInfo is built from this."""
-
-    replica_id: str
-    model: str
-    variant: str  # the Triton model name on that server
-    gpu: str
-    slice: str
-    share: float
-    max_batch: int
-    capacity: float
-    http_url: str
-    grpc_url: str
+from profiles.sources import Placement, SourceError, VariantSource, write_replica_model
+from profiles.tritonserver import TritonError, TritonServer
 
 
 @dataclass
@@ -47,6 +33,7 @@ class Emulated:
     """
 
     profiles: ProfileSet
+    sources: dict[tuple[str, str], VariantSource] = field(default_factory=dict)  # (model, variant); default emulated
     triton_batching: bool = False
     ready_timeout: float = 60.0
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="headrace-plan-")))
@@ -81,24 +68,33 @@ class Emulated:
                 srv.__exit__(None, None, None)
         # MIG and MPS set-up steps need nothing here: the arbiter enforces slices and shares
 
-    def _start(self, st: Step) -> None:
-        from profiles.emulator import write_emulated_model  # noqa: PLC0415
+    def repo_dir(self, replica_id: str) -> Path:
+        return self.workdir / replica_id.replace("/", "_").replace("@", "-").replace("#", "-")
 
+    def _start(self, st: Step) -> None:
         s, r = st.slice, st.replica
         if s is None or r is None:
             raise ExecutorError(f"{st.describe()}: needs a slice and a replica")
-        gpu = self._gpu(st.gpu)
+        src = self.sources.get((r.model, r.variant), VariantSource())
         profile = self.profiles.get(r.variant, st.gpu_model, s.profile)
-        repo = self.workdir / st.replica_id.replace("/", "_").replace("@", "-").replace("#", "-")
+        repo = self.repo_dir(st.replica_id)
         repo.mkdir(parents=True, exist_ok=True)
-        write_emulated_model(
-            repo, r.variant, profile, slice_id=f"{st.gpu}/{s.label}",
-            mode="mps" if s.mps else "timeslice", share=r.share, arbiter=gpu.socket_path,
-            max_batch=r.max_batch, client=st.replica_id,
-            dynamic_batching=DynamicBatching() if self.triton_batching else None,
-        )
-        srv = TritonServer(repo, ready_timeout=self.ready_timeout)
-        srv.start()
+        arbiter = self._gpu(st.gpu).socket_path if src.kind == "emulated" else None
+        where = Placement(f"{st.gpu}/{s.label}", s.mps, r.share, arbiter, st.replica_id)
+        try:
+            if src.kind == "emulated" and self.triton_batching:
+                from profiles.emulator import write_emulated_model  # noqa: PLC0415
+
+                write_emulated_model(repo, r.variant, profile, slice_id=where.slice_id,
+                                     mode="mps" if s.mps else "timeslice", share=r.share, arbiter=arbiter,
+                                     max_batch=r.max_batch, client=st.replica_id,
+                                     dynamic_batching=DynamicBatching())
+            else:
+                write_replica_model(repo, r.variant, src, profile, where, r.max_batch)
+            srv = TritonServer(repo, ready_timeout=self.ready_timeout, log_path=repo.with_suffix(".log"))
+            srv.start()
+        except (SourceError, TritonError, OSError) as e:
+            raise ExecutorError(f"{st.describe()}: {e}") from e
         self.servers[st.replica_id] = srv
         self.endpoints[st.replica_id] = Endpoint(
             st.replica_id, r.model, r.variant, st.gpu, s.label, r.share, r.max_batch, r.capacity,
@@ -122,34 +118,3 @@ class Emulated:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def gateway_config(ex: Emulated, plan: Plan, http_port: int = 0, grpc_port: int = 0) -> dict:
-    """A gateway config (``headrace serve`` YAML shape) routing every planned model to the
-    replicas ``ex`` started. Each replica's latency profile is written beside its repository:
-    the slice's profile, slowed by its MPS share and interference where it shares a slice."""
-    from dataclasses import replace as _replace
-
-    from placement.capacity import batch_latency
-    from profiles.profile import LatencyPoint, save_profiles
-
-    models = []
-    for d in plan.demands:
-        reps = []
-        for e in ex.endpoints.values():
-            if e.model != d.model:
-                continue
-            gpu_model = next(g.gpu for g in plan.gpus if g.id == e.gpu)
-            p = ex.profiles.get(e.variant, gpu_model, e.slice.split("@")[0])
-            if e.share < 1.0:
-                pts = tuple(LatencyPoint(pt.batch, pt.p50 * batch_latency(p, pt.batch, e.share) / p.latency(pt.batch),
-                                         batch_latency(p, pt.batch, e.share)) for pt in p.points)
-                p = _replace(p, points=pts)
-            path = ex.workdir / (e.replica_id.replace("/", "_").replace("@", "-").replace("#", "-") + ".profile.yaml")
-            save_profiles(path, [p.with_max_batch(max(e.max_batch, 1)) if e.max_batch <= p.max_batch else p])
-            reps.append({"url": e.http_url, "protocol": "http", "variant": e.variant, "profile": str(path), "id": e.replica_id})
-        if reps:
-            models.append({"name": d.model, "slo_ms": d.slo * 1e3, "priority": d.priority,
-                           "max_batch": min(e.max_batch for e in ex.endpoints.values() if e.model == d.model),
-                           "replicas": reps})
-    return {"listen": {"host": "127.0.0.1", "http_port": http_port, "grpc_port": grpc_port}, "models": models}

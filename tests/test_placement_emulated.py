@@ -17,7 +17,8 @@ def test_emulated_plan_serves_through_the_gateway():
     tritonclient_http = pytest.importorskip("tritonclient.http")
     from gateway.app import GatewayThread
     from gateway.config import GatewayConfig
-    from placement.emulated import Emulated, gateway_config
+    from placement.emulated import Emulated
+    from placement.render import gateway_config
 
     ps = with_derived(ProfileSet.reference())
     inv = Inventory((GpuClass("A100-80GB", ("local/gpu0",), 1.0, True, True),))
@@ -26,7 +27,7 @@ def test_emulated_plan_serves_through_the_gateway():
     with Emulated(ps) as ex:
         endpoints = ex.apply(plan)
         assert len(endpoints) == len(plan.replicas()) >= 1
-        cfg = GatewayConfig.model_validate(gateway_config(ex, plan))
+        cfg = GatewayConfig.model_validate(gateway_config(plan, ex.endpoints.values(), ex.profiles, ex.workdir / "profiles"))
         with GatewayThread(cfg) as gw:
             client = tritonclient_http.InferenceServerClient(gw.http_url)
             x = np.arange(16, dtype=np.float32).reshape(1, 16)

@@ -1,0 +1,191 @@
+"""Autoscaling policy: decides when a deployment's planned request rate should change.
+
+Hysteresis: scale up when the observed rate stays above the planned rate for ``upscale_delay_s``,
+down when it stays below ``planned x downscale_below`` for ``downscale_delay_s``. The new planned
+rate is ``max observed / target_utilization``, which sits inside that band, so a steady load never flaps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+Direction = Literal["up", "down"]
+
+
+@dataclass(frozen=True)
+class AutoscaleSpec:
+    """How one deployment autoscales. Every time is in seconds, every rate in req/s."""
+
+    upscale_delay_s: float = 10.0
+    """The observed rate must stay above the planned rate this long before scaling up."""
+
+    downscale_delay_s: float = 60.0
+    """The observed rate must stay below ``planned x downscale_below`` this long before scaling down."""
+
+    downscale_below: float = 0.5
+    """The down threshold as a fraction of the planned rate. 0 disables downscaling.
+    Must be below ``target_utilization``, or the rate planned after an event is itself too high."""
+
+    target_utilization: float = 0.7
+    """After an event, planned rate = (max observed during the delay) / target_utilization."""
+
+    cooldown_s: float | None = None
+    """After any event, an event in the opposite direction waits this long. None = upscale_delay_s."""
+
+    min_rate: float | None = None
+    """The planned rate never goes below this. None = no floor (the planner's min_replicas still holds)."""
+
+    min_replicas: int = 1
+    """The least replicas the planner may place. The policy does not enforce it. It only passes it on."""
+
+    max_replicas: int | None = None
+    """The most replicas the planner may place. None = unbounded. The policy only passes it on."""
+
+    def __post_init__(self) -> None:
+        for name in ("upscale_delay_s", "downscale_delay_s", "cooldown_s", "min_rate"):
+            v = getattr(self, name)
+            if v is not None and not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"AutoscaleSpec.{name} ({v}) must be a finite number >= 0")
+        u, b = self.target_utilization, self.downscale_below
+        if not (math.isfinite(u) and 0 < u <= 1):
+            raise ValueError(f"AutoscaleSpec.target_utilization ({u}) must be in (0, 1]")
+        if not (math.isfinite(b) and 0 <= b < 1):
+            raise ValueError(f"AutoscaleSpec.downscale_below ({b}) must be in [0, 1)")
+        if b >= u:
+            raise ValueError(
+                f"AutoscaleSpec.downscale_below ({b}) must be below target_utilization ({u}): "
+                f"a load that just scaled would sit at or under the down threshold and flap")
+        if self.min_replicas < 0:
+            raise ValueError(f"AutoscaleSpec.min_replicas ({self.min_replicas}) must be >= 0")
+        if self.max_replicas is not None and self.max_replicas < max(1, self.min_replicas):
+            raise ValueError(
+                f"AutoscaleSpec.max_replicas ({self.max_replicas}) must be >= 1 and >= "
+                f"min_replicas ({self.min_replicas})")
+
+    @property
+    def cooldown(self) -> float:
+        """The effective cooldown in seconds (``cooldown_s``, or ``upscale_delay_s`` if unset)."""
+        return self.upscale_delay_s if self.cooldown_s is None else self.cooldown_s
+
+
+@dataclass(frozen=True)
+class AutoscaleState:
+    """What the policy remembers about one deployment between calls to :func:`step`."""
+
+    planned_rate: float
+    """The rate the current plan was made for."""
+
+    last_seen: float
+    """``now`` of the latest observation (or of :func:`initial`). Time never goes back."""
+
+    run: Direction | None = None
+    """Which side of the band the observed rate has been on since ``run_since``. None = inside."""
+
+    run_since: float | None = None
+    """The first observation of the current run above (``up``) or below (``down``) the band."""
+
+    run_max: float = 0.0
+    """The largest rate observed during the current run."""
+
+    last_event: Direction | None = None
+    """The direction of the latest scale event. None = no event yet."""
+
+    last_event_at: float | None = None
+    """When the latest scale event happened."""
+
+
+@dataclass(frozen=True)
+class ScaleDecision:
+    """What :func:`step` tells the operator. On ``up`` or ``down``, re-plan for ``rate``."""
+
+    direction: Direction | None
+    """``up`` or ``down`` to re-plan. None = keep the current plan."""
+
+    rate: float
+    """The new planned rate on an event. Otherwise the current planned rate."""
+
+    reason: str
+    """One line that quotes the numbers behind the decision."""
+
+    min_replicas: int = 1
+    """Passed on from the spec for the planner."""
+
+    max_replicas: int | None = None
+    """Passed on from the spec for the planner. None = unbounded."""
+
+
+def initial(planned_rate: float, now: float) -> AutoscaleState:
+    """The state of a deployment that has just been planned for ``planned_rate`` at ``now``."""
+    if not (math.isfinite(planned_rate) and planned_rate >= 0):
+        raise ValueError(f"planned_rate ({planned_rate}) must be a finite number >= 0")
+    if not math.isfinite(now):
+        raise ValueError(f"now ({now}) must be finite")
+    return AutoscaleState(planned_rate=float(planned_rate), last_seen=float(now))
+
+
+def _r(x: float) -> str:
+    """A rate or time for a reason string: at most one decimal, no trailing zeros."""
+    s = f"{x:.1f}"
+    return s[:-2] if s.endswith(".0") else s
+
+
+def step(spec: AutoscaleSpec, state: AutoscaleState, observed_rate: float,
+         now: float) -> tuple[ScaleDecision, AutoscaleState]:
+    """Take one observation of a deployment's request rate at ``now``. Return the decision and the new state.
+
+    The function is pure. The operator and the simulator both call it every few (real or virtual) seconds.
+    """
+    if not (math.isfinite(observed_rate) and observed_rate >= 0):
+        raise ValueError(f"observed_rate ({observed_rate}) must be a finite number >= 0")
+    if not (math.isfinite(now) and now >= state.last_seen):
+        raise ValueError(f"now ({now}) must be finite and not before the last observation ({state.last_seen})")
+
+    planned = state.planned_rate
+    down_at = planned * spec.downscale_below
+
+    def hold(reason: str, new_state: AutoscaleState) -> tuple[ScaleDecision, AutoscaleState]:
+        return ScaleDecision(None, planned, reason, spec.min_replicas, spec.max_replicas), new_state
+
+    if observed_rate > planned:
+        side: Direction = "up"
+        delay, name = spec.upscale_delay_s, "upscale_delay_s"
+        where = f"observed {_r(observed_rate)} req/s > planned {_r(planned)} req/s"
+    elif observed_rate < down_at:
+        side = "down"
+        delay, name = spec.downscale_delay_s, "downscale_delay_s"
+        where = (f"observed {_r(observed_rate)} req/s < {_r(down_at)} req/s "
+                 f"(planned {_r(planned)} x downscale_below {spec.downscale_below:g})")
+    else:
+        return hold(
+            f"observed {_r(observed_rate)} req/s within [{_r(down_at)}, {_r(planned)}] req/s",
+            AutoscaleState(planned, now, last_event=state.last_event, last_event_at=state.last_event_at))
+
+    # A run continues only while every observation stays on the same side of the band.
+    if state.run == side and state.run_since is not None:
+        since, run_max = state.run_since, max(state.run_max, observed_rate)
+    else:
+        since, run_max = now, observed_rate
+    running = AutoscaleState(planned, now, side, since, run_max, state.last_event, state.last_event_at)
+    elapsed = now - since
+    if elapsed < delay:
+        return hold(f"{where} for {elapsed:.1f} s of {_r(delay)} s ({name})", running)
+
+    if (state.last_event is not None and state.last_event != side and state.last_event_at is not None
+            and now - state.last_event_at < spec.cooldown):
+        return hold(f"{where} for {elapsed:.1f} s, but the last event ({state.last_event}) was "
+                    f"{now - state.last_event_at:.1f} s ago (cooldown {_r(spec.cooldown)} s)", running)
+
+    target = run_max / spec.target_utilization
+    new_rate = max(target, spec.min_rate or 0.0)
+    how = (f"max {_r(run_max)} / target_utilization {spec.target_utilization:g}"
+           + (f", raised to min_rate {_r(new_rate)}" if new_rate > target else ""))
+    if side == "down" and new_rate >= planned:
+        return hold(f"{where} for {elapsed:.1f} s, but the planned rate is at min_rate "
+                    f"{_r(spec.min_rate or 0.0)} req/s", running)
+
+    decision = ScaleDecision(
+        side, new_rate, f"{where} for {elapsed:.1f} s ({name} {_r(delay)}); "
+        f"planning {_r(new_rate)} req/s = {how}", spec.min_replicas, spec.max_replicas)
+    return decision, AutoscaleState(new_rate, now, last_event=side, last_event_at=now)

@@ -1,0 +1,78 @@
+"""A plan rendered into the gateway's configuration: the one function every apply path calls.
+
+:func:`gateway_config` turns a plan, where each of its replicas serves (:class:`Endpoint`) and
+the Gateway document's settings into the ``headrace serve`` YAML shape (a dict the gateway
+validates). Each replica's latency profile is its slice's profile, slowed by its MPS share and
+interference where it shares the slice, as the planner predicted it; profiles are written as
+files into ``profile_dir`` and the config points at them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from dataclasses import replace as _replace
+from pathlib import Path
+from typing import Any
+
+from placement.capacity import batch_latency
+from placement.plan import Plan
+from profiles.profile import LatencyPoint, Profile, ProfileSet, save_profiles
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where one replica serves: the gateway's ReplicaInfo is built from this."""
+
+    replica_id: str
+    model: str
+    variant: str  # the Triton model name on that server
+    gpu: str
+    slice: str
+    share: float
+    max_batch: int
+    capacity: float
+    http_url: str
+    grpc_url: str
+
+
+def replica_profile(profiles: ProfileSet, gpu_model: str, e: Endpoint) -> Profile:
+    """The latency the planner predicts for ``e``: its slice's profile at its share."""
+    p = profiles.get(e.variant, gpu_model, e.slice.split("@")[0])
+    if e.share < 1.0:
+        pts = tuple(LatencyPoint(pt.batch, pt.p50 * batch_latency(p, pt.batch, e.share) / p.latency(pt.batch),
+                                 batch_latency(p, pt.batch, e.share)) for pt in p.points)
+        p = _replace(p, points=pts)
+    return p.with_max_batch(max(e.max_batch, 1)) if e.max_batch <= p.max_batch else p
+
+
+def file_name(replica_id: str) -> str:
+    return replica_id.replace("/", "_").replace("@", "-").replace("#", "-")
+
+
+def replica_config(plan: Plan, e: Endpoint, profiles: ProfileSet, profile_dir: Path) -> dict[str, Any]:
+    """One replica of the gateway config (``models[].replicas[]``), its profile written to disk."""
+    gpu_model = next(g.gpu for g in plan.gpus if g.id == e.gpu)
+    path = profile_dir / (file_name(e.replica_id) + ".profile.yaml")
+    profile_dir.mkdir(parents=True, exist_ok=True)
+    save_profiles(path, [replica_profile(profiles, gpu_model, e)])
+    return {"url": e.http_url, "protocol": "http", "variant": e.variant, "profile": str(path), "id": e.replica_id}
+
+
+def gateway_config(plan: Plan, endpoints: Iterable[Endpoint], profiles: ProfileSet, profile_dir: Path,
+                   settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The gateway config routing every planned model to its replicas' ``endpoints``.
+    ``settings``: the Gateway document's spec (listen, scheduler, ...), admin settings ignored."""
+    eps = list(endpoints)
+    models = []
+    for d in plan.demands:
+        mine = [e for e in eps if e.model == d.model]
+        if not mine:
+            continue
+        models.append({"name": d.model, "slo_ms": d.slo * 1e3, "priority": d.priority,
+                       "max_batch": min(e.max_batch for e in mine),
+                       "replicas": [replica_config(plan, e, profiles, profile_dir) for e in mine]})
+    cfg = {k: v for k, v in dict(settings or {}).items() if k != "admin"}
+    cfg.setdefault("listen", {"host": "127.0.0.1", "http_port": 0, "grpc_port": 0})
+    cfg["models"] = models
+    return cfg
