@@ -1,0 +1,346 @@
+"""``headrace up / apply / status / down / rollback``: the operator's commands.
+
+``up`` runs the controller (and the gateway in it) in the foreground until Ctrl-C, SIGTERM or
+``headrace down``; ``--detach`` leaves it running in its own session. The other commands talk
+to the running controller's admin API, found through the state directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+
+from deploy.operator.state import STATE_ENV, DirStateStore, same_process
+
+WIDTH = 120
+from profiles.schema import SpecError
+
+HELP = """examples:
+  headrace up -f deploy/examples/quickstart            # foreground; Ctrl-C stops everything
+  headrace up -f deploy/examples/quickstart --detach   # leave it running
+  headrace status -o table
+  headrace apply -f models.yaml --dry-run              # print the diff it would execute
+  headrace apply -f models.yaml
+  headrace rollback
+  headrace down
+The state directory is --state-dir, else $HEADRACE_STATE_DIR, else ./.headrace. The admin token
+comes from $HEADRACE_ADMIN_TOKEN, else the state directory's token file (made by up, mode 0600).
+"""
+
+
+class CliError(Exception):
+    def __init__(self, msg: str, code: int = 1) -> None:
+        super().__init__(msg)
+        self.code = code
+
+
+def _base_profiles():  # noqa: ANN202
+    from placement.cli import load_profile_set  # noqa: PLC0415
+    from profiles.digits import MEASURED_DIR  # noqa: PLC0415
+
+    return load_profile_set([str(MEASURED_DIR)])
+
+
+def validate(files: list[str]) -> str:
+    """The documents as one YAML stream, validated here so errors name their file (exit 2)."""
+    from deploy.operator.controller import prepare  # noqa: PLC0415
+    from deploy.operator.documents import resolved_stream  # noqa: PLC0415
+    from placement.spec import check_profiles, profiles_for, single_pool  # noqa: PLC0415
+    from profiles.profile import ProfileError  # noqa: PLC0415
+    from profiles.schema import load_documents  # noqa: PLC0415
+
+    try:
+        docs = load_documents(*files)
+        single_pool(docs, files)
+        base = _base_profiles()
+        check_profiles(docs, profiles_for(docs, base))
+        text = resolved_stream(files)
+        prepare(text, base)
+    except (SpecError, ProfileError) as e:
+        raise CliError(str(e), 2) from None
+    return text
+
+
+# --------------------------------------------------------------------------- the admin client
+
+
+def _client(args: argparse.Namespace) -> tuple[str, str]:
+    store = DirStateStore.default(args.state_dir)
+    st = store.read()
+    url = args.admin or st.get("admin_url")
+    if not url or not st.get("running"):
+        raise CliError(f"no running controller in {store.path} (start one with headrace up)", 1)
+    try:
+        token = store.token(st.get("token_file"))
+    except OSError as e:
+        raise CliError(f"admin token: {e}", 1) from None
+    return url, token
+
+
+def call(url: str, token: str, method: str, path: str, body: bytes | None = None,
+         timeout: float = 600.0) -> Any:
+    req = urllib.request.Request(url + path, data=body, method=method,
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/yaml"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            data = r.read()
+            return json.loads(data) if r.headers.get_content_type() == "application/json" else data.decode()
+    except urllib.error.HTTPError as e:
+        try:
+            msg = json.loads(e.read()).get("error", "")
+        except ValueError:
+            msg = e.reason
+        raise CliError(f"{e.code}: {msg}", 2 if e.code in (400, 401, 422) else 1) from None
+    except (urllib.error.URLError, OSError) as e:
+        raise CliError(f"cannot reach the controller at {url}: {e}", 1) from None
+
+
+# --------------------------------------------------------------------------- up
+
+
+def _cleanup_leftovers(store: DirStateStore, out: Console) -> None:
+    """A controller that died left processes: stop exactly those (pid and start time match)."""
+    st = store.read()
+    pid = st.get("controller_pid")
+    if pid and same_process(pid, st.get("controller_started")) and pid != os.getpid():
+        raise CliError(f"a controller is already running on {store.path} (pid {pid}); "
+                       "use headrace status / apply, or headrace down first", 2)
+    left = [(name, p) for name, p in (st.get("processes") or {}).items() if same_process(p["pid"], p.get("started"))]
+    for name, p in left:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(p["pid"], sig)
+            except ProcessLookupError:
+                break
+            time.sleep(0.5)
+        out.print(f"stopped {name} (pid {p['pid']}), left by a previous controller")
+    if left:
+        st.update(processes={}, running=False)
+        store.write(st)
+
+
+async def _serve(args: argparse.Namespace, text: str, store: DirStateStore, out: Console) -> int:
+    from deploy.operator.admin import serve_admin  # noqa: PLC0415
+    from deploy.operator.controller import Controller, prepare  # noqa: PLC0415
+    from deploy.operator.state import start_time  # noqa: PLC0415
+
+    base = _base_profiles()
+    settings = prepare(text, base).settings
+    token = store.token(settings.admin.token_file, settings.admin.token_env)
+    ctl = Controller(store, base, method=args.method, tick=args.tick)
+    st = store.read()
+    st.update(controller_pid=os.getpid(), controller_started=start_time(os.getpid()),
+              token_file=settings.admin.token_file, running=False)
+    store.write(st)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runner = None
+    try:
+        await ctl.up(text)
+        runner, ctl.admin_url = await serve_admin(ctl, token, settings.admin.host, settings.admin.port)
+        ctl._save()
+        print_endpoints(ctl.status(), out)
+        print_status(ctl.status(), out)
+        out.print("serving; Ctrl-C or `headrace down` stops everything", highlight=False)
+        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(ctl.stopped.wait())]
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for w in waiters:
+            w.cancel()
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        if not ctl.stopped.is_set():
+            await ctl.down()
+        st = store.read()
+        st.update(running=False, controller_pid=None, processes={})
+        store.write(st)
+    out.print("stopped", highlight=False)
+    return 0
+
+
+def up(args: argparse.Namespace) -> int:
+    out = Console(width=WIDTH)
+    store = DirStateStore.default(args.state_dir)
+    text = validate(args.file)
+    _cleanup_leftovers(store, out)
+    if args.detach:
+        return _detach(args, store, out)
+    from gateway.cli import run_on_serve_loop  # noqa: PLC0415
+
+    return run_on_serve_loop(_serve(args, text, store, out))
+
+
+def _detach(args: argparse.Namespace, store: DirStateStore, out: Console) -> int:
+    argv = [sys.executable, "-m", "deploy.cli", "up", "--state-dir", str(store.path), "--method", args.method,
+            "--tick", str(args.tick)]
+    for f in args.file:
+        argv += ["-f", str(Path(f).resolve())]
+    st = store.read()
+    st.update(running=False, admin_url=None)
+    store.write(st)
+    with open(store.log_path, "ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = store.log_path.read_text(errors="replace")[-3000:]
+            raise CliError(f"the controller exited with code {proc.returncode}; {store.log_path}:\n{tail}", 1)
+        st = store.read()
+        if st.get("running") and st.get("admin_url"):
+            status = call(st["admin_url"], store.token(st.get("token_file")), "GET", "/v1/status")
+            print_endpoints(status, out)
+            print_status(status, out)
+            out.print(f"controller pid {proc.pid}, log {store.log_path}; `headrace down` stops it", highlight=False)
+            return 0
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGTERM)
+    raise CliError(f"the controller was not up after {args.timeout:g} s; see {store.log_path}", 1)
+
+
+# --------------------------------------------------------------------------- the others
+
+
+def apply(args: argparse.Namespace) -> int:
+    text = validate(args.file)
+    url, token = _client(args)
+    res = call(url, token, "POST", "/v1/apply" + ("?dry_run=1" if args.dry_run else ""), text.encode())
+    out = Console(width=WIDTH)
+    head = "would execute" if args.dry_run else f"generation {res['generation']}: executed"
+    out.print(f"{head} {len(res['steps'])} steps", highlight=False)
+    for s in res["steps"]:
+        out.print(f"  {s}", highlight=False)
+    for d in res.get("capacity_dips", []):
+        out.print(f"  note: {d}", highlight=False)
+    return 0
+
+
+def rollback(args: argparse.Namespace) -> int:
+    url, token = _client(args)
+    res = call(url, token, "POST", "/v1/rollback", b"")
+    Console(width=WIDTH).print(f"generation {res['generation']}: executed {len(res['steps'])} steps", highlight=False)
+    return 0
+
+
+def down(args: argparse.Namespace) -> int:
+    store = DirStateStore.default(args.state_dir)
+    url, token = _client(args)
+    call(url, token, "POST", "/v1/down", b"")
+    st = store.read()
+    pid = st.get("controller_pid")
+    deadline = time.monotonic() + args.timeout
+    while pid and same_process(pid, st.get("controller_started")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if pid and same_process(pid, st.get("controller_started")):
+        raise CliError(f"the controller (pid {pid}) is still stopping after {args.timeout:g} s", 1)
+    Console(width=WIDTH).print("stopped", highlight=False)
+    return 0
+
+
+def status(args: argparse.Namespace) -> int:
+    url, token = _client(args)
+    st = call(url, token, "GET", "/v1/status")
+    if args.output == "json":
+        sys.stdout.write(json.dumps(st, indent=1) + "\n")
+    elif args.output == "yaml":
+        sys.stdout.write(yaml.safe_dump(st, sort_keys=False))
+    else:
+        print_status(st, Console(width=WIDTH))
+    return 0
+
+
+def print_endpoints(st: dict[str, Any], out: Console) -> None:
+    gw = st.get("gateway") or {}
+    out.print(f"gateway: http {gw.get('http')}  grpc {gw.get('grpc')}  admin {st.get('admin')}", highlight=False)
+
+
+def print_status(st: dict[str, Any], out: Console) -> None:
+    from rich.table import Table  # noqa: PLC0415
+
+    t = Table(title=f"generation {st['generation']} (observed {st['observedGeneration']}), {st['gpus']} GPUs")
+    for col in ("deployment", "Ready", "Progressing", "Degraded", "replicas", "capacity", "planned",
+                "observed", "attainment 1m"):
+        t.add_column(col, justify="left" if col == "deployment" else "right")
+    for d in st["deployments"]:
+        c = {x["type"]: x for x in d["conditions"]}
+        att = "-" if d["attainment_1m"] is None else f"{d['attainment_1m']:.2%}"
+        serving = sum(r["serving"] for r in d["replicas"])
+        t.add_row(d["name"], c["Ready"]["status"], c["Progressing"]["status"], c["Degraded"]["status"],
+                  f"{serving}/{len(d['replicas'])}", f"{d['capacity_rps']:g}", f"{d['planned_rate']:g}",
+                  f"{d['observed_rps']:g}", att)
+    out.print(t)
+    r = Table(title="replicas")
+    for col in ("id", "variant", "GPU", "slice", "share", "req/s", "process", "serving"):
+        r.add_column(col)
+    for d in st["deployments"]:
+        for x in d["replicas"]:
+            r.add_row(x["id"], x["variant"], x["gpu_model"], x["slice"], f"{x['share']:.0%}",
+                      f"{x['capacity_rps']:g}", x["process"], str(x["serving"]))
+    out.print(r)
+    for d in st["deployments"]:
+        for x in d["conditions"]:
+            if x["type"] == "Degraded" and x["status"] == "True":
+                out.print(f"{d['name']}: Degraded ({x['reason']}): {x['message']}", highlight=False)
+
+
+# --------------------------------------------------------------------------- wiring
+
+
+def _run(fn):  # noqa: ANN001, ANN202
+    def go(args: argparse.Namespace) -> int:
+        try:
+            return fn(args)
+        except CliError as e:
+            print(f"headrace {args.command}: {e}", file=sys.stderr)
+            return e.code
+    return go
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--state-dir", default=None, help=f"controller state (default ${STATE_ENV} or ./.headrace)")
+        p.add_argument("--admin", default=None, help="admin API URL (default: from the state directory)")
+        p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the controller")
+
+    p = sub.add_parser("up", help="plan, start and serve model deployments from YAML (the operator)",
+                       description=__doc__, epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-f", "--file", action="append", required=True, metavar="FILE|DIR",
+                   help="GpuPool / ModelDeployment / Gateway YAML (repeatable; a folder: its *.yaml)")
+    p.add_argument("--detach", action="store_true", help="leave the controller running in the background")
+    p.add_argument("--method", choices=("greedy", "milp"), default="greedy", help="placement solver")
+    p.add_argument("--tick", type=float, default=1.0, help="controller loop period, seconds")
+    common(p)
+    p.set_defaults(func=_run(up))
+
+    p = sub.add_parser("apply", help="change the running deployment live (re-plan, make-before-break)",
+                       epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-f", "--file", action="append", required=True, metavar="FILE|DIR")
+    p.add_argument("--dry-run", action="store_true", help="print the diff it would execute, change nothing")
+    common(p)
+    p.set_defaults(func=_run(apply))
+
+    p = sub.add_parser("status", help="conditions, replicas, capacity vs observed rate, attainment")
+    p.add_argument("-o", "--output", choices=("table", "yaml", "json"), default="table")
+    common(p)
+    p.set_defaults(func=_run(status))
+
+    for name, fn, text in (("down", down, "stop the gateway and every process the controller started"),
+                           ("rollback", rollback, "apply the previous generation again")):
+        p = sub.add_parser(name, help=text)
+        common(p)
+        p.set_defaults(func=_run(fn))

@@ -1,0 +1,366 @@
+"""The controller: documents -> plan -> make-before-break apply -> a gateway serving the plan.
+
+It runs on the gateway's event loop, with the gateway in the same process (the live replica
+API is a method call, not a hop). Blocking work (solving, starting Triton) runs in a worker
+thread. One apply runs at a time. Every tick it samples the gateway's counters, restarts a
+managed Triton that died (the deployment reads ``Degraded`` meanwhile; the gateway fails over
+on its own), and steps each deployment's autoscaler (:mod:`placement.autoscale`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from deploy.operator.observe import Observer
+from deploy.operator.runtime import LocalRuntime, ProcessRuntime
+from deploy.operator.state import DirStateStore
+from gateway.app import Gateway
+from gateway.config import GatewayConfig, resolve
+from placement import autoscale
+from placement.diff import PlanDiff, diff, replan
+from placement.plan import Demand, Plan
+from placement.render import Endpoint, gateway_config
+from placement.solver import solve
+from placement.spec import check_profiles, demand, inventory, profiles_for, single_pool
+from profiles.profile import ProfileSet
+from profiles.schema import Documents, GatewaySpec, SpecError, parse_documents
+from profiles.sources import VariantSource
+
+log = logging.getLogger("headrace.operator")
+
+
+class ApplyError(RuntimeError):
+    """A plan could not be made or applied; the message says which step and why."""
+
+
+@dataclass
+class Desired:
+    """One generation's documents, validated, with what planning needs."""
+
+    text: str
+    docs: Documents
+    profiles: ProfileSet
+    sources: dict[tuple[str, str], VariantSource]
+    settings: GatewaySpec
+
+    def demands(self, rates: dict[str, float]) -> list[Demand]:
+        out = []
+        for md in self.docs.deployments:
+            d = demand(md)
+            out.append(replace(d, rate=rates[d.model]) if d.model in rates else d)
+        return out
+
+
+def prepare(text: str, base: ProfileSet, where: str = "apply") -> Desired:
+    """Validate a YAML stream of documents against the schema and the profiles."""
+    docs = Documents()
+    parse_documents(text, where, docs)
+    single_pool(docs, [where])
+    if len(docs.gateways) > 1:
+        raise SpecError(f"{where}: at most one Gateway document, found {len(docs.gateways)}")
+    profiles = profiles_for(docs, base)
+    check_profiles(docs, profiles)
+    sources = {}
+    for md in docs.deployments:
+        for v in md.spec.variant_specs():
+            if md.spec.source == "artifact" and v.artifact is not None:
+                sources[(md.spec.model, v.name)] = VariantSource("artifact", v.artifact.uri, v.artifact.version)
+            else:
+                sources[(md.spec.model, v.name)] = VariantSource(md.spec.source)
+        if not md.spec.variants:
+            for p in profiles.find(model=md.spec.model):
+                sources.setdefault((md.spec.model, p.variant), VariantSource(md.spec.source))
+    settings = docs.gateways[0].spec if docs.gateways else GatewaySpec()
+    return Desired(text, docs, profiles, sources, settings)
+
+
+@dataclass
+class Event:
+    time: float  # wall clock
+    model: str
+    kind: str  # Applied, ScaledUp, ScaledDown, Restarted, ...
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"time": self.time, "model": self.model, "kind": self.kind, "message": self.message}
+
+
+@dataclass
+class Controller:
+    store: DirStateStore
+    base_profiles: ProfileSet
+    method: str = "greedy"
+    tick: float = 1.0
+    drain_timeout: float = 30.0
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+    runtime: ProcessRuntime | None = None
+    gateway: Gateway | None = None
+    desired: Desired | None = None
+    plan: Plan | None = None
+    generation: int = 0
+    observed_generation: int = 0
+    history: list[int] = field(default_factory=list)  # applied generations, oldest first
+    rates: dict[str, float] = field(default_factory=dict)  # autoscaled rates, by model
+    scaling: dict[str, autoscale.AutoscaleState] = field(default_factory=dict)
+    events: deque[Event] = field(default_factory=lambda: deque(maxlen=200))
+    executed: list[list[str]] = field(default_factory=list)  # each apply's steps, as described
+    applying: str | None = None  # what the running apply is doing
+    failure: str | None = None  # why the last apply failed
+    restarting: dict[str, str] = field(default_factory=dict)  # replica id -> why
+    observer: Observer = field(default_factory=Observer)
+    transitions: dict[tuple[str, str], tuple[bool, float]] = field(default_factory=dict)  # condition -> (status, since)
+    admin_url: str = ""
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _task: asyncio.Task | None = None
+    _heals: set[asyncio.Task] = field(default_factory=set)
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def up(self, text: str) -> None:
+        """Plan and serve the first generation: replicas, then the gateway configured from the plan."""
+        async with self._lock:
+            want = prepare(text, self.base_profiles, "up")
+            plan = await asyncio.to_thread(self._solve, want, None)
+            self.runtime = self.runtime or LocalRuntime(want.profiles, self.store.run_dir, want.sources)
+            if isinstance(self.runtime, LocalRuntime):
+                self.runtime.set_profiles(want.profiles, want.sources)
+            steps = diff(None, plan)
+            self.generation = 1
+            self.store.save_generation(1, text)
+            self.applying = f"starting {sum(s.action == 'start_replica' for s in steps.steps)} replicas"
+            try:
+                for st in steps.steps:
+                    await asyncio.to_thread(self.runtime.run, st)
+                    self._save()
+                cfg = self._render(plan, want, self.runtime.endpoints().values())
+                self.gateway = Gateway(cfg)
+                await self.gateway.start()
+            finally:
+                self.applying = None
+            self.desired, self.plan, self.observed_generation = want, plan, 1
+            self.history.append(1)
+            self.executed.append([s.describe() for s in steps.steps])
+            self._reset_scaling()
+            self._event("", "Applied", f"generation 1: {len(plan.replicas())} replicas on {plan.gpu_count} GPUs")
+            self._save()
+        self._task = asyncio.create_task(self._loop())
+
+    async def down(self) -> None:
+        """Stop the gateway (draining it) and every process; the state records nothing running."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for t in list(self._heals):
+            t.cancel()
+        try:
+            if self.gateway is not None:
+                await self.gateway.stop(drain_timeout=min(self.drain_timeout, 5.0))
+        finally:
+            self.gateway = None
+            if self.runtime is not None:
+                await asyncio.to_thread(self.runtime.stop)
+            st = self.store.read()
+            st.update(processes={}, running=False)
+            self.store.write(st)
+            self.stopped.set()
+
+    # ------------------------------------------------------------------ change
+
+    async def apply(self, text: str, dry_run: bool = False, reason: str = "apply") -> dict[str, Any]:
+        """Validate, re-plan from the current plan (fewest moves) and execute make-before-break.
+        Returns the generation and the steps (``dry_run``: the steps it would execute)."""
+        async with self._lock:
+            want = prepare(text, self.base_profiles, reason)
+            if reason != "autoscale":
+                self.rates = {}
+            new, d = await asyncio.to_thread(self._solve_diff, want)
+            out = {"generation": self.generation + (0 if dry_run or reason == "autoscale" else 1),
+                   "steps": [s.describe() for s in d.steps], "dry_run": dry_run,
+                   "capacity_dips": d.capacity_dips(), "plan": new.to_dict()}
+            if dry_run:
+                return out
+            if reason != "autoscale":
+                self.generation += 1
+                self.store.save_generation(self.generation, text)
+            await self._execute(d, want, new)
+            if reason != "autoscale":
+                self.observed_generation = self.generation
+                self.history.append(self.generation)
+                self._reset_scaling()
+            self._event("", "Applied", f"generation {self.generation} ({reason}): {len(d.steps)} steps")
+            self._save()
+            return out
+
+    async def rollback(self) -> dict[str, Any]:
+        """Apply the generation before the current one again, as a new generation."""
+        if len(self.history) < 2:
+            raise ApplyError("no previous generation to roll back to")
+        prev = self.history[-2]
+        return await self.apply(self.store.generation(prev), reason=f"rollback to generation {prev}")
+
+    async def _execute(self, d: PlanDiff, want: Desired, new: Plan) -> None:
+        assert self.runtime is not None and self.gateway is not None
+        if isinstance(self.runtime, LocalRuntime):
+            self.runtime.set_profiles(want.profiles, want.sources)
+        done: list[str] = []
+        self.failure = None
+        try:
+            for i, st in enumerate(d.steps):
+                self.applying = f"step {i + 1}/{len(d.steps)}: {st.describe()}"
+                if st.action == "stop_replica":
+                    # break after make: the gateway stops sending to it, waits for its batches, forgets it
+                    if st.replica_id in self.gateway.driver.replicas:
+                        await self.gateway.driver.remove_replica(st.replica_id, self.drain_timeout)
+                    await asyncio.to_thread(self.runtime.run, st)
+                elif st.action == "start_replica":
+                    ep = await asyncio.to_thread(self.runtime.run, st)
+                    if ep is not None:
+                        await self._add_to_gateway(new, want, ep)
+                else:
+                    await asyncio.to_thread(self.runtime.run, st)
+                done.append(st.describe())
+                self._save()
+        except Exception as e:
+            self.failure = f"{self.applying}: {e}"
+            self._event("", "ApplyFailed", self.failure)
+            raise ApplyError(self.failure) from e
+        finally:
+            self.applying = None
+            self.executed.append(done)
+        self.desired, self.plan = want, new
+
+    async def _add_to_gateway(self, plan: Plan, want: Desired, ep: Endpoint) -> None:
+        cfg = self._render(plan, want, [ep])
+        served = resolve(cfg)[0]
+        await self.gateway.add_replica(served, served.replicas[0])  # type: ignore[union-attr]
+
+    def _render(self, plan: Plan, want: Desired, endpoints) -> GatewayConfig:  # noqa: ANN001
+        raw = gateway_config(plan, endpoints, want.profiles, self.store.run_dir / "profiles",
+                             want.settings.model_dump(mode="json"))
+        return GatewayConfig.model_validate(raw)
+
+    def _solve(self, want: Desired, rates: dict[str, float] | None) -> Plan:
+        pool = single_pool(want.docs, ["apply"])
+        plan = solve(want.demands(rates or {}), want.profiles, inventory(pool), self.method)
+        plan.verify()
+        return plan
+
+    def _solve_diff(self, want: Desired) -> tuple[Plan, PlanDiff]:
+        inv = inventory(single_pool(want.docs, ["apply"]))
+        demands = want.demands(self.rates)
+        if self.plan is None:
+            new = solve(demands, want.profiles, inv, self.method)
+            new.verify()
+            return new, diff(None, new)
+        new, d = replan(self.plan, demands, want.profiles, inv, self.method)
+        new.verify()
+        return new, d
+
+    # ------------------------------------------------------------------ the loop
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick)
+            try:
+                await self._tick(self.clock())
+            except Exception:  # noqa: BLE001  (the loop must go on; the error is logged)
+                log.exception("controller tick failed")
+
+    async def _tick(self, now: float) -> None:
+        if self.gateway is None or self.runtime is None:
+            return
+        self.observer.sample(self.gateway.driver.metrics.registry, now)
+        for rid in list(self.runtime.endpoints()):
+            if rid not in self.restarting and not self.runtime.alive(rid):
+                self._heal(rid)
+        if self.applying is None and not self._lock.locked():
+            await self._autoscale(now)
+
+    def _heal(self, rid: str) -> None:
+        self.restarting[rid] = "process exited"
+        model = self.runtime.endpoints()[rid].model  # type: ignore[union-attr]
+        self._event(model, "ReplicaDown", f"{rid}: Triton exited; restarting it")
+
+        async def restart() -> None:
+            try:
+                await asyncio.to_thread(self.runtime.restart, rid)  # type: ignore[union-attr]
+                self._event(model, "Restarted", f"{rid}: Triton is back")
+            except Exception as e:  # noqa: BLE001
+                self._event(model, "RestartFailed", f"{rid}: {e}")
+                await asyncio.sleep(self.tick)
+            finally:
+                self.restarting.pop(rid, None)
+                self._save()
+
+        t = asyncio.create_task(restart())
+        self._heals.add(t)
+        t.add_done_callback(self._heals.discard)
+
+    def _reset_scaling(self) -> None:
+        now = self.clock()
+        self.scaling = {}
+        for md in self.desired.docs.deployments if self.desired else []:
+            if md.spec.autoscaling is not None and md.spec.autoscaling.enabled:
+                self.scaling[md.spec.model] = autoscale.initial(self.rates.get(md.spec.model, md.spec.rate), now)
+
+    def _scale_spec(self, model: str) -> autoscale.AutoscaleSpec:
+        md = next(m for m in self.desired.docs.deployments if m.spec.model == model)  # type: ignore[union-attr]
+        a = md.spec.autoscaling
+        assert a is not None
+        return autoscale.AutoscaleSpec(upscale_delay_s=a.upscale_delay_s, downscale_delay_s=a.downscale_delay_s,
+                                       downscale_below=a.downscale_below, min_replicas=a.min_replicas,
+                                       max_replicas=a.max_replicas)
+
+    async def _autoscale(self, now: float) -> None:
+        for model, state in list(self.scaling.items()):
+            spec = self._scale_spec(model)
+            window = self.observer.window(model, max(1.0, min(spec.upscale_delay_s, 5.0)), now)
+            decision, self.scaling[model] = autoscale.step(spec, state, window.rate, now)
+            if decision.direction is None:
+                continue
+            old = self.rates.get(model)
+            self.rates[model] = decision.rate
+            try:
+                out = await self.apply(self.desired.text, reason="autoscale")  # type: ignore[union-attr]
+            except Exception as e:  # noqa: BLE001
+                self.rates.pop(model, None) if old is None else self.rates.__setitem__(model, old)
+                self._event(model, "ScaleFailed", f"{decision.reason}: {e}")
+                continue
+            n = sum(1 for _, _, r in self.plan.replicas() if r.model == model)  # type: ignore[union-attr]
+            kind = "ScaledUp" if decision.direction == "up" else "ScaledDown"
+            self._event(model, kind, f"{decision.reason}; {len(out['steps'])} steps, {n} replicas")
+
+    # ------------------------------------------------------------------ status
+
+    def _event(self, model: str, kind: str, message: str) -> None:
+        log.info("%s %s %s", model or "-", kind, message)
+        self.events.append(Event(self.wall(), model, kind, message))
+
+    def _save(self) -> None:
+        st = self.store.read()
+        st.update(
+            running=True, generation=self.generation, observed_generation=self.observed_generation,
+            history=self.history, admin_url=self.admin_url,
+            gateway={"http": self.gateway.http_url, "grpc": self.gateway.grpc_url} if self.gateway else None,
+            processes=self.runtime.processes() if self.runtime else {},
+            plan=self.plan.to_dict() if self.plan else None,
+        )
+        self.store.write(st)
+
+    def status(self) -> dict[str, Any]:
+        from deploy.operator.status import status  # noqa: PLC0415
+
+        return status(self)
+
+    def documents_yaml(self) -> str:
+        return self.desired.text if self.desired else ""

@@ -1,0 +1,48 @@
+"""Documents from files to the controller: validated where they are (so an error names the
+file), then sent as one YAML stream with every relative path (a variant's profile, an
+artifact's uri) made absolute against its file's folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from profiles.schema import SpecError, load_documents, yaml_files
+
+
+def _absolute(value: str, base: Path) -> str:
+    scheme, sep, rest = value.partition("://")
+    if sep:
+        return value if Path(rest).is_absolute() else f"{scheme}://{(base / rest).resolve()}"
+    return value if Path(value).is_absolute() else str((base / value).resolve())
+
+
+def _resolve_paths(doc: Any, base: Path) -> Any:
+    if not isinstance(doc, dict) or doc.get("kind") != "ModelDeployment":
+        return doc
+    for v in (doc.get("spec") or {}).get("variants") or []:
+        if not isinstance(v, dict):
+            continue
+        if isinstance(v.get("profile"), str):
+            v["profile"] = _absolute(v["profile"], base)
+        art = v.get("artifact")
+        if isinstance(art, dict) and isinstance(art.get("uri"), str):
+            art["uri"] = _absolute(art["uri"], base)
+    return doc
+
+
+def resolved_stream(paths: list[str] | list[Path]) -> str:
+    """Validate the files (raising :class:`SpecError` naming file and document) and return
+    their documents as one YAML stream with absolute paths."""
+    load_documents(*paths)
+    out: list[Any] = []
+    for path in yaml_files(list(paths)):
+        base = path.parent.resolve()
+        try:
+            docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        except (OSError, yaml.YAMLError) as e:  # load_documents said it already; belt and braces
+            raise SpecError(f"{path}: {e}") from None
+        out += [_resolve_paths(d, base) for d in docs]
+    return yaml.safe_dump_all(out, sort_keys=False)

@@ -1,0 +1,84 @@
+"""``headrace status``: per deployment, its conditions (Ready / Progressing / Degraded, each with
+reason, message and observedGeneration), replicas per variant and slice, planned capacity
+against the observed rate, and attainment over the last minute, read from the gateway."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from deploy.operator.controller import Controller
+
+RATE_WINDOW_S = 10.0
+ATTAINMENT_WINDOW_S = 60.0
+
+
+def _condition(c: Controller, model: str, kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+    key = (model, kind)
+    prev = c.transitions.get(key)
+    if prev is None or prev[0] != ok:
+        c.transitions[key] = (ok, c.wall())
+    return {"type": kind, "status": "True" if ok else "False", "reason": reason, "message": message,
+            "observedGeneration": c.observed_generation, "lastTransitionTime": c.transitions[key][1]}
+
+
+def _replicas(c: Controller, model: str) -> list[dict[str, Any]]:
+    out = []
+    if c.plan is None:
+        return out
+    eps = c.runtime.endpoints() if c.runtime else {}
+    served = c.gateway.driver.replicas if c.gateway else {}
+    from placement.diff import replica_ids  # noqa: PLC0415
+
+    for g in c.plan.used():
+        for s in g.slices:
+            for r, rid in zip(s.replicas, replica_ids(g, s), strict=True):
+                if r.model != model:
+                    continue
+                ep = eps.get(rid)
+                rep = served.get(rid)
+                out.append({
+                    "id": rid, "variant": r.variant, "gpu": g.id, "gpu_model": g.gpu, "slice": s.label,
+                    "share": r.share, "capacity_rps": round(r.capacity, 1),
+                    "process": "running" if c.runtime and c.runtime.alive(rid) else
+                               ("restarting" if rid in c.restarting else "down"),
+                    "serving": bool(rep and rep.healthy), "url": ep.http_url if ep else None,
+                })
+    return out
+
+
+def status(c: Controller) -> dict[str, Any]:
+    now = c.clock()
+    deployments = []
+    for md in c.desired.docs.deployments if c.desired else []:
+        model = md.spec.model
+        reps = _replicas(c, model)
+        down = [r["id"] for r in reps if r["process"] != "running" or not r["serving"]]
+        conds = [
+            _condition(c, model, "Ready", bool(reps) and not down and c.failure is None,
+                       "AllReplicasServing" if reps and not down else "ReplicasNotServing",
+                       f"{len(reps) - len(down)}/{len(reps)} replicas serving"),
+            _condition(c, model, "Progressing", c.applying is not None,
+                       "Applying" if c.applying else "Applied",
+                       c.applying or f"generation {c.observed_generation} applied"),
+            _condition(c, model, "Degraded", bool(down) or c.failure is not None,
+                       "ApplyFailed" if c.failure else ("ReplicaDown" if down else "AsPlanned"),
+                       c.failure or (f"not serving: {', '.join(down)}" if down else "every replica serving")),
+        ]
+        rate = c.observer.window(model, RATE_WINDOW_S, now)
+        att = c.observer.window(model, ATTAINMENT_WINDOW_S, now)
+        deployments.append({
+            "name": md.metadata.name, "model": model, "rate": md.spec.rate,
+            "planned_rate": c.rates.get(model, md.spec.rate), "slo_ms": md.spec.slo_ms,
+            "capacity_rps": round(c.plan.capacity(model), 1) if c.plan else 0.0,
+            "observed_rps": round(rate.rate, 1),
+            "attainment_1m": None if att.attainment is None else round(att.attainment, 5),
+            "answered_1m": int(att.totals.answered), "refused_1m": int(att.totals.rejected),
+            "conditions": conds, "replicas": reps,
+        })
+    return {
+        "generation": c.generation, "observedGeneration": c.observed_generation,
+        "gateway": {"http": c.gateway.http_url, "grpc": c.gateway.grpc_url} if c.gateway else None,
+        "admin": c.admin_url, "gpus": c.plan.gpu_count if c.plan else 0,
+        "deployments": deployments, "events": [e.to_dict() for e in list(c.events)[-20:]],
+    }
