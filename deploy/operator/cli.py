@@ -24,9 +24,9 @@ import yaml
 from rich.console import Console
 
 from deploy.operator.state import STATE_ENV, DirStateStore, same_process
+from profiles.schema import SpecError
 
 WIDTH = 120
-from profiles.schema import SpecError
 
 HELP = """examples:
   headrace up -f deploy/examples/quickstart            # foreground; Ctrl-C stops everything

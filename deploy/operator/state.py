@@ -92,7 +92,10 @@ def start_time(pid: int) -> int | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):  # exited, not yet reaped by its parent
+        return None
+    return int(fields[19])
 
 
 def same_process(pid: int, started: int | None) -> bool:
