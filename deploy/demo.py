@@ -14,12 +14,8 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import shutil
-import signal
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
@@ -64,31 +60,9 @@ def _with_rate(files: list[str], rate: float, workdir: Path) -> list[str]:
     return [str(path)]
 
 
-def _stop(state_dir: Path) -> None:
-    """``headrace down``; if that fails, SIGTERM the controller (it stops its children), and
-    last, stop whatever processes it recorded (by pid and start time)."""
-    from deploy.cli import main
-    from deploy.operator.state import DirStateStore, same_process
-
-    if main(["down", "--state-dir", str(state_dir), "--timeout", "60"]) == 0:
-        return
-    store = DirStateStore(state_dir)
-    st = store.read()
-    pid = st.get("controller_pid")
-    if pid and same_process(pid, st.get("controller_started")):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-        end = time.monotonic() + 60
-        while same_process(pid, st.get("controller_started")) and time.monotonic() < end:
-            time.sleep(0.2)
-    for p in (store.read().get("processes") or {}).values():
-        if same_process(p["pid"], p.get("started")):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p["pid"], signal.SIGKILL)
-
-
 def run(args: argparse.Namespace) -> int:
     from deploy.cli import main
+    from deploy.operator.cli import ensure_down
     from profiles.digits import MEASURED_DIR
     from profiles.profile import ProfileSet
 
@@ -119,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         out.rule("[bold]headrace down")
-        _stop(state)
+        ensure_down(state)
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
 

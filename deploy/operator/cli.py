@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -250,6 +251,30 @@ def down(args: argparse.Namespace) -> int:
         raise CliError(f"the controller (pid {pid}) is still stopping after {args.timeout:g} s", 1)
     Console(width=WIDTH).print("stopped", highlight=False)
     return 0
+
+
+def ensure_down(state_dir: str | Path) -> None:
+    """Stop the controller on ``state_dir`` and all it started, whatever state it is in:
+    ``headrace down``; if that fails, SIGTERM to the controller (it stops its children); last,
+    every process it recorded (pid and start time must match)."""
+    store = DirStateStore(state_dir)
+    try:
+        down(argparse.Namespace(state_dir=str(state_dir), admin=None, timeout=60.0))
+        return
+    except CliError:
+        pass
+    st = store.read()
+    pid = st.get("controller_pid")
+    if pid and same_process(pid, st.get("controller_started")):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        end = time.monotonic() + 60
+        while same_process(pid, st.get("controller_started")) and time.monotonic() < end:
+            time.sleep(0.2)
+    for p in (store.read().get("processes") or {}).values():
+        if same_process(p["pid"], p.get("started")):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p["pid"], signal.SIGKILL)
 
 
 def status(args: argparse.Namespace) -> int:

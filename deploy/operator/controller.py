@@ -184,8 +184,12 @@ class Controller:
             if reason != "autoscale":
                 self.rates = {}
             new, d = await asyncio.to_thread(self._solve_diff, want)
+            if reason == "autoscale" and (why := self._out_of_bounds(want, new)):
+                raise ApplyError(why)
             out = {"generation": self.generation + (0 if dry_run or reason == "autoscale" else 1),
                    "steps": [s.describe() for s in d.steps], "dry_run": dry_run,
+                   "started": [s.replica_id for s in d.steps if s.action == "start_replica"],
+                   "stopped": [s.replica_id for s in d.steps if s.action == "stop_replica"],
                    "capacity_dips": d.capacity_dips(), "plan": new.to_dict()}
             if dry_run:
                 return out
@@ -311,7 +315,9 @@ class Controller:
         self.scaling = {}
         for md in self.desired.docs.deployments if self.desired else []:
             if md.spec.autoscaling is not None and md.spec.autoscaling.enabled:
-                self.scaling[md.spec.model] = autoscale.initial(self.rates.get(md.spec.model, md.spec.rate), now)
+                # the band is the planned capacity (rate x headroom): load within it needs no change
+                rate = self.rates.get(md.spec.model, md.spec.rate)
+                self.scaling[md.spec.model] = autoscale.initial(rate * md.spec.headroom, now)
 
     def _scale_spec(self, model: str) -> autoscale.AutoscaleSpec:
         md = next(m for m in self.desired.docs.deployments if m.spec.model == model)  # type: ignore[union-attr]
@@ -321,6 +327,19 @@ class Controller:
                                        downscale_below=a.downscale_below, min_replicas=a.min_replicas,
                                        max_replicas=a.max_replicas)
 
+    def _out_of_bounds(self, want: Desired, plan: Plan) -> str | None:
+        """Why ``plan`` breaks a deployment's min_replicas / max_replicas (None: it does not)."""
+        for md in want.docs.deployments:
+            a = md.spec.autoscaling
+            if a is None:
+                continue
+            n = sum(1 for _, _, r in plan.replicas() if r.model == md.spec.model)
+            if a.max_replicas is not None and n > a.max_replicas:
+                return f"{md.spec.model}: the plan needs {n} replicas, above max_replicas ({a.max_replicas})"
+            if n < a.min_replicas:
+                return f"{md.spec.model}: the plan keeps {n} replicas, below min_replicas ({a.min_replicas})"
+        return None
+
     async def _autoscale(self, now: float) -> None:
         for model, state in list(self.scaling.items()):
             spec = self._scale_spec(model)
@@ -329,11 +348,18 @@ class Controller:
             if decision.direction is None:
                 continue
             old = self.rates.get(model)
-            self.rates[model] = decision.rate
+            headroom = next(m.spec.headroom for m in self.desired.docs.deployments  # type: ignore[union-attr]
+                            if m.spec.model == model)
+            self.rates[model] = decision.rate / headroom
             try:
                 out = await self.apply(self.desired.text, reason="autoscale")  # type: ignore[union-attr]
             except Exception as e:  # noqa: BLE001
-                self.rates.pop(model, None) if old is None else self.rates.__setitem__(model, old)
+                if old is None:
+                    self.rates.pop(model, None)
+                else:
+                    self.rates[model] = old
+                # back to the old band; a new try only after another full delay
+                self.scaling[model] = autoscale.initial(state.planned_rate, now)
                 self._event(model, "ScaleFailed", f"{decision.reason}: {e}")
                 continue
             n = sum(1 for _, _, r in self.plan.replicas() if r.model == model)  # type: ignore[union-attr]

@@ -1,0 +1,162 @@
+"""The operator end to end: headrace up (detached), live apply under load, self-healing after
+kill -9, autoscaling on a load step, and the admin API's token. Real Triton servers, emulated
+GPUs, the gateway; every process stopped by the harness (headrace down, then by pid)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from deploy.operator.cli import CliError, call
+from tests.operator_harness import LoadThread, deployment, operator_up, pool, write_docs
+
+pytestmark = pytest.mark.integration
+
+DIGITS = ["digits-small", "digits-medium", "digits-large"]
+
+
+def answered_all(s: dict) -> bool:
+    """Every request sent got an answer: a result or a refusal, no error, none left hanging."""
+    return s["error_count"] == 0 and s["expired"] == 0 and s["ok"] + s["rejected"] == s["offered"]
+
+
+def lost_share(s: dict) -> float:
+    """Share of requests not answered within their SLO (refused or late)."""
+    return 1.0 - s["good"] / s["offered"]
+
+
+def test_live_apply_under_load_adds_capacity_and_swaps_a_variant_losing_nothing(tmp_path: Path) -> None:
+    resnet = deployment("resnet50", 200, 100)
+    digits = deployment("digits", 100, 50, source="digits", variants=DIGITS, accuracy_floor=0.97)
+    v1 = write_docs(tmp_path / "v1.yaml", pool(a100s=2), resnet, digits)
+    with operator_up(tmp_path, v1) as op:
+        first = op.status()
+        assert [op.condition(d, "Ready") for d in ("resnet50", "digits")] == ["True", "True"]
+        cap = {d["name"]: d["capacity_rps"] for d in first["deployments"]}
+        serving = [r["variant"] for r in op.deployment("digits")["replicas"]]
+        assert len(serving) == 1 and serving[0] in ("digits-medium", "digits-large")
+        # ~70% of the planned capacity of each model
+        mix = f"resnet50:{0.7 * cap['resnet50']:.0f},digits:{min(0.7 * cap['digits'], 100):.0f}"
+        rate = 0.7 * cap["resnet50"] + min(0.7 * cap["digits"], 100)
+
+        # the same load with no change, in the same run
+        base = LoadThread(op.http, mix, rate, 8.0, 100, seed=1)
+        base.start()
+        calm = base.result()
+        assert answered_all(calm), calm
+
+        # apply 1 doubles ResNet-50's rate: capacity must grow; apply 2 removes the serving digits variant
+        v2 = write_docs(tmp_path / "v2.yaml", pool(a100s=2), deployment("resnet50", 400, 100), digits)
+        keep = [v for v in DIGITS if v != serving[0]]
+        v3 = write_docs(tmp_path / "v3.yaml", pool(a100s=2), deployment("resnet50", 400, 100),
+                        deployment("digits", 100, 50, source="digits", variants=keep, accuracy_floor=0.97))
+        pids = op.pids()
+        load = LoadThread(op.http, mix, rate, 30.0, 100, seed=2)
+        results: dict[str, dict] = {}
+
+        def change() -> None:
+            time.sleep(3.0)
+            results["dry"] = op.apply(v2, dry_run=True)
+            results["v2"] = op.apply(v2)
+            results["v3"] = op.apply(v3)
+
+        changer = threading.Thread(target=change, daemon=True)
+        load.start()
+        changer.start()
+        changed = load.result()
+        changer.join(120)
+        assert set(results) == {"dry", "v2", "v3"}, results
+        assert results["dry"]["steps"] == results["v2"]["steps"] and results["dry"]["dry_run"]
+
+        # NOTE: no request lost or failed while the fleet changed under it
+        assert answered_all(changed), changed
+        assert lost_share(changed) <= lost_share(calm) + 0.01, (changed["attainment"], calm["attainment"])
+
+        # capacity added without touching what both plans keep
+        assert results["v2"]["started"] and not results["v2"]["stopped"], results["v2"]
+        after = op.status()
+        assert after["generation"] == 3 and after["observedGeneration"] == 3
+        assert {d["name"]: d["capacity_rps"] for d in after["deployments"]}["resnet50"] > cap["resnet50"]
+        stopped = set(results["v3"]["stopped"])
+        assert [r for r in stopped if "digits" not in r] == [], stopped
+        now = op.pids()
+        kept = [k for k in pids if k.startswith("triton:") and k.removeprefix("triton:") not in stopped]
+        assert kept and all(now.get(k) == pids[k] for k in kept), (pids, now)  # not restarted
+        assert [r["variant"] for r in op.deployment("digits")["replicas"]] != serving
+        for d in ("resnet50", "digits"):
+            assert op.condition(d, "Ready") == "True" and op.condition(d, "Degraded") == "False"
+
+        # rollback applies generation 2 again as generation 4
+        res = op.admin("POST", "/v1/rollback", b"")
+        assert res["generation"] == 4
+        assert serving[0] in [r["variant"] for r in op.deployment("digits")["replicas"]]
+
+
+def test_kill_9_of_a_managed_triton_is_healed_and_every_request_answered(tmp_path: Path) -> None:
+    docs = write_docs(tmp_path / "d.yaml", pool(a100s=1, host=False), deployment("resnet50", 150, 100))
+    with operator_up(tmp_path, docs) as op:
+        reps = op.deployment("resnet50")["replicas"]
+        victim = f"triton:{reps[0]['id']}"
+        before = op.pids()[victim]
+        load = LoadThread(op.http, "resnet50:1", 100, 14.0, 100, seed=3)
+        load.start()
+        time.sleep(3.0)
+        os.killpg(before, signal.SIGKILL)
+        op.wait_for("Degraded", lambda: op.condition("resnet50", "Degraded") == "True", timeout=10, period=0.05)
+        op.wait_for("Ready again", lambda: op.condition("resnet50", "Ready") == "True", timeout=90)
+        s = load.result()
+        # NOTE: every request got an answer: served, or refused while no replica was up; none failed or hung
+        assert answered_all(s), s
+        assert op.pids()[victim] != before  # replaced by a new process
+        again = LoadThread(op.http, "resnet50:1", 100, 4.0, 100, seed=4)
+        again.start()
+        assert again.result()["attainment"] >= 0.99
+        kinds = [e["kind"] for e in op.status()["events"]]
+        assert "ReplicaDown" in kinds and "Restarted" in kinds
+
+
+def test_a_3x_load_step_scales_up_within_the_delay_and_back_down_once(tmp_path: Path) -> None:
+    auto = {"upscale_delay_s": 3, "downscale_delay_s": 6, "min_replicas": 1, "max_replicas": 4}
+    docs = write_docs(tmp_path / "d.yaml", pool(a100s=1, host=False),
+                      deployment("resnet50", 50, 40, headroom=1.1, autoscaling=auto))
+    with operator_up(tmp_path, docs) as op:
+        cap0 = op.deployment("resnet50")["capacity_rps"]
+        low = LoadThread(op.http, "resnet50:1", 40, 6.0, 40, seed=4)
+        low.start()
+        assert answered_all(low.result())
+        high = LoadThread(op.http, "resnet50:1", 120, 16.0, 40, seed=5)
+        step_at = time.monotonic()
+        high.start()
+        up_at = op.wait_for("scaled up", lambda: op.deployment("resnet50")["capacity_rps"] > cap0, timeout=30)
+        assert answered_all(high.result())
+        # capacity came within the delay (3 s) plus the 3 s rate window, the tick and the apply
+        assert up_at - step_at <= 3 + 3 + 10, up_at - step_at
+        cap_high = op.deployment("resnet50")["capacity_rps"]
+        assert cap_high >= 120
+        calm = LoadThread(op.http, "resnet50:1", 40, 20.0, 40, seed=6)
+        calm.start()
+        assert answered_all(calm.result())
+        op.wait_for("scaled down", lambda: op.deployment("resnet50")["capacity_rps"] < cap_high, timeout=30)
+        kinds = [e["kind"] for e in op.status()["events"]]
+        # NOTE: one event per direction, no flapping
+        assert kinds.count("ScaledUp") == 1 and kinds.count("ScaledDown") == 1, kinds
+
+
+def test_admin_calls_without_the_token_get_401_and_change_nothing(tmp_path: Path) -> None:
+    docs = write_docs(tmp_path / "d.yaml", pool(a100s=1, host=False), deployment("resnet50", 100, 100))
+    with operator_up(tmp_path, docs) as op:
+        before = op.state()["plan"]
+        bigger = write_docs(tmp_path / "b.yaml", pool(a100s=1, host=False), deployment("resnet50", 900, 100))
+        for token in ("", "wrong", op.token + "x"):
+            for method, path, body in (("POST", "/v1/apply", bigger.read_bytes()), ("POST", "/v1/down", b""),
+                                       ("POST", "/v1/rollback", b""), ("GET", "/v1/status", None)):
+                with pytest.raises(CliError, match="^401"):
+                    call(op.url, token, method, path, body)
+        assert op.state()["plan"] == before and op.status()["generation"] == 1
+        log = (op.state_dir / "controller.log").read_text()
+        assert op.token not in log  # NOTE: the token is never logged
