@@ -16,7 +16,7 @@ from concurrent.futures import Future
 
 import grpc
 
-from gateway.config import GatewayConfig, resolve
+from gateway.config import GatewayConfig, ServedModel, ServedReplica, resolve
 from gateway.driver import Driver
 from gateway.grpc_server import create_server
 from gateway.http import HttpFrontDoor
@@ -73,6 +73,29 @@ class Gateway:
         except BaseException:
             await self._shutdown()
             raise
+
+    def replica_ids(self) -> dict[str, list[str]]:
+        """What the gateway serves: each model's replica ids."""
+        return self.driver.replica_ids()
+
+    async def add_replica(self, model: ServedModel, replica: ServedReplica) -> None:
+        """Serve ``replica`` of ``model`` from now on (see :meth:`Driver.add_replica`); a new
+        model shows in the repository index and statistics."""
+        await self.driver.add_replica(model, replica)
+        self._sync_models()
+
+    async def remove_replica(self, replica_id: str, timeout: float = 30.0) -> bool:
+        """Drain and remove a replica (see :meth:`Driver.remove_replica`); a model left
+        without replicas is no longer served."""
+        try:
+            return await self.driver.remove_replica(replica_id, timeout)
+        finally:
+            self._sync_models()
+
+    def _sync_models(self) -> None:
+        served = self.driver.models
+        self.info.models = [n for n in self.info.models if n in served] + [
+            n for n in served if n not in self.info.models]
 
     async def stop(self, drain_timeout: float = 0.0) -> None:
         """Refuse new requests, wait up to ``drain_timeout`` for admitted ones, then stop."""

@@ -10,7 +10,16 @@ Rules (each one is tested):
   sustained overload the model's level skips its most accurate variants first.
 - Accounting: every submitted request is answered exactly once: by a reject from ``submit``
   or ``poll``, by completing in a batch (``on_complete`` without it in ``retry``), or by
-  being handed back from ``remove_replica``.
+  being handed back from ``remove_replica`` (then the driver owns it). Moving between
+  variants (below) answers nothing: the request stays admitted.
+- Drain and removal: a drained replica (``drain_replica``) takes no new batch and counts as
+  no capacity for admission, planning and expiry; its batches in flight complete as usual.
+  When a variant has no replica left that is not draining (drained or removed), its queued
+  requests move, earliest deadline first, to the model's other variants by the rule of
+  :mod:`gateway.policy.migrate`. Those no variant takes stay queued after a drain (answered
+  "no_replica" at the next poll) and are handed back by ``remove_replica``, as are the
+  requests in flight on the removed replica. A replica added while serving takes batches
+  from the next poll on.
 - Admission (deadline-aware policies): a request is rejected at submit only if no healthy
   replica serves its model ("no_replica"), its rows exceed every replica's max batch, or its
   finish predicted by :func:`gateway.policy.admission.predict_finish` is past its deadline
@@ -50,6 +59,7 @@ from gateway.policy.admission import Lane, plan_finishes, predict_finish
 from gateway.policy.batching import SelectContext, get_policy
 from gateway.policy.config import SchedulerConfig
 from gateway.policy.edf import EdfQueue
+from gateway.policy.migrate import relocate
 from gateway.policy.rate import RateEstimator
 from gateway.policy.selector import Level, VariantInfo, candidate_order, next_level
 from gateway.policy.types import (
@@ -81,6 +91,7 @@ class _Replica:
     table: list[float] = field(default_factory=list)  # base + run_excess + overhead: when answers are back
     run: list[float] = field(default_factory=list)  # base + run_excess: how long a batch holds the replica
     healthy: bool = True
+    draining: bool = False  # takes no new batch; its batches in flight complete
     inflight: list[Batch] = field(default_factory=list)
     ends: list[float] = field(default_factory=list)  # predicted end on the replica of each in flight
     run_excess: float = 0.0  # learned seconds a batch runs beyond its profile on the replica
@@ -208,9 +219,21 @@ class EdfScheduler:
                                                 info.profile.accuracy)
         model.groups[info.variant].replicas.append(info.id)
 
+    def drain_replica(self, replica_id: str, now: float) -> None:
+        """The replica takes no new batch from now on; its batches in flight complete through
+        ``on_complete``. When it was its variant's last replica not draining, the variant's
+        queued requests move to the model's other variants (see the module docstring)."""
+        rep = self._replicas.get(replica_id)
+        if rep is None:
+            raise KeyError(f"unknown replica {replica_id!r}")
+        rep.draining = True
+        model = self._models[rep.info.model]
+        self._drained(model, model.groups[rep.info.variant], now)
+
     def remove_replica(self, replica_id: str, now: float) -> tuple[Request, ...]:
         """Forget a replica. Returns the requests the driver now owns and must answer: those
-        in flight on it, and those queued for its variant when no replica of it is left."""
+        in flight on it, and, when it was its variant's last replica, the variant's queued
+        requests that no other variant of the model takes (the rest move there)."""
         rep = self._replicas.pop(replica_id, None)
         if rep is None:
             return ()
@@ -219,8 +242,8 @@ class EdfScheduler:
         group.replicas.remove(replica_id)
         out = [r for b in rep.inflight for r in b.requests]
         if not group.replicas:
-            out += group.clear()
             del model.groups[rep.info.variant]
+            out += self._evacuate(model, group, now)
         for r in out:
             self._forget(r)
         return tuple(out)
@@ -232,8 +255,8 @@ class EdfScheduler:
         rep.healthy = healthy
 
     def replicas(self) -> tuple[ReplicaState, ...]:
-        return tuple(ReplicaState(r.info, r.healthy, tuple(r.inflight), r.overhead, r.run_excess)
-                     for r in self._replicas.values())
+        return tuple(ReplicaState(r.info, r.healthy, tuple(r.inflight), r.overhead, r.run_excess,
+                                  r.draining) for r in self._replicas.values())
 
     # ------------------------------------------------------------------ requests
 
@@ -300,6 +323,7 @@ class EdfScheduler:
                 rep.learn(batch, now, self.config)
             rep.reanchor(now)
         retry_ids = {r.id for r in retry}
+        model = group = None
         for r in batch.requests:
             if r.id not in self._pending:
                 continue  # already handed back by remove_replica
@@ -312,6 +336,8 @@ class EdfScheduler:
                 self._retried.add(r.id)
             else:
                 self._forget(r)
+        if retry and model is not None and group is not None:
+            self._drained(model, group, now)  # a draining variant's retries move on
 
     def poll(self, now: float) -> Decision:
         batches: list[Batch] = []
@@ -370,7 +396,29 @@ class EdfScheduler:
         return self._models[name]
 
     def _healthy(self, group: _Group) -> list[_Replica]:
-        return [self._replicas[i] for i in group.replicas if self._replicas[i].healthy]
+        """The group's replicas that take new batches: healthy and not draining."""
+        return [r for i in group.replicas if (r := self._replicas[i]).healthy and not r.draining]
+
+    def _drained(self, model: _Model, group: _Group, now: float) -> None:
+        """When every replica of ``group`` drains, its queued requests move to other variants;
+        those no variant takes stay, for the next poll to answer ("no_replica")."""
+        if group.queued and all(self._replicas[i].draining for i in group.replicas):
+            for r in self._evacuate(model, group, now):
+                group.queue_of(r).push(r)
+
+    def _evacuate(self, model: _Model, group: _Group, now: float) -> list[Request]:
+        """Move ``group``'s queued requests (guaranteed, then best-effort, each in EDF order) to
+        the model's other variants with a replica not draining (an unhealthy one plans as never
+        finishing); return, out of every queue, those no variant takes."""
+        staying = {v: reps for v, g in model.groups.items()
+                   if g is not group and (reps := [self._replicas[i] for i in g.replicas
+                                                   if not self._replicas[i].draining])}
+        live = {v: [x for x in reps if x.healthy] for v, reps in staying.items()}
+        return relocate(
+            group.clear(), self._variant_infos(model, live), model.level,
+            fits=lambda v, r: r.size <= max(x.info.max_batch for x in staying[v]),
+            plan=(lambda v, r: self._plan(model.groups[v], live[v], r, now)) if self.policy.deadline_aware else None,
+            push=lambda v, r: model.groups[v].queue_of(r).push(r))
 
     def _capacity(self, reps: list[_Replica]) -> float:
         return sum(r.info.max_batch / r.table[r.info.max_batch] for r in reps)

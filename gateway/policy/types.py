@@ -5,7 +5,10 @@ Drivers call, on one :class:`SchedulerCore`:
 - ``poll(now)`` after any event, which returns batches to dispatch now, requests to answer
   now (rejected or expired), and when to poll again if nothing else happens;
 - ``on_complete(batch, now, retry=())`` when a dispatched batch finishes (``retry``: requests
-  of a failed batch that should be tried again on another replica while their deadline allows).
+  of a failed batch that should be tried again on another replica while their deadline allows);
+- ``add_replica``, ``drain_replica`` and ``remove_replica`` to change the fleet while serving:
+  drain first (no new batch goes there), wait until ``replicas()`` shows nothing in flight on
+  it, then remove (what it hands back, the driver answers).
 Everything is plain data; times are float seconds on the driver's monotonic clock.
 """
 
@@ -92,10 +95,12 @@ class ReplicaState:
     inflight: tuple[Batch, ...] = field(default=())
     overhead: float = 0.0  # learned seconds from a batch's end on the replica to its answers
     run_excess: float = 0.0  # learned seconds a batch runs on the replica beyond its profile
+    draining: bool = False  # takes no new batch; idle once ``inflight`` is empty
 
 
 class SchedulerCore(Protocol):
     def add_replica(self, info: ReplicaInfo, now: float) -> None: ...
+    def drain_replica(self, replica_id: str, now: float) -> None: ...
     def remove_replica(self, replica_id: str, now: float) -> tuple[Request, ...]: ...
     def set_healthy(self, replica_id: str, healthy: bool, now: float) -> None: ...
     def submit(self, request: Request, now: float) -> Reject | None: ...
