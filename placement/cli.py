@@ -11,14 +11,18 @@ from rich.console import Console
 from rich.table import Table
 
 from placement.executors import EXECUTORS, DryRun, ExecutorError, Nvml
-from placement.plan import Plan, PlanError
+from placement.plan import Demand, Inventory, Plan, PlanError
 from placement.solver import METHODS, SolverError, solve
-from placement.spec import SpecError, load_problem
+from placement.spec import SpecError, check_profiles, demand, inventory, profiles_for, single_pool
+from profiles.catalogue import CatalogueError
 from profiles.derive import with_derived
+from profiles.digits import MEASURED_DIR
 from profiles.profile import ProfileError, ProfileSet
+from profiles.schema import load_documents
 
 HELP = """Plan MIG layouts, MPS shares and replicas for the models in -f files on the GPU pool
-in -f files, from the reference profiles (plus derived ones for unprofiled slices).
+in -f files, from the reference profiles (plus derived ones for unprofiled slices), the
+digits family's measured profiles and the profile files the deployments' variants name.
 
 examples:
   headrace plan -f placement/examples/pool.yaml -f placement/examples/models.yaml
@@ -76,17 +80,34 @@ def render(plan: Plan, console: Console) -> None:
     console.print(m)
 
 
+def load(files: list[str], extra_profiles: list[str]) -> tuple[Inventory, list[Demand], ProfileSet]:
+    """Pool, demands and checked profiles from -f files; every input error is a SpecError
+    (or ProfileError / CatalogueError) naming where it is."""
+    docs = load_documents(*files)
+    pool = single_pool(docs, files)
+    profiles = profiles_for(docs, load_profile_set(extra_profiles + [str(MEASURED_DIR)]))
+    check_profiles(docs, profiles)
+    return inventory(pool), [demand(d) for d in docs.deployments], profiles
+
+
 def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
     out = Console()
-    try:
-        inventory, demands, _emulate = load_problem(*args.file)
-        profiles = load_profile_set(args.profiles)
-        plan = solve(demands, profiles, inventory, args.method, time_limit=args.time_limit)
-        plan.verify()
-    except (SpecError, SolverError, ProfileError, PlanError) as e:
-        err.print(f"[red]headrace plan: {e}[/red]", highlight=False)
+
+    def fail(msg: object) -> int:
+        # NOTE: one line, never a traceback: markup and wrapping would split or mangle it
+        err.print(f"headrace plan: {' '.join(str(msg).split())}", style="red", markup=False,
+                  highlight=False, soft_wrap=True)
         return 2
+
+    try:
+        inv, demands, profiles = load(args.file, args.profiles)
+        plan = solve(demands, profiles, inv, args.method, time_limit=args.time_limit)
+        plan.verify()
+    except (SpecError, SolverError, ProfileError, PlanError, CatalogueError) as e:
+        return fail(e)
+    except Exception as e:  # noqa: BLE001  (bad input must not end in a traceback)
+        return fail(f"unexpected {type(e).__name__}: {e}")
     if args.output in ("table", "both"):
         render(plan, out)
     if args.output in ("yaml", "both"):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from placement.plan import Demand, GpuClass, Inventory
 from profiles.catalogue import CatalogueError, gpu_model
-from profiles.profile import ProfileError, ProfileSet, load_profiles
+from profiles.profile import Profile, ProfileError, ProfileSet, load_profiles
 from profiles.schema import Documents, GpuPool, ModelDeployment, SpecError, load_documents
 
 __all__ = ["SpecError", "check_profiles", "demand", "inventory", "load_problem", "profiles_for"]
@@ -49,23 +49,38 @@ def profiles_for(docs: Documents, base: ProfileSet) -> ProfileSet:
             path = Path(v.profile) if Path(v.profile).is_absolute() else root / v.profile
             where = f"{docs.origin(md)}: spec.variants.{i}.profile"
             try:
-                for p in load_profiles(path):
-                    if (p.variant, p.gpu, p.slice) not in {(q.variant, q.gpu, q.slice) for q in out}:
-                        out.add(p)
+                loaded = list(ProfileSet(load_profiles(path)))  # normalised: a host's slice is WHOLE
             except (OSError, ProfileError) as e:
                 raise SpecError(f"{where}: {e} (got {v.profile!r})") from None
+            for j, p in enumerate(loaded):
+                bad = _off_catalogue(p)
+                if bad:
+                    raise SpecError(f"{where}: {path} document {j}: {bad}")
+                if p.key not in {q.key for q in out}:
+                    out.add(p)
     return out
+
+
+def _off_catalogue(p: Profile) -> str | None:
+    """``spec.gpu`` / ``spec.slice: <why> (got <value>)`` when ``p`` is not on a catalogue slice."""
+    try:
+        g = gpu_model(p.gpu)
+    except CatalogueError as e:
+        return f"spec.gpu: {e} (got {p.gpu!r})"
+    try:
+        g.slice_fraction(p.slice)
+    except CatalogueError as e:
+        return f"spec.slice: {e} (got {p.slice!r})"
+    return None
 
 
 def check_profiles(docs: Documents, profiles: ProfileSet) -> None:
     """Every profile names a catalogue GPU and slice; every deployment's model and variants
     have profiles. Raises :class:`SpecError` naming the first offender."""
     for p in profiles:
-        try:
-            g = gpu_model(p.gpu)
-            g.slice_fraction(p.slice)
-        except CatalogueError as e:
-            raise SpecError(f"profile {p.name}: {e}") from None
+        bad = _off_catalogue(p)
+        if bad:
+            raise SpecError(f"profile {p.name}: {bad}")
     for md in docs.deployments:
         s = md.spec
         mine = [p for p in profiles if p.model == s.model]
@@ -98,7 +113,9 @@ def single_pool(docs: Documents, paths: tuple[str | Path, ...] | list[str | Path
     models = [d.spec.model for d in docs.deployments]
     dup = sorted({m for m in models if models.count(m) > 1})
     if dup:
-        where = docs.origin(next(d for d in docs.deployments[1:] if d.spec.model in dup))
-        raise SpecError(f"{where}: spec.model: one ModelDeployment per model; {dup} appear more than once")
+        again = next(d for i, d in enumerate(docs.deployments) if d.spec.model in models[:i])
+        first = next(d for d in docs.deployments if d.spec.model == again.spec.model)
+        raise SpecError(f"{docs.origin(again)}: spec.model: one ModelDeployment per model; "
+                        f"{again.spec.model!r} is also in {docs.origin(first)} (got {again.spec.model!r})")
     return docs.pools[0]
 

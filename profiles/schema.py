@@ -47,10 +47,15 @@ class GpuGroup(_Strict):
     mps: bool = Field(default=True, description="MPS sharing allowed (inside a whole GPU or a slice); "
                                                 "on the host: co-located server processes")
 
+    @field_validator("model")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in GPUS:
+            raise ValueError(f"model ({v!r}) is not a known GPU; known: {', '.join(GPUS)}")
+        return v
+
     @model_validator(mode="after")
-    def _known(self) -> GpuGroup:
-        if self.model not in GPUS:
-            raise ValueError(f"model ({self.model!r}) is not a known GPU; known: {', '.join(GPUS)}")
+    def _host(self) -> GpuGroup:
         if self.model == HOST:
             self.mig = False
         return self
@@ -240,11 +245,17 @@ class Documents:
 
 def format_error(err: ValidationError, where: str) -> str:
     """One line: where, then each failing field path with its message and the value given."""
+    errors = [(tuple(str(x) for x in e["loc"] if not str(x).startswith(("str", "VariantSpec"))), e)
+              for e in err.errors()]
+    # a union member that got further (a deeper path) explains the error; the others are noise
+    errors = [(p, e) for p, e in errors if not any(len(q) > len(p) and q[:len(p)] == p for q, _ in errors)]
     parts = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"] if not str(x).startswith(("str", "VariantSpec"))) or "(document)"
+    for path, e in errors:
+        loc = ".".join(path) or "(document)"
         msg = e["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg} (got {e.get('input')!r})")
+        # a missing field has no value; a whole-object check quotes its values in its message
+        quiet = e["type"] == "missing" or (e["type"] == "value_error" and isinstance(e.get("input"), dict))
+        parts.append(f"{loc}: {msg}" if quiet else f"{loc}: {msg} (got {e.get('input')!r})")
     return f"{where}: " + "; ".join(dict.fromkeys(parts))
 
 
@@ -263,6 +274,11 @@ def parse_documents(text: str, where: str, docs: Documents, base_dir: Path | Non
     """Validate every document of one YAML stream into ``docs``."""
     try:
         raw = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        ctx = f" ({e.context} at line {e.context_mark.line + 1})" if e.context and e.context_mark else ""
+        raise SpecError(f"{where}: {at}not valid YAML: {e.problem}{ctx}") from None
     except yaml.YAMLError as e:
         raise SpecError(f"{where}: not valid YAML: {' '.join(str(e).split())}") from None
     sinks = {"GpuPool": docs.pools, "ModelDeployment": docs.deployments, "Gateway": docs.gateways}

