@@ -1,13 +1,10 @@
-"""The asyncio driver around the sans-IO policy core.
+"""The asyncio driver around the sans-IO policy core: admits requests, sends the core's batches
+to replicas, answers its rejects and probes replica health (the live fleet is :mod:`gateway.fleet`).
 
 On every event (a request arrives, a batch completes, a probe flips a replica, the armed
 timer fires) the driver calls ``core.poll(now)`` and acts on the :class:`Decision`: it sends
 each batch to its replica, answers each reject at once and arms a single timer at
 ``Decision.wakeup``. Time comes from the injected ``clock`` (default ``time.monotonic``).
-
-The fleet may change while serving (``add_replica``, ``remove_replica``: drain, wait until
-nothing is in flight on it, remove); every variant of a model must have the model's signature
-(:func:`check_signature`).
 
 Invariant: every admitted request's future is resolved exactly once: with its outputs, with
 a reject from the core, or with a definite error (failed batch, replica removed with its batch
@@ -22,15 +19,15 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
-from gateway.backend import ModelInfo, TritonReplica
+from gateway.backend import TritonReplica
 from gateway.backend_http import TritonHttpReplica
-from gateway.codec import InferInput, Signature, Tensor, concat, split, validate
-from gateway.config import ConfigError, ServedModel, ServedReplica
+from gateway.codec import InferInput, Tensor, concat, split, validate
+from gateway.config import ServedModel
 from gateway.errors import (
     BackendError,
     GatewayError,
@@ -39,8 +36,9 @@ from gateway.errors import (
     Rejected,
     Unavailable,
 )
+from gateway.fleet import Fleet, Model, Replica, check_signature, replica_info
 from gateway.metrics import GatewayMetrics
-from gateway.policy.types import Batch, Priority, ReplicaInfo, Request, SchedulerCore
+from gateway.policy.types import Batch, Priority, Request, SchedulerCore
 
 log = logging.getLogger("headrace.gateway")
 
@@ -67,47 +65,6 @@ class _Pending:
     request: Request
     input: InferInput
     future: asyncio.Future
-
-
-@dataclass
-class _Replica:
-    id: str
-    model: str
-    variant: str
-    client: TritonReplica
-    key: tuple[str, str] = ("", "")  # (protocol, url) of its client, shared by replicas of one server
-    healthy: bool = True
-    verified: bool = True  # its variant's signature is known to match the model's
-    refused: str = ""  # why its signature was refused (logged once)
-    removing: bool = False
-    batch_done: asyncio.Event | None = None  # set when a batch of it completes (while removing)
-
-
-@dataclass
-class _Model:
-    served: ServedModel
-    info: ModelInfo | None = None
-
-
-def check_signature(model: str, existing: Signature, new: Signature, variant: str) -> None:
-    """Every variant of a served model must take and give the same tensors (names, datatypes,
-    dims) with the same max batch: raises :class:`ConfigError` naming the first difference."""
-    where = f"model '{model}': variant '{variant}' has"
-    if new.max_batch_size != existing.max_batch_size:
-        raise ConfigError(f"{where} max_batch_size {new.max_batch_size}, the model's is {existing.max_batch_size}")
-    for kind, have, got in (("input", existing.inputs, new.inputs), ("output", existing.outputs, new.outputs)):
-        if set(have) != set(got):
-            raise ConfigError(f"{where} {kind}s {sorted(got)}, the model's are {sorted(have)}")
-        for name, t in have.items():
-            n = got[name]
-            if (n.datatype, tuple(n.dims)) != (t.datatype, tuple(t.dims)):
-                raise ConfigError(f"{where} {kind} '{name}' {n.datatype} {list(n.dims)}, "
-                                  f"the model's is {t.datatype} {list(t.dims)}")
-
-
-def _replica_info(served: ServedModel, sig: Signature, r: ServedReplica) -> ReplicaInfo:
-    max_batch = min(served.max_batch, sig.max_batch_size) if sig.batched else 1
-    return ReplicaInfo(r.id, served.name, r.variant, r.profile, max_batch, r.max_inflight)
 
 
 def deadline_of(inp: InferInput, slo_header: str | None, default_slo: float, now: float,
@@ -148,8 +105,9 @@ def priority_of(inp: InferInput, default: Priority) -> Priority:
     return Priority.GUARANTEED if p == 1 else Priority.BEST_EFFORT
 
 
-class Driver:
-    """Feeds requests to the core, sends its batches, answers its rejects."""
+class Driver(Fleet):
+    """Feeds requests to the core, sends its batches, answers its rejects; its fleet may
+    change while serving (:class:`Fleet`)."""
 
     def __init__(
         self,
@@ -167,16 +125,16 @@ class Driver:
         self.clock = clock
         self.metrics = metrics or GatewayMetrics()
         self.health_interval = health_interval
-        self.models = {m.name: _Model(m) for m in models}
+        self.models = {m.name: Model(m) for m in models}
         self._make = replica_factory or (lambda proto, url: BACKENDS[proto](url, max_message_bytes))
         self._clients: dict[tuple[str, str], Any] = {}  # one client per server
-        self.replicas: dict[str, _Replica] = {}
+        self.replicas: dict[str, Replica] = {}
         for m in models:
             for r in m.replicas:
                 key = (r.protocol, r.url)
                 if key not in self._clients:
                     self._clients[key] = self._make(*key)
-                self.replicas[r.id] = _Replica(r.id, m.name, r.variant, self._clients[key], key)
+                self.replicas[r.id] = Replica(r.id, m.name, r.variant, self._clients[key], key)
         self._pending: dict[int, _Pending] = {}
         self._ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
@@ -221,7 +179,7 @@ class Driver:
         now = self.clock()
         for m in self.models.values():
             for r in m.served.replicas:
-                self.core.add_replica(_replica_info(m.served, m.info.signature, r), now)  # type: ignore[union-attr]
+                self.core.add_replica(replica_info(m.served, m.info.signature, r), now)  # type: ignore[union-attr]
                 self.metrics.of(self.metrics.healthy, m.served.name, r.id).set(1)
         reps = list(self.replicas.values())  # a replica down at startup starts unhealthy
         oks = await asyncio.gather(*(r.client.ready(r.variant) for r in reps), return_exceptions=True)
@@ -259,147 +217,15 @@ class Driver:
         for c in list(self._clients.values()):
             await c.close()
 
-    # ------------------------------------------------------------------ the fleet, live
-
-    def replica_ids(self) -> dict[str, list[str]]:
-        """What the gateway serves: each model's replica ids (one being removed included)."""
-        out: dict[str, list[str]] = {name: [] for name in self.models}
-        for r in self.replicas.values():
-            out[r.model].append(r.id)
-        return out
-
-    async def add_replica(self, model: ServedModel, replica: ServedReplica) -> None:
-        """Serve ``replica`` from now on as a replica of ``model``; a new model becomes
-        addressable (of a model already served only the name is used). Its variant must have
-        the model's signature (:func:`check_signature`); :class:`ConfigError` refuses it (and
-        a repeated replica id). It starts unhealthy when its ready probe fails, and takes
-        batches from the next poll on."""
-        if not self.started:
-            raise Unavailable("the gateway is not started")
-        if replica.id in self.replicas:
-            raise ConfigError(f"replica '{replica.id}' is already served")
-        key = (replica.protocol, replica.url)
-        made = key not in self._clients
-        client = self._make(*key) if made else self._clients[key]
-        try:
-            info = await client.model_info(replica.variant)
-            try:
-                ready = await client.ready(replica.variant) is True
-            except Exception:  # noqa: BLE001  (a failing probe is "not ready")
-                ready = False
-            # from here on no await: nothing interleaves between the checks and the registration
-            if replica.id in self.replicas:
-                raise ConfigError(f"replica '{replica.id}' is already served")
-            m = self.models.get(model.name)
-            if m is not None:
-                check_signature(model.name, m.info.signature, info.signature, replica.variant)  # type: ignore[union-attr]
-            served = model if m is None else m.served
-            now = self.clock()
-            try:
-                self.core.add_replica(_replica_info(served, info.signature, replica), now)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
-        except BaseException:
-            if made:
-                await client.close()
-            raise
-        shared = self._clients.get(key)  # another add may have made one meanwhile
-        if shared is None:  # ours, or a removal closed the one we asked meanwhile
-            shared = self._clients[key] = client if made else self._make(*key)
-        rep = self.replicas[replica.id] = _Replica(replica.id, model.name, replica.variant, shared, key)
-        if m is None:
-            self.models[model.name] = _Model(replace(model, replicas=(replica,)), info)
-        else:
-            m.served = replace(m.served, replicas=(*m.served.replicas, replica))
-        self.metrics.of(self.metrics.healthy, model.name, replica.id).set(1)
-        log.info("replica %s of model '%s' (variant %s) added", replica.id, model.name, replica.variant)
-        if not ready:
-            self._set_health(rep, False, now)
-        self._poll()
-        if made and shared is not client:
-            await client.close()
-
-    async def remove_replica(self, replica_id: str, timeout: float = 30.0) -> bool:
-        """Drain the replica (no new batch goes there; its variant's queue moves to another
-        variant when it was the last), wait up to ``timeout`` real seconds until nothing is in
-        flight on it, then remove it. True when it drained in time; otherwise it is removed
-        anyway and its requests in flight fail (Unavailable). Requests the core hands back are
-        submitted again; when the model has no replica left it is no longer served and they
-        are answered Unavailable. KeyError for a replica not served."""
-        rep = self.replicas.get(replica_id)
-        if rep is None or rep.removing:
-            raise KeyError(f"replica '{replica_id}' is not served (or is already being removed)")
-        rep.removing = True
-        self.core.drain_replica(replica_id, self.clock())
-        self._poll()  # a moved queue goes out now
-        drained = await self._idle(rep, timeout)
-        now = self.clock()
-        stuck = {r.id for st in self.core.replicas() if st.info.id == replica_id
-                 for b in st.inflight for r in b.requests}
-        back = self.core.remove_replica(replica_id, now)
-        del self.replicas[replica_id]
-        self._forget_series(rep)
-        m = self.models[rep.model]
-        m.served = replace(m.served, replicas=tuple(r for r in m.served.replicas if r.id != replica_id))
-        gone = not m.served.replicas
-        if gone:
-            del self.models[rep.model]
-        for r in back:
-            p = self._pending.get(r.id)
-            if p is None:
-                continue
-            if r.id in stuck:
-                self._fail(p, Unavailable(f"replica {replica_id} was removed with the request in flight"))
-            elif gone:
-                self._fail(p, Unavailable(f"model '{rep.model}' is no longer served"))
-            elif (rj := self.core.submit(r, now)) is not None:
-                self._pending.pop(r.id, None)
-                self.metrics.of(self.metrics.rejections, r.model, rj.reason).inc()
-                if not p.future.done():
-                    p.future.set_exception(Rejected(rj.message or f"request rejected: {rj.reason}",
-                                                    rj.reason, rj.retry_after))
-        if gone:  # nothing should be left; never strand a future
-            for p in [p for p in self._pending.values() if p.request.model == rep.model]:
-                self._fail(p, Unavailable(f"model '{rep.model}' is no longer served"))
-        log.info("replica %s of model '%s' removed (%s)", replica_id, rep.model,
-                 "drained" if drained else f"not drained within {timeout:g} s")
-        self._poll()
-        if not any(r.client is rep.client for r in self.replicas.values()):
-            self._clients.pop(rep.key, None)
-            await rep.client.close()
-        return drained
-
-    async def _idle(self, rep: _Replica, timeout: float) -> bool:
-        """Wait until the core shows no batch in flight on ``rep``; False after ``timeout``
-        real seconds (the injected clock may be virtual)."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout
-        rep.batch_done = asyncio.Event()
-        while any(st.inflight for st in self.core.replicas() if st.info.id == rep.id):
-            rep.batch_done.clear()
-            try:
-                await asyncio.wait_for(rep.batch_done.wait(), max(0.0, end - loop.time()))
-            except TimeoutError:
-                return not any(st.inflight for st in self.core.replicas() if st.info.id == rep.id)
-        return True
-
     def _fail(self, p: _Pending, err: GatewayError) -> None:
         self._pending.pop(p.request.id, None)
         self.metrics.of(self.metrics.failures, p.request.model).inc()
         if not p.future.done():
             p.future.set_exception(err)
 
-    def _forget_series(self, rep: _Replica) -> None:
-        """Drop a removed replica's gauges (a scrape shows only replicas served)."""
-        m = self.metrics
-        for g in (m.inflight, m.overhead, m.run_excess, m.healthy):
-            with contextlib.suppress(KeyError):
-                g.remove(rep.model, rep.id)
-            m._children.pop((id(g), (rep.model, rep.id)), None)  # its cached child is gone too
-
     # ------------------------------------------------------------------ requests
 
-    def model(self, name: str) -> _Model:
+    def model(self, name: str) -> Model:
         m = self.models.get(name)
         if m is None:
             raise ModelNotFound(f"unknown model '{name}'; served: {sorted(self.models)}")
@@ -526,7 +352,7 @@ class Driver:
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
 
-    async def _run(self, rep: _Replica, b: Batch, live: list[_Pending], sent: float,
+    async def _run(self, rep: Replica, b: Batch, live: list[_Pending], sent: float,
                    answer: Awaitable[list[list[Tensor]]]) -> None:
         model = b.requests[0].model
         try:
@@ -560,7 +386,7 @@ class Driver:
         await asyncio.sleep(0)  # the answers go out first; the bookkeeping below is off their path
         self._record(rep, b, live, met, sent, now)
 
-    def _record(self, rep: _Replica, b: Batch, live: list[_Pending], met: list[bool], sent: float,
+    def _record(self, rep: Replica, b: Batch, live: list[_Pending], met: list[bool], sent: float,
                 now: float) -> None:
         """A finished batch's metrics."""
         self._record_dispatch(b, live, sent)
@@ -589,7 +415,7 @@ class Driver:
             queue.observe(sent - p.request.arrival)
         self.metrics.of(self.metrics.batch_size, model, b.variant).observe(b.rows)
 
-    def _send(self, rep: _Replica, b: Batch, live: list[_Pending], now: float) -> Awaitable[list[list[Tensor]]]:
+    def _send(self, rep: Replica, b: Batch, live: list[_Pending], now: float) -> Awaitable[list[list[Tensor]]]:
         """Start one Triton request per group of requests whose non-batch shapes agree; the
         awaitable gives each request's outputs (or raises what went wrong, sending included)."""
         try:
@@ -611,7 +437,7 @@ class Driver:
         batched = self.models[live[0].request.model].info.signature.batched  # type: ignore[union-attr]
         return self._collect(rep, live, list(groups.values()), calls, batched)
 
-    async def _collect(self, rep: _Replica, live: list[_Pending], groups: list[list[int]],
+    async def _collect(self, rep: Replica, live: list[_Pending], groups: list[list[int]],
                        calls: list[Awaitable[list[Tensor]]], batched: bool) -> list[list[Tensor]]:
         """Each group's answer, cut back into its requests' outputs."""
         answers = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
@@ -625,7 +451,7 @@ class Driver:
                 results[i] = [ps[k] for ps in parts]
         return results
 
-    def _on_failure(self, rep: _Replica, b: Batch, live: list[_Pending], e: Exception) -> None:
+    def _on_failure(self, rep: Replica, b: Batch, live: list[_Pending], e: Exception) -> None:
         now = self.clock()
         retryable = isinstance(e, BackendError) and e.retryable
         model = b.requests[0].model
@@ -653,7 +479,7 @@ class Driver:
 
     # ------------------------------------------------------------------ health
 
-    def _set_health(self, rep: _Replica, healthy: bool, now: float) -> None:
+    def _set_health(self, rep: Replica, healthy: bool, now: float) -> None:
         if rep.healthy == healthy or self.replicas.get(rep.id) is not rep:  # unchanged, or removed
             return
         rep.healthy = healthy
@@ -689,24 +515,6 @@ class Driver:
             if changed:
                 self._poll()
 
-    async def _verify(self, rep: _Replica) -> bool:
-        """A replica whose metadata was not known at startup serves once its signature is
-        known to match its model's."""
-        try:
-            info = await rep.client.model_info(rep.variant)
-            m = self.models.get(rep.model)
-            if m is None or m.info is None:
-                return False
-            check_signature(rep.model, m.info.signature, info.signature, rep.variant)
-        except BackendError:
-            return False
-        except ConfigError as e:
-            if rep.refused != str(e):
-                log.error("%s; replica %s stays out of service", e, rep.id)
-            rep.refused = str(e)
-            return False
-        rep.verified = True
-        return True
 
 
 def _check_rows(replica: str, outs: list[Tensor], rows: int) -> None:

@@ -7,6 +7,7 @@ gateway forms are exported here. Each gateway owns its registry (no global state
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -84,6 +85,14 @@ class GatewayMetrics:
         if child is None:
             child = self._children[key] = metric.labels(*labels)
         return child
+
+    def forget(self, model: str, replica: str) -> None:
+        """Drop every series of a removed replica, and their cached children (a scrape shows
+        only replicas served)."""
+        for metric in (self.inflight, self.overhead, self.run_excess, self.healthy):  # by replica
+            with contextlib.suppress(KeyError):  # older prometheus_client raise for a missing one
+                metric.remove(model, replica)
+            self._children.pop((id(metric), (model, replica)), None)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

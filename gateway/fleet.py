@@ -1,0 +1,227 @@
+"""The live fleet: which replicas serve each model, adding and removing them while serving
+(a mixin of the driver), and the check that every variant has its model's signature.
+
+A removal drains the replica (no new batch goes there), waits until nothing is in flight on
+it, then removes it; requests the core hands back are submitted again or answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gateway.backend import ModelInfo, TritonReplica
+from gateway.codec import Signature
+from gateway.config import ConfigError, ServedModel, ServedReplica
+from gateway.errors import BackendError, GatewayError, Rejected, Unavailable
+from gateway.metrics import GatewayMetrics
+from gateway.policy.types import ReplicaInfo, SchedulerCore
+
+log = logging.getLogger("headrace.gateway")
+
+@dataclass
+class Replica:
+    """One replica the driver sends batches to: its client and what is known of it."""
+
+    id: str
+    model: str
+    variant: str
+    client: TritonReplica
+    key: tuple[str, str] = ("", "")  # (protocol, url) of its client, shared by replicas of one server
+    healthy: bool = True
+    verified: bool = True  # its variant's signature is known to match the model's
+    refused: str = ""  # why its signature was refused (logged once)
+    removing: bool = False
+    batch_done: asyncio.Event | None = None  # set when a batch of it completes (while removing)
+
+
+@dataclass
+class Model:
+    """A served model: its config (replicas as served now) and its signature once known."""
+
+    served: ServedModel
+    info: ModelInfo | None = None
+
+
+def check_signature(model: str, existing: Signature, new: Signature, variant: str) -> None:
+    """Every variant of a served model must take and give the same tensors (names, datatypes,
+    dims) with the same max batch: raises :class:`ConfigError` naming the first difference."""
+    where = f"model '{model}': variant '{variant}' has"
+    if new.max_batch_size != existing.max_batch_size:
+        raise ConfigError(f"{where} max_batch_size {new.max_batch_size}, the model's is {existing.max_batch_size}")
+    for kind, have, got in (("input", existing.inputs, new.inputs), ("output", existing.outputs, new.outputs)):
+        if set(have) != set(got):
+            raise ConfigError(f"{where} {kind}s {sorted(got)}, the model's are {sorted(have)}")
+        for name, t in have.items():
+            n = got[name]
+            if (n.datatype, tuple(n.dims)) != (t.datatype, tuple(t.dims)):
+                raise ConfigError(f"{where} {kind} '{name}' {n.datatype} {list(n.dims)}, "
+                                  f"the model's is {t.datatype} {list(t.dims)}")
+
+
+def replica_info(served: ServedModel, sig: Signature, r: ServedReplica) -> ReplicaInfo:
+    """What the core is told of a replica: its batches are capped by the model's signature."""
+    max_batch = min(served.max_batch, sig.max_batch_size) if sig.batched else 1
+    return ReplicaInfo(r.id, served.name, r.variant, r.profile, max_batch, r.max_inflight)
+
+
+class Fleet:
+    """The driver's replicas and models, changed while serving. The driver provides the state
+    and the hooks declared here (its event loop: polls, health, failing a request)."""
+
+    core: SchedulerCore
+    clock: Callable[[], float]
+    metrics: GatewayMetrics
+    models: dict[str, Model]
+    replicas: dict[str, Replica]
+    started: bool
+    _clients: dict[tuple[str, str], Any]  # one client per (protocol, url)
+    _make: Callable[[str, str], Any]  # makes a replica client
+    _pending: dict[int, Any]  # request id -> its waiter (request, input, future)
+    _poll: Callable[[], None]
+    _set_health: Callable[[Replica, bool, float], None]
+    _fail: Callable[[Any, GatewayError], None]
+
+    def replica_ids(self) -> dict[str, list[str]]:
+        """What the gateway serves: each model's replica ids (one being removed included)."""
+        out: dict[str, list[str]] = {name: [] for name in self.models}
+        for r in self.replicas.values():
+            out[r.model].append(r.id)
+        return out
+
+    async def add_replica(self, model: ServedModel, replica: ServedReplica) -> None:
+        """Serve ``replica`` from now on as a replica of ``model``; a new model becomes
+        addressable (of a model already served only the name is used). Its variant must have
+        the model's signature (:func:`check_signature`); :class:`ConfigError` refuses it (and
+        a repeated replica id). It starts unhealthy when its ready probe fails, and takes
+        batches from the next poll on."""
+        if not self.started:
+            raise Unavailable("the gateway is not started")
+        if replica.id in self.replicas:
+            raise ConfigError(f"replica '{replica.id}' is already served")
+        key = (replica.protocol, replica.url)
+        made = key not in self._clients
+        client = self._make(*key) if made else self._clients[key]
+        try:
+            info = await client.model_info(replica.variant)
+            try:
+                ready = await client.ready(replica.variant) is True
+            except Exception:  # noqa: BLE001  (a failing probe is "not ready")
+                ready = False
+            # from here on no await: nothing interleaves between the checks and the registration
+            if replica.id in self.replicas:
+                raise ConfigError(f"replica '{replica.id}' is already served")
+            m = self.models.get(model.name)
+            if m is not None:
+                check_signature(model.name, m.info.signature, info.signature, replica.variant)  # type: ignore[union-attr]
+            served = model if m is None else m.served
+            now = self.clock()
+            try:
+                self.core.add_replica(replica_info(served, info.signature, replica), now)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        except BaseException:
+            if made:
+                await client.close()
+            raise
+        shared = self._clients.get(key)  # another add may have made one meanwhile
+        if shared is None:  # ours, or a removal closed the one we asked meanwhile
+            shared = self._clients[key] = client if made else self._make(*key)
+        rep = self.replicas[replica.id] = Replica(replica.id, model.name, replica.variant, shared, key)
+        if m is None:
+            self.models[model.name] = Model(replace(model, replicas=(replica,)), info)
+        else:
+            m.served = replace(m.served, replicas=(*m.served.replicas, replica))
+        self.metrics.of(self.metrics.healthy, model.name, replica.id).set(1)
+        log.info("replica %s of model '%s' (variant %s) added", replica.id, model.name, replica.variant)
+        if not ready:
+            self._set_health(rep, False, now)
+        self._poll()
+        if made and shared is not client:
+            await client.close()
+
+    async def remove_replica(self, replica_id: str, timeout: float = 30.0) -> bool:
+        """Drain the replica (no new batch goes there; its variant's queue moves to another
+        variant when it was the last), wait up to ``timeout`` real seconds until nothing is in
+        flight on it, then remove it. True when it drained in time; otherwise it is removed
+        anyway and its requests in flight fail (Unavailable). Requests the core hands back are
+        submitted again; when the model has no replica left it is no longer served and they
+        are answered Unavailable. KeyError for a replica not served."""
+        rep = self.replicas.get(replica_id)
+        if rep is None or rep.removing:
+            raise KeyError(f"replica '{replica_id}' is not served (or is already being removed)")
+        rep.removing = True
+        self.core.drain_replica(replica_id, self.clock())
+        self._poll()  # a moved queue goes out now
+        drained = await self._idle(rep, timeout)
+        now = self.clock()
+        stuck = {r.id for st in self.core.replicas() if st.info.id == replica_id
+                 for b in st.inflight for r in b.requests}
+        back = self.core.remove_replica(replica_id, now)
+        del self.replicas[replica_id]
+        self.metrics.forget(rep.model, rep.id)
+        m = self.models[rep.model]
+        m.served = replace(m.served, replicas=tuple(r for r in m.served.replicas if r.id != replica_id))
+        gone = not m.served.replicas
+        if gone:
+            del self.models[rep.model]
+        for r in back:
+            p = self._pending.get(r.id)
+            if p is None:
+                continue
+            if r.id in stuck:
+                self._fail(p, Unavailable(f"replica {replica_id} was removed with the request in flight"))
+            elif gone:
+                self._fail(p, Unavailable(f"model '{rep.model}' is no longer served"))
+            elif (rj := self.core.submit(r, now)) is not None:
+                self._pending.pop(r.id, None)
+                self.metrics.of(self.metrics.rejections, r.model, rj.reason).inc()
+                if not p.future.done():
+                    p.future.set_exception(Rejected(rj.message or f"request rejected: {rj.reason}",
+                                                    rj.reason, rj.retry_after))
+        if gone:  # nothing should be left; never strand a future
+            for p in [p for p in self._pending.values() if p.request.model == rep.model]:
+                self._fail(p, Unavailable(f"model '{rep.model}' is no longer served"))
+        log.info("replica %s of model '%s' removed (%s)", replica_id, rep.model,
+                 "drained" if drained else f"not drained within {timeout:g} s")
+        self._poll()
+        if not any(r.client is rep.client for r in self.replicas.values()):
+            self._clients.pop(rep.key, None)
+            await rep.client.close()
+        return drained
+
+    async def _idle(self, rep: Replica, timeout: float) -> bool:
+        """Wait until the core shows no batch in flight on ``rep``; False after ``timeout``
+        real seconds (the injected clock may be virtual)."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        rep.batch_done = asyncio.Event()
+        while any(st.inflight for st in self.core.replicas() if st.info.id == rep.id):
+            rep.batch_done.clear()
+            try:
+                await asyncio.wait_for(rep.batch_done.wait(), max(0.0, end - loop.time()))
+            except TimeoutError:
+                return not any(st.inflight for st in self.core.replicas() if st.info.id == rep.id)
+        return True
+
+    async def _verify(self, rep: Replica) -> bool:
+        """A replica whose metadata was not known at startup serves once its signature is
+        known to match its model's."""
+        try:
+            info = await rep.client.model_info(rep.variant)
+            m = self.models.get(rep.model)
+            if m is None or m.info is None:
+                return False
+            check_signature(rep.model, m.info.signature, info.signature, rep.variant)
+        except BackendError:
+            return False
+        except ConfigError as e:
+            if rep.refused != str(e):
+                log.error("%s; replica %s stays out of service", e, rep.id)
+            rep.refused = str(e)
+            return False
+        rep.verified = True
+        return True
