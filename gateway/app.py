@@ -84,11 +84,11 @@ class Gateway:
         await self.driver.add_replica(model, replica)
         self._sync_models()
 
-    async def remove_replica(self, replica_id: str, timeout: float = 30.0) -> bool:
+    async def remove_replica(self, replica_id: str, timeout: float = 30.0, keep_model: bool = False) -> bool:
         """Drain and remove a replica (see :meth:`Driver.remove_replica`); a model left
-        without replicas is no longer served."""
+        without replicas is no longer served unless ``keep_model``."""
         try:
-            return await self.driver.remove_replica(replica_id, timeout)
+            return await self.driver.remove_replica(replica_id, timeout, keep_model)
         finally:
             self._sync_models()
 

@@ -143,13 +143,15 @@ class Fleet:
         if made and shared is not client:
             await client.close()
 
-    async def remove_replica(self, replica_id: str, timeout: float = 30.0) -> bool:
+    async def remove_replica(self, replica_id: str, timeout: float = 30.0, keep_model: bool = False) -> bool:
         """Drain the replica (no new batch goes there; its variant's queue moves to another
         variant when it was the last), wait up to ``timeout`` real seconds until nothing is in
         flight on it, then remove it. True when it drained in time; otherwise it is removed
         anyway and its requests in flight fail (Unavailable). Requests the core hands back are
         submitted again; when the model has no replica left it is no longer served and they
-        are answered Unavailable. KeyError for a replica not served."""
+        are answered Unavailable, unless ``keep_model``: then the model stays addressable with
+        no replica (its requests are refused ``no_replica`` until one is added, as while every
+        replica is down). KeyError for a replica not served."""
         rep = self.replicas.get(replica_id)
         if rep is None or rep.removing:
             raise KeyError(f"replica '{replica_id}' is not served (or is already being removed)")
@@ -165,7 +167,7 @@ class Fleet:
         self.metrics.forget(rep.model, rep.id)
         m = self.models[rep.model]
         m.served = replace(m.served, replicas=tuple(r for r in m.served.replicas if r.id != replica_id))
-        gone = not m.served.replicas
+        gone = not m.served.replicas and not keep_model
         if gone:
             del self.models[rep.model]
         for r in back:

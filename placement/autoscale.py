@@ -37,6 +37,11 @@ class AutoscaleSpec:
     min_rate: float | None = None
     """The planned rate never goes below this. None = no floor (the planner's min_replicas still holds)."""
 
+    window_s: float = 0.0
+    """The observed rate is a mean over this many seconds, so a run's first ``window_s`` still
+    mixes in the load from before it began: those observations count toward its max only until
+    a later one comes (the new planned rate follows the level, not the transition)."""
+
     min_replicas: int = 1
     """The least replicas the planner may place. The policy does not enforce it. It only passes it on."""
 
@@ -44,7 +49,7 @@ class AutoscaleSpec:
     """The most replicas the planner may place. None = unbounded. The policy only passes it on."""
 
     def __post_init__(self) -> None:
-        for name in ("upscale_delay_s", "downscale_delay_s", "cooldown_s", "min_rate"):
+        for name in ("upscale_delay_s", "downscale_delay_s", "cooldown_s", "min_rate", "window_s"):
             v = getattr(self, name)
             if v is not None and not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"AutoscaleSpec.{name} ({v}) must be a finite number >= 0")
@@ -87,13 +92,17 @@ class AutoscaleState:
     """The first observation of the current run above (``up``) or below (``down``) the band."""
 
     run_max: float = 0.0
-    """The largest rate observed during the current run."""
+    """The largest rate observed during the current run (after its first ``window_s`` once
+    there are observations from then: see ``AutoscaleSpec.window_s``)."""
 
     last_event: Direction | None = None
     """The direction of the latest scale event. None = no event yet."""
 
     last_event_at: float | None = None
     """When the latest scale event happened."""
+
+    run_settled: bool = False
+    """Whether ``run_max`` comes from observations at least ``window_s`` into the run."""
 
 
 @dataclass(frozen=True)
@@ -164,10 +173,16 @@ def step(spec: AutoscaleSpec, state: AutoscaleState, observed_rate: float,
 
     # A run continues only while every observation stays on the same side of the band.
     if state.run == side and state.run_since is not None:
-        since, run_max = state.run_since, max(state.run_max, observed_rate)
+        since = state.run_since
+        settled = now - since >= spec.window_s
+        if settled and not state.run_settled:
+            run_max = observed_rate  # the first observation free of the load before the run
+        else:
+            run_max = max(state.run_max, observed_rate)
     else:
-        since, run_max = now, observed_rate
-    running = AutoscaleState(planned, now, side, since, run_max, state.last_event, state.last_event_at)
+        since, run_max, settled = now, observed_rate, spec.window_s <= 0
+    running = AutoscaleState(planned, now, side, since, run_max, state.last_event, state.last_event_at,
+                             run_settled=settled)
     elapsed = now - since
     if elapsed < delay:
         return hold(f"{where} for {elapsed:.1f} s of {_r(delay)} s ({name})", running)

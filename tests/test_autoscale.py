@@ -211,3 +211,25 @@ def test_invalid_observation_raises(rate: float, now: float, match: str) -> None
 def test_initial_rejects_a_negative_rate() -> None:
     with pytest.raises(ValueError, match=r"planned_rate \(-3\.0\)"):
         initial(-3.0, 0.0)
+
+
+def test_a_windowed_rate_scales_down_to_the_new_level_not_the_transition() -> None:
+    # the observed rate is a 5 s moving mean: after a fall from 120 to 40 req/s it takes 5 s to settle
+    def mean_rate(t: float) -> float:
+        return 120.0 if t < 20 else 40.0 + 80.0 * max(0.0, 25.0 - t) / 5.0
+
+    spec = AutoscaleSpec(upscale_delay_s=3, downscale_delay_s=8, window_s=5.0)
+    state = initial(180.0, 0.0)
+    downs = []
+    for t in times(60):
+        d, state = step(spec, state, mean_rate(t), t)
+        if d.direction == "down":
+            downs.append((t, d.rate))
+    # NOTE: one event, planned for the settled 40 req/s (40 / 0.7), not the transition's 72-120
+    assert len(downs) == 1 and downs[0][1] == pytest.approx(40.0 / 0.7), downs
+    blind = AutoscaleSpec(upscale_delay_s=3, downscale_delay_s=8)
+    state, rates = initial(180.0, 0.0), []
+    for t in times(60):
+        d, state = step(blind, state, mean_rate(t), t)
+        rates += [d.rate] if d.direction == "down" else []
+    assert rates[0] > 40.0 / 0.7 + 1  # without the window the first plan keeps the transition's peak

@@ -261,3 +261,24 @@ def test_a_new_model_is_served_live_and_goes_with_its_last_replica():
         await d.stop()
 
     run(main())
+
+
+def test_keep_model_leaves_a_model_without_replicas_addressable_until_one_comes():
+    async def main() -> None:
+        factory, fakes = fleet()
+        d = driver(factory)
+        await d.start()
+        await d.add_replica(ServedModel("m2", 1.0, 8, Priority.GUARANTEED, ()), served("s0", 9100, "w"))
+        assert await d.remove_replica("s0", keep_model=True) is True
+        # NOTE: refused as while every replica is down (429 no_replica), never 404
+        with pytest.raises(Rejected) as e:
+            await d.infer("m2", request([1, 1]))
+        assert e.value.reason == "no_replica"
+        await d.add_replica(ServedModel("m2", 1.0, 8, Priority.GUARANTEED, ()), served("s1", 9101, "w"))
+        task = asyncio.create_task(d.infer("m2", request([2, 2])))
+        await settle()
+        fakes["host:9101"].release()
+        assert (await task).replica == "s1"
+        await d.stop()
+
+    run(main())

@@ -81,6 +81,12 @@ def prepare(text: str, base: ProfileSet, where: str = "apply") -> Desired:
     return Desired(text, docs, profiles, sources, settings)
 
 
+def rate_window(upscale_delay_s: float) -> float:
+    """Seconds the autoscaler's observed rate is averaged over: at most the upscale delay (a
+    step shows within it), at least a second (Poisson noise), at most 5 s."""
+    return max(1.0, min(upscale_delay_s, 5.0))
+
+
 @dataclass
 class Event:
     time: float  # wall clock
@@ -224,7 +230,10 @@ class Controller:
                 if st.action == "stop_replica":
                     # break after make: the gateway stops sending to it, waits for its batches, forgets it
                     if st.replica_id in self.gateway.driver.replicas:
-                        await self.gateway.driver.remove_replica(st.replica_id, self.drain_timeout)
+                        # a model the new plan still serves stays addressable even if a re-plan
+                        # from scratch must free this slice before the next replica can start
+                        stays = any(d.model == st.replica.model for d in new.demands)  # type: ignore[union-attr]
+                        await self.gateway.remove_replica(st.replica_id, self.drain_timeout, keep_model=stays)
                     await asyncio.to_thread(self.runtime.run, st)
                 elif st.action == "start_replica":
                     ep = await asyncio.to_thread(self.runtime.run, st)
@@ -325,7 +334,7 @@ class Controller:
         assert a is not None
         return autoscale.AutoscaleSpec(upscale_delay_s=a.upscale_delay_s, downscale_delay_s=a.downscale_delay_s,
                                        downscale_below=a.downscale_below, min_replicas=a.min_replicas,
-                                       max_replicas=a.max_replicas)
+                                       max_replicas=a.max_replicas, window_s=rate_window(a.upscale_delay_s))
 
     def _out_of_bounds(self, want: Desired, plan: Plan) -> str | None:
         """Why ``plan`` breaks a deployment's min_replicas / max_replicas (None: it does not)."""
@@ -343,7 +352,7 @@ class Controller:
     async def _autoscale(self, now: float) -> None:
         for model, state in list(self.scaling.items()):
             spec = self._scale_spec(model)
-            window = self.observer.window(model, max(1.0, min(spec.upscale_delay_s, 5.0)), now)
+            window = self.observer.window(model, spec.window_s, now)
             decision, self.scaling[model] = autoscale.step(spec, state, window.rate, now)
             if decision.direction is None:
                 continue
