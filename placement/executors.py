@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from placement.diff import PlanDiff, Step, diff
 from placement.plan import Plan, SlicePlan
 from profiles.catalogue import gpu_model
+from profiles.tritonserver import triton_argv
 
 MPS_ROOT = "/tmp/headrace-mps"
 
@@ -74,9 +75,11 @@ def client_env(step: Step, device: str) -> dict[str, str]:
     return env
 
 
-def triton_argv(replica_id: str, http_port: int, grpc_port: int, repo_root: str) -> tuple[str, ...]:
-    return ("tritonserver", f"--model-repository={repo_root}/{replica_id.replace('/', '_')}",
-            f"--http-port={http_port}", f"--grpc-port={grpc_port}", "--metrics-port=0")
+def replica_argv(replica_id: str, http_port: int, grpc_port: int, repo_root: str) -> tuple[str, ...]:
+    """Triton for one replica on a node: :func:`profiles.tritonserver.triton_argv`, listening on
+    every address (the gateway reaches it over the network)."""
+    return tuple(triton_argv(f"{repo_root}/{replica_id.replace('/', '_')}", http_port, grpc_port, 0,
+                             address="0.0.0.0"))
 
 
 class Executor(Protocol):
@@ -147,7 +150,7 @@ class DryRun:
         if st.action == "start_replica":
             port = self._ports.setdefault(st.replica_id, self.base_port + 2 * len(self._ports))
             env = tuple(client_env(st, self.device(st)).items())
-            return [Command(triton_argv(st.replica_id, port, port + 1, self.repo_root), env)]
+            return [Command(replica_argv(st.replica_id, port, port + 1, self.repo_root), env)]
         if st.action == "stop_replica":
             return [Command(("headrace-stop-replica", st.replica_id))]
         raise ExecutorError(f"unknown step {st.action}")
@@ -301,7 +304,7 @@ class Nvml:
             self.runner.stop(mps_key)
         elif st.action == "start_replica":
             port = self.base_port + 2 * len([k for k in self.log if k.startswith("start_replica")])
-            self.runner.start(st.replica_id, triton_argv(st.replica_id, port, port + 1, self.repo_root),
+            self.runner.start(st.replica_id, replica_argv(st.replica_id, port, port + 1, self.repo_root),
                               client_env(st, self._device(st, key)))
         else:
             self.runner.stop(st.replica_id)

@@ -85,6 +85,28 @@ def triton_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def triton_argv(repository: str | Path, http_port: int, grpc_port: int, metrics_port: int = 0, *,
+                binary: str = "tritonserver", backends: str | Path | None = None, address: str = "127.0.0.1",
+                extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The one command line headrace starts Triton with, here and on real nodes (the dry-run and
+    NVML executors print or run the same)."""
+    return [
+        binary,
+        f"--model-repository={repository}",
+        *([f"--backend-directory={backends}"] if backends is not None else []),
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics_port}",
+        f"--http-address={address}",
+        f"--grpc-address={address}",
+        "--allow-metrics=true",
+        "--exit-on-error=true",
+        "--strict-readiness=true",
+        "--log-verbose=0",
+        *extra,
+    ]
+
+
 @dataclass
 class TritonServer:
     """One tritonserver process. Use as a context manager, or call start()/stop()."""
@@ -114,21 +136,8 @@ class TritonServer:
         return self.proc.pid if self.proc else None
 
     def command(self, backends: Path) -> list[str]:
-        return [
-            str(self.binary),
-            f"--model-repository={self.repository}",
-            f"--backend-directory={backends}",
-            f"--http-port={self.http_port}",
-            f"--grpc-port={self.grpc_port}",
-            f"--metrics-port={self.metrics_port}",
-            "--http-address=127.0.0.1",
-            "--grpc-address=127.0.0.1",
-            "--allow-metrics=true",
-            "--exit-on-error=true",
-            "--strict-readiness=true",
-            "--log-verbose=0",
-            *self.extra_args,
-        ]
+        return triton_argv(self.repository, self.http_port, self.grpc_port, self.metrics_port,
+                           binary=str(self.binary), backends=backends, extra=self.extra_args)
 
     def start(self) -> TritonServer:
         root = None

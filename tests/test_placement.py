@@ -328,6 +328,9 @@ def test_dry_run_records_the_exact_command_sequence():
     dev = "CUDA_VISIBLE_DEVICES=MIG-n0-gpu2-1g.10gb-0"
     env = f"{dev} CUDA_MPS_PIPE_DIRECTORY={mps}/pipe CUDA_MPS_LOG_DIRECTORY={mps}/log"
     repos = "/var/lib/headrace/repos/n0_gpu2_"
+    # NOTE: the same Triton command line as the local launcher's, listening on every address
+    rest = ("--http-address=0.0.0.0 --grpc-address=0.0.0.0 --allow-metrics=true --exit-on-error=true "
+            "--strict-readiness=true --log-verbose=0")
     assert got == [
         "nvidia-smi -i 2 -mig 1",
         "nvidia-smi mig -i 2 -cgi 1g.10gb:0",
@@ -335,13 +338,13 @@ def test_dry_run_records_the_exact_command_sequence():
         f"mkdir -p {mps}/pipe {mps}/log",
         f"{env} nvidia-cuda-mps-control -d",
         f"{env} CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4992M tritonserver "
-        f"--model-repository={repos}1g.10gb@0_b --http-port=8100 --grpc-port=8101 --metrics-port=0",
+        f"--model-repository={repos}1g.10gb@0_b --http-port=8100 --grpc-port=8101 --metrics-port=0 {rest}",
         f"{env} CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2496M tritonserver "
-        f"--model-repository={repos}1g.10gb@0_c --http-port=8102 --grpc-port=8103 --metrics-port=0",
+        f"--model-repository={repos}1g.10gb@0_c --http-port=8102 --grpc-port=8103 --metrics-port=0 {rest}",
         "nvidia-smi mig -i 2 -cgi 3g.40gb:4",
         "nvidia-smi mig -i 2 -gi 2 -cci",
         "CUDA_VISIBLE_DEVICES=MIG-n0-gpu2-3g.40gb-4 tritonserver "
-        f"--model-repository={repos}3g.40gb@4_a --http-port=8104 --grpc-port=8105 --metrics-port=0",
+        f"--model-repository={repos}3g.40gb@4_a --http-port=8104 --grpc-port=8105 --metrics-port=0 {rest}",
     ]
 
 

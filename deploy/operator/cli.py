@@ -137,6 +137,9 @@ async def _serve(args: argparse.Namespace, text: str, store: DirStateStore, out:
     from deploy.operator.admin import serve_admin  # noqa: PLC0415
     from deploy.operator.controller import Controller, prepare  # noqa: PLC0415
     from deploy.operator.state import start_time  # noqa: PLC0415
+    from placement.executors import ExecutorError  # noqa: PLC0415
+    from placement.plan import PlanError  # noqa: PLC0415
+    from placement.solver import SolverError  # noqa: PLC0415
 
     base = _base_profiles()
     settings = prepare(text, base).settings
@@ -152,9 +155,13 @@ async def _serve(args: argparse.Namespace, text: str, store: DirStateStore, out:
         loop.add_signal_handler(sig, stop.set)
     runner = None
     try:
-        await ctl.up(text)
-        runner, ctl.admin_url = await serve_admin(ctl, token, settings.admin.host, settings.admin.port)
-        ctl._save()
+        try:
+            await ctl.up(text)
+            runner, ctl.admin_url = await serve_admin(ctl, token, settings.admin.host, settings.admin.port)
+        except (ExecutorError, SolverError, PlanError, OSError) as e:
+            raise CliError(str(e).splitlines()[0] if isinstance(e, SolverError | PlanError) else str(e),
+                           2 if isinstance(e, SolverError | PlanError) else 1) from None
+        ctl.save()
         print_endpoints(ctl.status(), out)
         print_status(ctl.status(), out)
         out.print("serving; Ctrl-C or `headrace down` stops everything", highlight=False)

@@ -20,7 +20,7 @@ from typing import Any
 
 from deploy.operator.observe import Observer
 from deploy.operator.runtime import LocalRuntime, ProcessRuntime
-from deploy.operator.state import DirStateStore
+from deploy.operator.state import StateStore
 from gateway.app import Gateway
 from gateway.config import GatewayConfig, resolve
 from placement import autoscale
@@ -29,6 +29,7 @@ from placement.plan import Demand, Plan
 from placement.render import Endpoint, gateway_config
 from placement.solver import solve
 from placement.spec import check_profiles, demand, inventory, profiles_for, single_pool
+from profiles.catalogue import HOST
 from profiles.profile import ProfileSet
 from profiles.schema import Documents, GatewaySpec, SpecError, parse_documents
 from profiles.sources import VariantSource
@@ -62,7 +63,11 @@ def prepare(text: str, base: ProfileSet, where: str = "apply") -> Desired:
     """Validate a YAML stream of documents against the schema and the profiles."""
     docs = Documents()
     parse_documents(text, where, docs)
-    single_pool(docs, [where])
+    pool = single_pool(docs, [where])
+    if not pool.spec.emulate and any(g.model != HOST for n in pool.spec.nodes for g in n.gpus):
+        raise SpecError(f"{docs.origin(pool)}: spec.emulate: the operator serves GPU pools on emulated "
+                        "GPUs (emulate: true) and the host; real GPUs are configured by "
+                        "`headrace plan --apply --executor nvml` (got False)")
     if len(docs.gateways) > 1:
         raise SpecError(f"{where}: at most one Gateway document, found {len(docs.gateways)}")
     profiles = profiles_for(docs, base)
@@ -100,7 +105,7 @@ class Event:
 
 @dataclass
 class Controller:
-    store: DirStateStore
+    store: StateStore
     base_profiles: ProfileSet
     method: str = "greedy"
     tick: float = 1.0
@@ -146,7 +151,7 @@ class Controller:
             try:
                 for st in steps.steps:
                     await asyncio.to_thread(self.runtime.run, st)
-                    self._save()
+                    self.save()
                 cfg = self._render(plan, want, self.runtime.endpoints().values())
                 self.gateway = Gateway(cfg)
                 await self.gateway.start()
@@ -157,7 +162,7 @@ class Controller:
             self.executed.append([s.describe() for s in steps.steps])
             self._reset_scaling()
             self._event("", "Applied", f"generation 1: {len(plan.replicas())} replicas on {plan.gpu_count} GPUs")
-            self._save()
+            self.save()
         self._task = asyncio.create_task(self._loop())
 
     async def down(self) -> None:
@@ -208,7 +213,7 @@ class Controller:
                 self.history.append(self.generation)
                 self._reset_scaling()
             self._event("", "Applied", f"generation {self.generation} ({reason}): {len(d.steps)} steps")
-            self._save()
+            self.save()
             return out
 
     async def rollback(self) -> dict[str, Any]:
@@ -242,7 +247,7 @@ class Controller:
                 else:
                     await asyncio.to_thread(self.runtime.run, st)
                 done.append(st.describe())
-                self._save()
+                self.save()
         except Exception as e:
             self.failure = f"{self.applying}: {e}"
             self._event("", "ApplyFailed", self.failure)
@@ -313,7 +318,7 @@ class Controller:
                 await asyncio.sleep(self.tick)
             finally:
                 self.restarting.pop(rid, None)
-                self._save()
+                self.save()
 
         t = asyncio.create_task(restart())
         self._heals.add(t)
@@ -381,7 +386,7 @@ class Controller:
         log.info("%s %s %s", model or "-", kind, message)
         self.events.append(Event(self.wall(), model, kind, message))
 
-    def _save(self) -> None:
+    def save(self) -> None:
         st = self.store.read()
         st.update(
             running=True, generation=self.generation, observed_generation=self.observed_generation,
