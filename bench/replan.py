@@ -1,0 +1,236 @@
+"""A live re-plan under load against the same load with no change, in the same run.
+
+``headrace up`` brings a fleet up (ResNet-50 on emulated A100-80GBs with MIG, the real digits
+family on the host). Each round offers open-loop Poisson load at ~70% of the planned capacity
+twice, through ``headrace load``'s engine: once with no change, once while ``headrace apply``
+doubles ResNet-50's rate (capacity is added), swaps the serving digits variant for another,
+and then puts both back (each apply make-before-break). Beside it, a plain ``tritonclient``
+HTTP client sends one request at a time, as a user's client would, and counts what fails.
+Reported per run: attainment, refused and late shares, p99, errors and unanswered requests;
+the change runs' window is the whole run (every apply happens inside it). Target: attainment
+within 1 point of the no-change run.
+
+    .venv/bin/python -m bench.replan [--rounds 3] [--duration 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from bench.host import cpu_times, steal_share
+from bench.output import write_results
+from profiles.process import exit_on_sigterm
+
+OUT = Path(__file__).parent / "results"
+DIGITS = ["digits-small", "digits-medium", "digits-large"]
+
+
+def documents(resnet_rate: float, digits_variants: list[str]) -> list[dict[str, Any]]:
+    meta = {"apiVersion": "headrace.dev/v1"}
+    return [
+        {**meta, "kind": "GpuPool", "metadata": {"name": "bench"}, "spec": {"emulate": True, "nodes": [
+            {"name": "local", "gpus": [{"model": "A100-80GB", "count": 2}, {"model": "cpu", "count": 1}]}]}},
+        {**meta, "kind": "ModelDeployment", "metadata": {"name": "resnet50"},
+         "spec": {"model": "resnet50", "rate": resnet_rate, "slo_ms": 100}},
+        {**meta, "kind": "ModelDeployment", "metadata": {"name": "digits"},
+         "spec": {"model": "digits", "source": "digits", "rate": 100, "slo_ms": 50, "variants": digits_variants,
+                  "accuracy_floor": 0.97}},
+        {**meta, "kind": "Gateway", "metadata": {"name": "gw"},
+         "spec": {"listen": {"host": "127.0.0.1", "http_port": 0, "grpc_port": 0}}},
+    ]
+
+
+def digits_serving(status: dict[str, Any]) -> str:
+    return next(d for d in status["deployments"] if d["name"] == "digits")["replicas"][0]["variant"]
+
+
+def write(path: Path, docs: list[dict[str, Any]]) -> Path:
+    path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    return path
+
+
+class TritonClientProbe(threading.Thread):
+    """A user's client: tritonclient.http, one request at a time, every failure counted."""
+
+    def __init__(self, url: str, model: str, period: float, stop: threading.Event) -> None:
+        super().__init__(daemon=True)
+        self.url, self.model, self.period, self.stop = url, model, period, stop
+        self.sent = self.ok = self.refused = 0
+        self.failures: list[str] = []
+
+    def run(self) -> None:
+        import tritonclient.http as th  # noqa: PLC0415
+        from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+        client = th.InferenceServerClient(self.url)
+        meta = client.get_model_metadata(self.model)
+        inp = meta["inputs"][0]
+        shape = [1] + [int(d) for d in inp["shape"][1:]]
+        x = th.InferInput(inp["name"], shape, inp["datatype"])
+        x.set_data_from_numpy(np.zeros(shape, dtype=np.float32))
+        while not self.stop.is_set():
+            self.sent += 1
+            try:
+                client.infer(self.model, [x])
+                self.ok += 1
+            except InferenceServerException as e:
+                if "429" in str(e.status()) or "infeasible" in str(e) or "expired" in str(e):
+                    self.refused += 1
+                else:
+                    self.failures.append(str(e)[:200])
+            time.sleep(self.period)
+        client.close()
+
+
+def one_run(op: dict[str, str], mix: str, rate: float, duration: float, seed: int,
+            changes: list[Path] | None, tmp: Path) -> dict[str, Any]:
+    from deploy.operator.cli import call  # noqa: PLC0415
+    from loadgen.run import run_load_sync  # noqa: PLC0415
+    from loadgen.spec import LoadSpec  # noqa: PLC0415
+
+    spec = LoadSpec(target=f"http://{op['http']}", mix=mix, rate=rate, duration_s=duration, warmup_s=0.5,
+                    slo_ms=100, seed=seed)
+    stop = threading.Event()
+    probe = TritonClientProbe(op["http"], "resnet50", 0.05, stop)
+    applies: list[dict[str, Any]] = []
+
+    def change() -> None:
+        time.sleep(2.0)
+        for path in changes or []:
+            t0 = time.monotonic()
+            res = call(op["admin"], op["token"], "POST", "/v1/apply", path.read_bytes())
+            applies.append({"file": path.name, "seconds": round(time.monotonic() - t0, 2), "steps": len(res["steps"]),
+                            "started": res["started"], "stopped": res["stopped"]})
+            time.sleep(1.0)
+
+    changer = threading.Thread(target=change, daemon=True)
+    t_cpu = cpu_times()
+    probe.start()
+    changer.start()
+    s = run_load_sync(spec).summary
+    stop.set()
+    changer.join(300)
+    probe.join(30)
+    unanswered = s["offered"] - s["ok"] - s["rejected"] - s["error_count"] - s["expired"]
+    return {
+        "change": bool(changes), "seed": seed, "offered": s["offered"], "attainment": s["attainment"],
+        "refused": s["rejected"] / s["offered"], "late": (s["ok"] - s["good"]) / s["offered"],
+        "p99_ms": s["latency_ms"]["p99"], "errors": s["error_count"], "expired": s["expired"],
+        "unanswered": unanswered, "applies": applies, "applies_done_in_window": len(applies) == len(changes or []),
+        "tritonclient": {"sent": probe.sent, "ok": probe.ok, "refused": probe.refused, "failed": len(probe.failures),
+                         "failures": probe.failures[:5]},
+        "steal": steal_share(t_cpu, cpu_times()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=30.0)
+    ap.add_argument("--load", type=float, default=0.7, help="offered load / planned capacity")
+    ap.add_argument("--out", default=str(OUT))
+    a = ap.parse_args(argv)
+    exit_on_sigterm()
+    from deploy.cli import main as headrace  # noqa: PLC0415
+    from deploy.operator.cli import call, ensure_down  # noqa: PLC0415
+    from deploy.operator.state import DirStateStore  # noqa: PLC0415
+
+    tmp = Path(tempfile.mkdtemp(prefix="headrace-bench-replan-"))
+    state = tmp / "state"
+    runs: list[dict[str, Any]] = []
+    try:
+        base = write(tmp / "base.yaml", documents(200, DIGITS))
+        assert headrace(["up", "--detach", "--state-dir", str(state), "-f", str(base), "--tick", "0.5"]) == 0
+        store = DirStateStore(state)
+        st = store.read()
+        op = {"http": st["gateway"]["http"], "admin": st["admin_url"], "token": store.token()}
+        status = call(op["admin"], op["token"], "GET", "/v1/status")
+        cap = {d["name"]: d["capacity_rps"] for d in status["deployments"]}
+        serving = digits_serving(status)
+        r_rate, d_rate = a.load * cap["resnet50"], min(a.load * cap["digits"], 100.0)
+        mix = f"resnet50:{r_rate:.0f},digits:{d_rate:.0f}"
+        for i in range(a.rounds):
+            for change in (False, True):
+                # the swap removes whichever digits variant serves now
+                now = digits_serving(call(op["admin"], op["token"], "GET", "/v1/status"))
+                changes = [write(tmp / "double.yaml", documents(400, DIGITS)),
+                           write(tmp / "swap.yaml", documents(400, [v for v in DIGITS if v != now])),
+                           write(tmp / "back.yaml", documents(200, DIGITS))]
+                r = one_run(op, mix, r_rate + d_rate, a.duration, 100 + i, changes if change else None, tmp)
+                runs.append(r)
+                print(f"round {i} {'change' if change else 'steady'}: attainment {r['attainment']:.4%} "
+                      f"refused {r['refused']:.3%} p99 {r['p99_ms']:.1f} ms errors {r['errors']} "
+                      f"unanswered {r['unanswered']} tritonclient failed {r['tritonclient']['failed']} "
+                      f"applies {[x['seconds'] for x in r['applies']]}", flush=True)
+    finally:
+        ensure_down(state)
+    result = summarize(runs, a, cap, mix, serving)
+    write_results(a.out, "replan", result, render(result))
+    print(render(result))
+    return 0
+
+
+def summarize(runs: list[dict[str, Any]], a: argparse.Namespace, cap: dict[str, float], mix: str,
+              serving: str) -> dict[str, Any]:
+    def med(change: bool, key: str) -> float:
+        return statistics.median(r[key] for r in runs if r["change"] == change)
+
+    return {
+        "benchmark": "replan", "rounds": a.rounds, "duration_s": a.duration, "load": a.load,
+        "capacity_rps": cap, "mix": mix, "digits_serving_at_start": serving,
+        "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "median": {k: {"steady": med(False, k), "change": med(True, k)}
+                   for k in ("attainment", "refused", "late", "p99_ms")},
+        "attainment_drop_points": round((med(False, "attainment") - med(True, "attainment")) * 100, 3),
+        "errors": sum(r["errors"] for r in runs), "unanswered": sum(r["unanswered"] for r in runs),
+        "tritonclient_failed": sum(r["tritonclient"]["failed"] for r in runs),
+        "runs": runs,
+    }
+
+
+def applied(run: dict[str, Any]) -> str:
+    return ", ".join(f"{y['seconds']} ({y['steps']})" for y in run["applies"]) or "-"
+
+
+def render(r: dict[str, Any]) -> str:
+    lines = [
+        "# Live re-plan under load (`bench/replan.py`)", "",
+        f"Open-loop Poisson at {r['load']:.0%} of planned capacity ({r['mix']} req/s), {r['duration_s']:g} s "
+        f"per run, {r['rounds']} rounds. Each change run applies three generations inside its window: "
+        "ResNet-50's rate doubled (a replica added), the serving digits variant removed (another "
+        "started, the old one drained), then both back.", "",
+        "| run | round | attainment | refused | late | p99 ms | errors | unanswered | tritonclient sent / failed "
+        "| apply seconds (steps) | CPU stolen |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for i, x in enumerate(r["runs"]):
+        tc = x["tritonclient"]
+        steal = "-" if x["steal"] is None else f"{x['steal']:.1%}"
+        lines.append(f"| {'change' if x['change'] else 'steady'} | {i // 2} | {x['attainment']:.3%} | "
+                     f"{x['refused']:.3%} | {x['late']:.3%} | {x['p99_ms']:.1f} | {x['errors']} | {x['unanswered']} | "
+                     f"{tc['sent']} / {tc['failed']} | {applied(x)} "
+                     f"| {steal} |")
+    m = r["median"]
+    lines += [
+        "", "| median | steady | change |", "|---|---|---|",
+        *(f"| {k} | {m[k]['steady']:.4g} | {m[k]['change']:.4g} |" for k in m),
+        "", f"Attainment drop in the change window: **{r['attainment_drop_points']:+.2f} points** "
+        f"(target: within 1). Errors {r['errors']}, unanswered {r['unanswered']}, tritonclient failures "
+        f"{r['tritonclient_failed']} over all runs.", "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
