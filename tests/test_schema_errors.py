@@ -132,18 +132,23 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("command", ["plan", "up", "apply"])
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_a_bad_document_is_one_line_naming_file_document_field_and_value(case: Case, tmp_path: Path, capsys) -> None:
+def test_a_bad_document_is_one_line_naming_file_document_field_and_value(case: Case, command: str, tmp_path: Path,
+                                                                         capsys) -> None:
     d = tmp_path.resolve()
     for name, text in case.files.items():
         (d / name).write_text(text)
-    rc = main(["plan", *(arg for f in case.plan for arg in ("-f", str(d / f)))])
+    # up and apply validate before they start or call anything (no controller runs here)
+    state = ["--state-dir", str(d / "state")] if command != "plan" else []
+    rc = main([command, *state, *(arg for f in case.plan for arg in ("-f", str(d / f)))])
     out, err = capsys.readouterr()
     assert rc == 2 and out == ""
     assert "Traceback" not in err
     lines = err.splitlines()
     assert len(lines) == 1, err
-    assert lines[0].startswith("headrace plan: "), lines[0]
+    assert lines[0].startswith(f"headrace {command}: "), lines[0]
+    assert not (d / "state" / "state.json").exists()  # nothing was started
     for want in case.expect:
         assert want.replace("{d}", str(d)) in lines[0], lines[0]
 
