@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from deploy.operator.cli import CliError, call
 from tests.operator_harness import LoadThread, deployment, operator_up, pool, write_docs
@@ -182,3 +183,91 @@ def test_up_on_the_state_of_a_killed_controller_stops_what_it_left_and_serves(tm
         assert not any(same_process(*p) for p in left.values())
         assert op.condition("resnet50", "Ready") == "True"
         assert op.state()["controller_pid"] != st["controller_pid"]
+
+
+SCALER_PY = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FACTOR = {factor}
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", (x * FACTOR).astype(np.float32))]))
+        return out
+'''
+
+SCALER_CONFIG = '''name: "scaler"
+backend: "python"
+max_batch_size: 16
+input [{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 4 ] }]
+output [{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] }]
+instance_group [{ kind: KIND_CPU, count: 1 }]
+'''
+
+
+def test_a_users_own_triton_model_deploys_at_the_pinned_version(tmp_path: Path) -> None:
+    import numpy as np
+    import tritonclient.http as th
+
+    model = tmp_path / "models" / "scaler"
+    for version, factor in ((1, 2.0), (2, 3.0)):
+        (model / str(version)).mkdir(parents=True)
+        (model / str(version) / "model.py").write_text(SCALER_PY.format(factor=factor))
+    (model / "config.pbtxt").write_text(SCALER_CONFIG)
+    points = [{"batch": b, "p50": 0.5 + 0.01 * b, "p99": 2.0 + 0.02 * b} for b in (1, 4, 16)]
+    prof = {"apiVersion": "headrace.dev/v1", "kind": "Profile", "metadata": {"name": "scaler-v1@cpu/cpu"},
+            "spec": {"model": "scaler", "variant": "scaler-v1", "gpu": "cpu", "slice": "cpu", "max_batch": 16,
+                     "memory_mb": 0.0, "latency_ms": points,
+                     "provenance": {"source": "test", "kind": "measured", "measured_batches": [1, 4, 16]}}}
+    (tmp_path / "scaler-v1.yaml").write_text(yaml.safe_dump(prof))
+    # relative paths: resolved against the YAML file's folder
+    variant = {"name": "scaler-v1", "artifact": {"uri": "models/scaler", "version": 1}, "profile": "scaler-v1.yaml"}
+    docs = write_docs(tmp_path / "d.yaml", pool(a100s=1), deployment("scaler", 50, 100, source="artifact",
+                                                                      variants=[variant]))
+    with operator_up(tmp_path, docs) as op:
+        assert op.condition("scaler", "Ready") == "True"
+        client = th.InferenceServerClient(op.http)
+        x = th.InferInput("INPUT0", [2, 4], "FP32")
+        x.set_data_from_numpy(np.arange(8, dtype=np.float32).reshape(2, 4))
+        res = client.infer("scaler", [x])
+        # NOTE: version 1 (x2) serves, not the newer version 2 (x3) beside it
+        np.testing.assert_array_equal(res.as_numpy("OUTPUT0"), np.arange(8, dtype=np.float32).reshape(2, 4) * 2)
+        client.close()
+
+
+def test_up_in_the_foreground_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from deploy.operator.state import DirStateStore, same_process
+
+    docs = write_docs(tmp_path / "d.yaml", pool(a100s=1, host=False), deployment("resnet50", 50, 100))
+    state = tmp_path / "state"
+    proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", "up", "-f", str(docs), "--state-dir", str(state)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        seen = []
+        for line in proc.stdout:  # type: ignore[union-attr]
+            seen.append(line)
+            if line.startswith("serving;"):
+                break
+        assert seen and seen[-1].startswith("serving;"), "".join(seen)
+        started = DirStateStore(state).read()["processes"]
+        assert started and all(same_process(p["pid"], p["started"]) for p in started.values())
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(60) == 0
+        # NOTE: no orphans: every process it started is gone, and the state says nothing runs
+        assert not any(same_process(p["pid"], p["started"]) for p in started.values())
+        assert DirStateStore(state).read()["running"] is False
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        from deploy.operator.cli import ensure_down
+
+        ensure_down(state)
