@@ -190,6 +190,31 @@ class ListenConfig(_Strict):
     grpc_port: int = Field(default=8001, ge=0, le=65535, description="KServe v2 gRPC port (0: any free)")
 
 
+class LimitsSpec(_Strict):
+    """What the front door accepts before it refuses, each with a safe default."""
+
+    max_connections: int = Field(default=10_000, ge=1, le=1_000_000,
+                                 description="client connections served at once; past it new ones are closed")
+    probe_connections: int = Field(default=32, ge=0, le=10_000,
+                                   description="connections kept beyond max_connections for health probes "
+                                   "(/v2/health/*), so an orchestrator still sees the gateway at the cap")
+    max_header_bytes: int = Field(default=64 << 10, ge=1024, le=16 << 20,
+                                  description="request line plus headers, bytes (431 past it)")
+    max_headers: int = Field(default=100, ge=8, le=10_000, description="headers per request (431 past it)")
+    max_url_bytes: int = Field(default=8 << 10, ge=256, le=1 << 20, description="request URL, bytes (414 past it)")
+    header_timeout_s: float = Field(default=10.0, gt=0, le=3600,
+                                    description="a request's headers must arrive within this (408 after)")
+    body_timeout_s: float = Field(default=60.0, gt=0, le=3600,
+                                  description="a request's body must arrive within this of its headers (408 after)")
+    idle_timeout_s: float = Field(default=75.0, gt=0, le=86_400,
+                                  description="an idle keep-alive connection is closed after this")
+    max_buffered_bytes: int = Field(default=256 << 20, ge=1 << 20, le=1 << 40,
+                                    description="request bytes buffered across all connections; past it "
+                                    "new bodies get 503 with Retry-After")
+    max_json_depth: int = Field(default=64, ge=4, le=10_000,
+                                description="nesting depth of a JSON request (400 past it)")
+
+
 class GatewaySettings(_Strict):
     """What the gateway is configured with besides its models (``headrace serve`` YAML's top level)."""
 
@@ -201,6 +226,9 @@ class GatewaySettings(_Strict):
                                    description="largest request/response body")
     scheduler: dict[str, Any] = Field(default_factory=dict,
                                       description="policy core settings (headrace explain Scheduler)")
+    limits: LimitsSpec = Field(default_factory=LimitsSpec, description="what the front door accepts")
+    expose_replicas: bool = Field(default=False, description="debug: answers name the replica that served "
+                                  "them (headrace_replica: model@host:port); off, backends stay hidden")
 
 
 class AdminSpec(_Strict):
