@@ -53,6 +53,15 @@ class EdfQueue:
             self.max_size = 0
         return taken
 
+    def remove(self, request: Request) -> bool:
+        """Take ``request`` out (by id); False when it is not queued here."""
+        i = bisect.bisect_left(self._keys, (request.deadline, -1))
+        while i < len(self._items) and self._keys[i][0] == request.deadline:
+            if self._items[i].id == request.id:
+                return bool(self.remove_indices((i,)))
+            i += 1
+        return False
+
     def clear(self) -> list[Request]:
         out = self._items
         self._keys, self._items, self.rows, self.max_size = [], [], 0, 0

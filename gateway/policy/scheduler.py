@@ -339,6 +339,20 @@ class EdfScheduler:
         if retry and model is not None and group is not None:
             self._drained(model, group, now)  # a draining variant's retries move on
 
+    def cancel(self, request_id: int, now: float) -> bool:
+        """The client gave up on a request: a queued one leaves its queue and is forgotten
+        (True; the driver answers it). One in flight (or unknown) stays as it is (False): its
+        batch runs, and the driver drops its answer."""
+        r = self._pending.get(request_id)
+        model = self._models.get(r.model) if r is not None else None
+        if r is None or model is None:
+            return False
+        for group in model.groups.values():
+            if group.queue_of(r).remove(r):
+                self._forget(r)
+                return True
+        return False
+
     def poll(self, now: float) -> Decision:
         batches: list[Batch] = []
         rejects: list[Reject] = []
