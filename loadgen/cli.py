@@ -32,7 +32,8 @@ omission) and is for throughput, not SLO numbers.
 
 Each request carries its SLO as Triton's `timeout` parameter (µs) and --priority as
 `priority`. SLO attainment = answered OK within the SLO / offered; goodput = the same per
-second. 429 / RESOURCE_EXHAUSTED answers count as rejections, other failures as errors by kind.
+second. 429 / RESOURCE_EXHAUSTED answers (and 503 / UNAVAILABLE with headrace's reject reason)
+count as rejections, other failures as errors by kind.
 """
 
 EPILOG = """\

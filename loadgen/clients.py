@@ -1,8 +1,8 @@
 """KServe v2 transports for the drivers: each sends one pre-built request for a model and
 returns ``(outcome, variant)``, where outcome is ``stats.OK``, ``stats.REJECTED`` (HTTP 429 /
-gRPC RESOURCE_EXHAUSTED), ``stats.EXPIRED`` (the same, with headrace's reject-reason header
-saying the request expired in the queue) or an error kind (``http_503``, ``grpc_unavailable``, ``timeout``,
-``connection``).
+gRPC RESOURCE_EXHAUSTED, or 503 / UNAVAILABLE carrying headrace's reject-reason, as while no
+replica is up), ``stats.EXPIRED`` (a 429 whose reject-reason says the request expired in the
+queue) or an error kind (``http_503``, ``grpc_unavailable``, ``timeout``, ``connection``).
 
 - :class:`RawHttpClient`: a keep-alive pool of asyncio protocols writing pre-built HTTP/1.1
   requests; the cheapest per request, so one process keeps the tightest schedule.
@@ -38,9 +38,11 @@ class Client(Protocol):
 
 
 def http_outcome(status: int, reason: str | None = None) -> str:
+    """429 is a refusal; so is a 503 that says why (headrace's answer while no replica is up,
+    ``no_replica``): the server answered, on purpose. A bare 503 is an error."""
     if status == 200:
         return OK
-    if status == 429:
+    if status == 429 or (status == 503 and reason is not None):
         return refusal(reason)
     return f"http_{status}"
 
@@ -99,7 +101,7 @@ class _Conn(asyncio.Protocol):
             variant = variant_from_http(body, hlen)
             outcome = OK
         else:
-            variant, outcome = None, http_outcome(status, _reason_of(head) if status == 429 else None)
+            variant, outcome = None, http_outcome(status, _reason_of(head) if status in (429, 503) else None)
         del buf[:end]
         if b"\r\nconnection: close" in head:
             self.closed = True
@@ -330,8 +332,9 @@ class GrpcClient:
             raw = await self.call(self.requests[model_idx], timeout=self.timeout_s)
         except grpc.aio.AioRpcError as e:
             code = e.code()
-            if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                return refusal(dict(e.trailing_metadata() or ()).get(REASON_HEADER)), None
+            reason = dict(e.trailing_metadata() or ()).get(REASON_HEADER)
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED or (code == grpc.StatusCode.UNAVAILABLE and reason):
+                return refusal(reason), None
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return "timeout", None
             return f"grpc_{code.name.lower()}", None

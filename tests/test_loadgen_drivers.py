@@ -259,3 +259,12 @@ def test_trace_and_timestamp_replays_drive_the_open_loop(tmp_path) -> None:
     assert trace["offered"] == len(replay.schedule(np.random.default_rng(0)).window(0, 1.0))
     assert set(trace["per_model"]) == {"a", "b"} and trace["error_count"] == 0
     assert stamps["offered"] == 30  # 0.5 s .. 1.95 s of the file, one per 50 ms
+
+
+def test_a_503_that_says_why_is_a_refusal_and_a_bare_503_an_error():
+    from loadgen.clients import http_outcome
+    from loadgen.stats import EXPIRED, REJECTED
+
+    assert http_outcome(503, "no_replica") == REJECTED  # headrace: no replica up, answered on purpose
+    assert http_outcome(503, None) == "http_503"
+    assert http_outcome(429, "expired") == EXPIRED and http_outcome(429, None) == REJECTED
