@@ -4,13 +4,15 @@ Inside the gateway a tensor is its name, datatype, shape and little-endian row-m
 (:class:`Tensor`). Batching is byte concatenation along the batch dimension and splitting is
 slicing, so a request's data is never converted to numbers unless it came in (or must go
 out) as JSON. Every decoding error raises :class:`~gateway.errors.InvalidRequest` naming the
-tensor and the offending value.
+tensor and the offending value. A JSON request is refused (before it is parsed) when it nests
+deeper than ``limits.max_json_depth``, and float tensors refuse NaN and infinities.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +22,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from gateway.errors import InvalidRequest
+from profiles.schema import LimitsSpec
 
 # bytes per element; BYTES elements are length-prefixed (4-byte little-endian) strings
 DTYPE_SIZE: dict[str, int] = {
@@ -40,6 +43,7 @@ _GRPC_CONTENTS: dict[str, str] = {
     "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
 }
 _LEN = struct.Struct("<I")
+_FLOATS = frozenset({"FP16", "FP32", "FP64"})  # JSON float data must be finite
 
 
 @dataclass(slots=True)
@@ -207,7 +211,8 @@ def json_to_raw(name: str, datatype: str, shape: list[int], data: Any) -> bytes:
                 loose.size and (int(loose.min()) < np.iinfo(want).min or int(loose.max()) > np.iinfo(want).max)
             ):
                 raise ValueError(f"values must be integers in [{np.iinfo(want).min}, {np.iinfo(want).max}]")
-        arr = np.asarray(flat, dtype=want)
+        with np.errstate(over="ignore"):  # a float past the type's range becomes inf (see _check_finite)
+            arr = np.asarray(flat, dtype=want)
     except (ValueError, TypeError, OverflowError) as e:
         raise InvalidRequest(f"input '{name}': data is not {datatype}: {e}") from None
     if arr.ndim != 1 or arr.size != _element_count(shape):
@@ -216,6 +221,17 @@ def json_to_raw(name: str, datatype: str, shape: list[int], data: Any) -> bytes:
             f"shape {shape} ({_element_count(shape)} expected)"
         )
     return arr.tobytes()
+
+
+def _check_finite(name: str, datatype: str, raw: bytes, data: Any) -> None:
+    """Float data sent as JSON must be finite: Python's JSON reads NaN, Infinity and 1e400
+    (as inf), and a value past FP16/FP32's range becomes inf; Triton refuses them all."""
+    arr = np.frombuffer(raw, dtype=NP_DTYPE[datatype])
+    finite = np.isfinite(arr)
+    if not finite.all():
+        i = int(np.argmin(finite))
+        raise InvalidRequest(f"input '{name}': element {i} is {_flatten(data)[i]!r}, not a finite {datatype} "
+                             f"value (NaN, Infinity and numbers past {datatype}'s range are refused)")
 
 
 def raw_to_json(t: Tensor) -> list:
@@ -296,15 +312,45 @@ class _RequestLayout:
     outputs: list[RequestedOutput]
     id: str
     parameters: dict[str, Any]
+    depth_checked: int  # the max_json_depth it was found within
 
 
 _REQUEST_LAYOUTS = Memo()
+MAX_JSON_DEPTH: int = LimitsSpec.model_fields["max_json_depth"].default
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"?', re.S)  # to its closing quote, or the end
+_NESTING_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # +1 / -1 as int8
+_NOT_NESTING = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_DEPTH_BLOCK = 1 << 20
 
 
-def parse_http_infer(body: bytes, header_length: str | None) -> InferInput:
+def too_deep(doc: bytes, limit: int) -> bool:
+    """Whether the JSON ``doc`` nests arrays and objects deeper than ``limit``, found without
+    parsing it (no recursion, no Python loop per byte): brackets inside strings do not count.
+    A document with at most ``limit`` opening brackets is answered by one pass of ``translate``."""
+    marks = doc.translate(_NESTING_STEP, _NOT_NESTING)
+    if marks.count(1) <= limit:
+        return False
+    if b'"' in doc:
+        marks = _JSON_STRING.sub(b"", doc).translate(_NESTING_STEP, _NOT_NESTING)
+    steps = np.frombuffer(marks, np.int8)
+    level = 0
+    for i in range(0, len(steps), _DEPTH_BLOCK):
+        run = steps[i : i + _DEPTH_BLOCK].cumsum(dtype=np.int64) + level
+        if int(run.max()) > limit:
+            return True
+        level = int(run[-1])
+    return False
+
+
+def _too_deep_error(limit: int) -> InvalidRequest:
+    return InvalidRequest(f"JSON request nests deeper than limits.max_json_depth ({limit})")
+
+
+def parse_http_infer(body: bytes, header_length: str | None, max_depth: int = MAX_JSON_DEPTH) -> InferInput:
     """Decode a KServe v2 infer body (JSON, or JSON + binary tensors when
     ``Inference-Header-Content-Length`` is given). The JSON header is decoded once per
-    distinct header (:class:`Memo`); the binary part is sliced per request."""
+    distinct header (:class:`Memo`); the binary part is sliced per request. JSON nested
+    deeper than ``max_depth`` is refused before it is decoded."""
     binary: memoryview = memoryview(b"")
     if header_length is not None:
         try:
@@ -317,7 +363,11 @@ def parse_http_infer(body: bytes, header_length: str | None) -> InferInput:
             )
         binary = memoryview(body)[hl:]
         body = body[:hl]
-    layout = _REQUEST_LAYOUTS.get(body, _request_layout)
+    layout = _REQUEST_LAYOUTS.get(body)
+    if layout is None:
+        layout = _REQUEST_LAYOUTS.put(body, _request_layout(body, max_depth))
+    elif max_depth < layout.depth_checked and too_deep(body, max_depth):  # remembered under a looser limit
+        raise _too_deep_error(max_depth)
     out: list[Tensor] = []
     offset = 0
     for inp in layout.inputs:
@@ -339,7 +389,17 @@ def parse_http_infer(body: bytes, header_length: str | None) -> InferInput:
     return InferInput(out, layout.outputs, layout.id, layout.parameters)
 
 
-def _request_layout(head: bytes) -> _RequestLayout:
+def _request_layout(head: bytes, max_depth: int) -> _RequestLayout:
+    if too_deep(head, max_depth):
+        raise _too_deep_error(max_depth)
+    try:
+        return _layout_of(head, max_depth)
+    except RecursionError:  # a max_json_depth past what Python's recursion allows
+        raise InvalidRequest(f"JSON request nests too deeply to decode (limits.max_json_depth is "
+                             f"{max_depth})") from None
+
+
+def _layout_of(head: bytes, max_depth: int) -> _RequestLayout:
     try:
         doc = json.loads(head)
     except (ValueError, UnicodeDecodeError) as e:
@@ -371,6 +431,8 @@ def _request_layout(head: bytes) -> _RequestLayout:
         else:
             raw = json_to_raw(name, dt, shape, inp.get("data"))
             check_size(Tensor(name, dt, shape, raw))
+            if dt in _FLOATS:
+                _check_finite(name, dt, raw, inp.get("data"))
             out.append(TensorLayout(name, dt, shape, None, raw))
     outputs = []
     for i, o in enumerate(doc.get("outputs") or []):
@@ -383,7 +445,7 @@ def _request_layout(head: bytes) -> _RequestLayout:
     if not isinstance(params, dict):
         raise InvalidRequest("request parameters must be an object")
     rid = doc.get("id", "")
-    return _RequestLayout(tuple(out), outputs, rid if isinstance(rid, str) else str(rid), params)
+    return _RequestLayout(tuple(out), outputs, rid if isinstance(rid, str) else str(rid), params, max_depth)
 
 
 _RESPONSE_HEADS = Memo()

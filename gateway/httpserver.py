@@ -9,10 +9,19 @@ in one ``write``. At concurrency 1 that is about half the CPU per request of an 
 
 HTTP behaviour a Triton client relies on: keep-alive (HTTP/1.1 default, ``Connection:
 close`` and HTTP/1.0 honoured), chunked request bodies, ``Expect: 100-continue``, answers in
-request order on a connection (pipelining), 400 on a malformed request and 413 on a body
-past ``max_body`` (read to its end first, so the client sees the answer, then the
-connection closes). Bodies are given to the handler as received: Content-Encoding is the
-handler's business (it knows its own size limit).
+request order on a connection (pipelining) and 400 on a malformed request. Bodies are given
+to the handler as received: Content-Encoding is the handler's business (it knows its own
+size limit).
+
+What a client may ask of it is bounded (:mod:`gateway.limits`, each compared on the parse
+callbacks): connections (past ``max_connections`` a few more may only ask for
+``/v2/health/*``; past those a new connection is closed at once), the request head (414,
+431), the time a head, a body or an idle keep-alive connection may take (408 / close; one
+timer per connection, moved only when a deadline comes earlier), a body past ``max_body``
+(413, on its declared length when there is one) and the bytes of bodies still arriving across
+all connections (503 with ``Retry-After``). A refusal is answered as soon as the answers
+ahead of it on the connection are written; what the client still sends is then read and
+dropped for a moment, so it sees the answer, and the connection closes.
 
 Each request carries ``received``: when the loop turn that read its first bytes began
 reading. A burst of requests read in one turn all keep that time, so a request that waited
@@ -26,21 +35,33 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httptools
+
+from gateway.limits import LINGER_S, PROBE_PREFIX, Limits, Refusal, ensure_fd_room
+from profiles.schema import LimitsSpec
 
 log = logging.getLogger("headrace.gateway")
 
 _REASONS = {
     100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-    413: "Payload Too Large", 429: "Too Many Requests", 500: "Internal Server Error",
-    501: "Not Implemented", 503: "Service Unavailable", 504: "Gateway Timeout",
+    408: "Request Timeout", 413: "Payload Too Large", 414: "URI Too Long", 429: "Too Many Requests",
+    431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
+    503: "Service Unavailable", 504: "Gateway Timeout",
 }
 _MAX_PIPELINED = 64  # requests queued on one connection before it stops reading
+
+# what a connection's timer does when its deadline passes
+_NONE = 0  # nothing: a request is with the handler, or the connection is closed
+_IDLE = 1  # close: no request came
+_HEAD = 2  # 408: a request's head is incomplete
+_BODY = 3  # 408: a request's body is incomplete
+_LINGER = 4  # close: a refusal was answered, what still arrives is dropped
 
 
 class TurnClock:
@@ -118,24 +139,37 @@ Handler = Callable[[HttpRequest], "HttpResponse | Later | Awaitable[HttpResponse
 
 @dataclass(slots=True)
 class _Pending:
-    request: HttpRequest | None  # None: answer ``early`` without calling the handler
+    request: HttpRequest | None  # None: answer ``early`` (a refusal) without calling the handler
     keep_alive: bool
     early: HttpResponse | None = None
 
 
-@dataclass
 class _Message:
-    url: bytearray = field(default_factory=bytearray)
-    headers: dict[str, str] = field(default_factory=dict)
-    body: list[bytes] = field(default_factory=list)
-    size: int = 0
-    too_large: bool = False
-    received: float = 0.0
+    """The request being parsed (a plain class: one is made per request)."""
+
+    __slots__ = ("url", "headers", "body", "size", "reserved", "head", "nheaders", "received")
+
+    def __init__(self, received: float = 0.0) -> None:
+        self.url = bytearray()
+        self.headers: dict[str, str] = {}
+        self.body: list[bytes] = []
+        self.size = 0  # body bytes received
+        self.reserved = 0  # bytes counted in the server's buffered total (the declared length, if any)
+        self.head = 0  # bytes of URL and headers (each header counted with ": " and CRLF)
+        self.nheaders = 0
+        self.received = received
+
+
+def _refusal_response(r: Refusal) -> HttpResponse:
+    return error_response(r.status, r.message, () if r.retry_after is None else (("Retry-After", str(r.retry_after)),))
 
 
 class _Connection(asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self.server = server
+        self.limits = server.limits
+        self.loop = server.loop
+        self.now = server.loop.time
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.msg = _Message()
@@ -143,16 +177,30 @@ class _Connection(asyncio.Protocol):
         self.busy = False
         self.closing = False
         self.paused = False
-        self.broken = False  # the parser failed: nothing after that point is a request
+        self.broken = False  # the parser failed or a refusal was made: nothing after that is read as a request
+        self.probe_only = False  # accepted in the probe room past max_connections
         self.read_at = 0.0  # server.read_time() of the latest read
+        self.head_seen = 0  # bytes read while the current request's head stayed incomplete
+        self.phase = _NONE  # what the timer does at ``deadline`` (one timer, moved only earlier)
+        self.armed = _NONE  # the phase ``deadline`` was set for
+        self.deadline = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = math.inf
 
     # ---- transport events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.server._conns.add(self)
+        if not self.server._admit(self):
+            self.closing = self.broken = True
+            transport.close()
+            return
+        lim = self.limits
+        self._expect(_IDLE, min(lim.header_timeout_s, lim.idle_timeout_s))  # the first request must come soon
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        self._release(self.msg)
+        self._stop_timer()
         self.server._conns.discard(self)
 
     def data_received(self, data: bytes) -> None:
@@ -161,50 +209,138 @@ class _Connection(asyncio.Protocol):
         self.read_at = self.server.read_time()
         try:
             self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as e:
+            self._callback_failed(e)
+            return
         except httptools.HttpParserUpgrade:
             self._answer_and_close(error_response(400, "protocol upgrades are not supported"))
+            return
         except httptools.HttpParserError as e:
             self._answer_and_close(error_response(400, f"malformed HTTP request: {e}"))
+            return
+        phase = self.phase
+        if phase <= _IDLE or self.closing:  # the usual end of a read: every request in it complete
+            return
+        if phase != self.armed:  # a request still arriving: its deadline runs from this read
+            self._expect(phase, self.limits.header_timeout_s if phase == _HEAD else self.limits.body_timeout_s)
+        if phase == _HEAD:  # a head spanning reads: its partial fields wait inside the parser
+            self.head_seen = 0 if self.head_seen < 0 else self.head_seen + len(data)
+            if self.head_seen > self.limits.max_header_bytes:
+                self._answer_and_close(_refusal_response(self.limits.head_too_large()))
 
-    # ---- parser callbacks
+    def _callback_failed(self, e: httptools.HttpParserCallbackError) -> None:
+        cause = e.__context__
+        if isinstance(cause, Refusal):
+            self._answer_and_close(_refusal_response(cause))
+        else:  # a bug answers 500; the server goes on
+            log.error("HTTP parser callback failed", exc_info=cause or e)
+            self._answer_and_close(error_response(500, f"internal error: {type(cause).__name__}: {cause}"))
+
+    # ---- parser callbacks (a limit raises Refusal: the parser stops, the refusal is answered)
     def on_message_begin(self) -> None:
-        self.msg = _Message(received=self.read_at)
+        self.msg = _Message(self.read_at)
+        self.head_seen = -1  # the read that began it is not counted (its fields are, below)
+        self.phase = _HEAD  # its deadline is set at the end of the read if it is still arriving
 
     def on_url(self, url: bytes) -> None:
-        self.msg.url += url
+        m = self.msg
+        m.url += url
+        m.head += len(url)
+        if len(m.url) > self.limits.max_url_bytes:
+            raise self.limits.url_too_long()
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.msg.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        m, lim = self.msg, self.limits
+        m.head += len(name) + len(value) + 4
+        m.nheaders += 1
+        if m.head > lim.max_header_bytes:
+            raise lim.head_too_large()
+        if m.nheaders > lim.max_headers:
+            raise lim.too_many_headers()
+        m.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        m = self.msg
+        m, lim = self.msg, self.limits
+        if self.probe_only and not m.url.startswith(PROBE_PREFIX):
+            raise lim.probes_only()
         length = m.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.server.max_body:
-            m.too_large = True
-        if m.headers.get("expect", "").lower() == "100-continue" and not m.too_large:
+        if length is not None and length.isdigit():
+            n = int(length)
+            if n > lim.max_body:
+                raise lim.body_too_large()  # before reading it: answered now, what comes is dropped
+            if n:
+                self._reserve(m, n)
+        if m.headers.get("expect", "").lower() == "100-continue":
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
+        self.phase = _BODY
 
     def on_body(self, body: bytes) -> None:
         m = self.msg
-        if m.too_large:
-            return
         m.size += len(body)
-        if m.size > self.server.max_body:
-            m.too_large, m.body = True, []
-            return
+        if m.size > m.reserved:  # no declared length (chunked): counted as it comes
+            if m.size > self.limits.max_body:
+                raise self.limits.body_too_large()
+            self._reserve(m, m.size - m.reserved)
         m.body.append(body)
 
     def on_message_complete(self) -> None:
         m, p = self.msg, self.parser
-        keep_alive = p.should_keep_alive()
-        if m.too_large:
-            self._enqueue(_Pending(None, False, error_response(
-                413, f"request body exceeds {self.server.max_body} bytes")))
-            return
+        self._release(m)  # the body is the handler's now: no longer "being received"
+        self.phase = self.armed = _NONE
         path = bytes(m.url).split(b"?", 1)[0].decode("latin-1")
         body = m.body[0] if len(m.body) == 1 else b"".join(m.body)
         self._enqueue(_Pending(HttpRequest(p.get_method().decode("latin-1"), path, m.headers, body,
-                                           m.received), keep_alive))
+                                           m.received), p.should_keep_alive()))
+
+    # ---- limits
+    def _reserve(self, m: _Message, n: int) -> None:
+        server = self.server
+        if server.buffered + n > self.limits.max_buffered_bytes:
+            raise self.limits.buffers_full()
+        server.buffered += n
+        m.reserved += n
+
+    def _release(self, m: _Message) -> None:
+        if m.reserved:
+            self.server.buffered -= m.reserved
+            m.reserved = 0
+
+    def _expect(self, phase: int, timeout: float) -> None:
+        """From now the connection is in ``phase`` until ``timeout`` seconds have passed. The
+        timer is moved only when this deadline is earlier than the one it is set for; firing
+        early, it sets itself again for the current deadline. (A request read whole in one read
+        never gets here: its head and body deadlines are set only if it is still arriving when
+        the read ends.)"""
+        self.phase = self.armed = phase
+        at = self.deadline = self.now() + timeout
+        if at < self.timer_at:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = self.loop.call_at(at, self._on_timer)
+            self.timer_at = at
+
+    def _stop_timer(self) -> None:
+        self.phase = _NONE
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer, self.timer_at = None, math.inf
+
+    def _on_timer(self) -> None:
+        self.timer, self.timer_at = None, math.inf
+        phase = self.phase
+        if phase == _NONE or self.transport is None:
+            return
+        if self.now() < self.deadline:
+            self.timer_at = self.deadline
+            self.timer = self.loop.call_at(self.deadline, self._on_timer)
+            return
+        if phase in (_IDLE, _LINGER):
+            self._close()
+        elif self.paused:  # the server stopped reading (answers pending): not the client's doing
+            self._expect(phase, self.limits.header_timeout_s if phase == _HEAD else self.limits.body_timeout_s)
+        else:
+            r = self.limits.head_timed_out() if phase == _HEAD else self.limits.body_timed_out()
+            self._answer_and_close(_refusal_response(r))
 
     # ---- answering, in request order
     def _enqueue(self, pending: _Pending) -> None:
@@ -219,7 +355,7 @@ class _Connection(asyncio.Protocol):
         while self.queue and not self.closing:
             pending = self.queue.popleft()
             if pending.request is None:
-                self._write(pending.early, pending.keep_alive)  # type: ignore[arg-type]
+                self._write(pending.early, False, linger=True)  # type: ignore[arg-type]
                 continue
             try:
                 answer = self.server.handler(pending.request)
@@ -238,9 +374,13 @@ class _Connection(asyncio.Protocol):
             later.add_done_callback(lambda t, ka=pending.keep_alive, mk=make: self._done(t, ka, mk))
             return
         self.busy = False
-        if self.paused and not self.closing:
+        if self.closing:
+            return
+        if self.paused:
             self.paused = False
             self.transport.resume_reading()  # type: ignore[union-attr]
+        if self.phase == _NONE and not self.broken:  # no request under way: idle until one begins
+            self._expect(_IDLE, self.limits.idle_timeout_s)
 
     def _done(self, task: asyncio.Future, keep_alive: bool,
               make: Callable[[asyncio.Future], HttpResponse]) -> None:
@@ -256,28 +396,44 @@ class _Connection(asyncio.Protocol):
         self._write(resp, keep_alive)
         self._next()
 
-    def _write(self, resp: HttpResponse, keep_alive: bool) -> None:
+    def _write(self, resp: HttpResponse, keep_alive: bool, linger: bool = False) -> None:
         if self.closing:
             return
         keep_alive = keep_alive and not self.server.stopping
         self.transport.write(resp.encode(keep_alive))  # type: ignore[union-attr]
         if not keep_alive:
-            self._close()
+            self._close(linger)
 
     def _answer_and_close(self, resp: HttpResponse) -> None:
-        """A request the parser cannot make sense of: answer after those ahead of it, then
-        close (the byte stream cannot be resynchronised)."""
+        """A request refused or that the parser cannot make sense of: answer after those ahead
+        of it, then close (the byte stream cannot be resynchronised). Its body is dropped."""
         self.broken = True
+        self._release(self.msg)
+        self.msg.body = []
+        self.phase = _NONE
         self.queue.append(_Pending(None, False, resp))
         self.transport.pause_reading()  # type: ignore[union-attr]
         if not self.busy:
             self._next()
 
-    def _close(self) -> None:
+    def _close(self, linger: bool = False) -> None:
+        """Close; with ``linger`` (after a refusal) first send EOF and drop what the client
+        still sends for up to LINGER_S, so it reads the answer instead of a reset."""
         self.closing = True
         self.queue.clear()
-        if self.transport is not None:
-            self.transport.close()
+        self._release(self.msg)
+        t = self.transport
+        if t is None or t.is_closing():
+            self._stop_timer()
+            return
+        if linger and t.can_write_eof():
+            self.broken = True
+            t.write_eof()
+            t.resume_reading()
+            self._expect(_LINGER, min(LINGER_S, self.limits.body_timeout_s))
+            return
+        self._stop_timer()
+        t.close()
 
     def close_if_idle(self) -> None:
         if not self.busy and not self.queue:
@@ -285,22 +441,53 @@ class _Connection(asyncio.Protocol):
 
 
 class HttpServer:
-    """``await start(host, port)`` -> bound port; ``await stop()`` finishes what it accepted."""
+    """``await start(host, port)`` -> bound port; ``await stop()`` finishes what it accepted.
+    ``limits`` (:class:`~profiles.schema.LimitsSpec`, its defaults when None) bounds what
+    clients may ask of it; ``buffered`` is the bytes of request bodies still arriving."""
 
     def __init__(self, handler: Handler, max_body: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, limits: LimitsSpec | None = None) -> None:
         self.handler = handler
         self.max_body = max_body
+        self.limits = Limits.of(limits, max_body)
         self.read_time = TurnClock(clock)
         self.stopping = False
+        self.buffered = 0
+        self.refused_connections = 0  # closed at once: past max_connections + probe_connections
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[_Connection] = set()
         self._tasks: set[asyncio.Future] = set()  # answers still to come
+        self._warned_full = False
 
     async def start(self, host: str, port: int) -> int:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self), host, port, backlog=1024)
+        self.loop = asyncio.get_running_loop()
+        ensure_fd_room(self.limits)
+        self._server = await self.loop.create_server(lambda: _Connection(self), host, port, backlog=1024)
         return self._server.sockets[0].getsockname()[1]
+
+    def _admit(self, conn: _Connection) -> bool:
+        """Count a new connection in: past max_connections it may only serve health probes,
+        past the probe room it is refused (False)."""
+        lim, n = self.limits, len(self._conns)
+        if n >= lim.max_connections:
+            if n >= lim.max_connections + lim.probe_connections:
+                self.refused_connections += 1
+                if not self._warned_full:
+                    self._warned_full = True
+                    log.warning("%d client connections (limits.max_connections %d + probe_connections %d): "
+                                "closing new ones", n, lim.max_connections, lim.probe_connections)
+                return False
+            conn.probe_only = True
+        elif self._warned_full and n < lim.max_connections // 2:
+            self._warned_full = False
+        self._conns.add(conn)
+        return True
+
+    @property
+    def connections(self) -> int:
+        """Client connections open now."""
+        return len(self._conns)
 
     def close(self) -> None:
         """Stop accepting connections; open ones are still answered."""
