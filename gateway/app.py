@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -16,13 +17,12 @@ from concurrent.futures import Future
 
 import grpc
 
-from gateway.config import GatewayConfig, ServedModel, ServedReplica, resolve
+from gateway.config import GatewayConfig, ServedModel, ServedReplica, resolve, scheduler_config
 from gateway.driver import Driver
 from gateway.grpc_server import create_server
 from gateway.http import HttpFrontDoor
 from gateway.httpserver import HttpServer
 from gateway.metrics import GatewayMetrics
-from gateway.policy.config import SchedulerConfig
 from gateway.policy.scheduler import EdfScheduler
 from gateway.policy.types import SchedulerCore
 from gateway.stats import ServerInfo
@@ -31,7 +31,27 @@ log = logging.getLogger("headrace.gateway")
 
 
 def make_core(cfg: GatewayConfig) -> SchedulerCore:
-    return EdfScheduler(SchedulerConfig.model_validate(cfg.scheduler))
+    """The policy core of ``cfg``; :class:`ConfigError` names a bad ``scheduler.<key>``."""
+    return EdfScheduler(scheduler_config(cfg.scheduler))
+
+
+def check_bindable(what: str, host: str, port: int) -> None:
+    """Bind ``host:port`` once and let it go: :class:`OSError` naming them when the address is
+    not this host's or the port is taken. Asked before the listeners (and before waiting for
+    the replicas), so a bad address is one clear line at once rather than grpc's own logging."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, addr = infos[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listeners do
+            s.bind(addr)
+    except OSError as e:
+        raise bind_error(what, host, port, e) from None
+
+
+def bind_error(what: str, host: str, port: int, e: BaseException) -> OSError:
+    reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+    return OSError(f"cannot bind {what} to {host}:{port}: {reason}")
 
 
 class Gateway:
@@ -44,10 +64,12 @@ class Gateway:
         self.driver = Driver(
             models, core or make_core(cfg), clock=clock, metrics=GatewayMetrics(),
             health_interval=cfg.health_interval_s, max_message_bytes=cfg.max_message_bytes,
+            expose_replicas=cfg.expose_replicas,
         )
-        self.info = ServerInfo([m.name for m in models], clock=clock)
-        self._http = HttpServer(HttpFrontDoor(self.driver, self.info, cfg.max_message_bytes),
-                                cfg.max_message_bytes, clock)
+        self.info = ServerInfo([m.name for m in models], clock=clock, default_version=self.driver.default_version)
+        self._http = HttpServer(HttpFrontDoor(self.driver, self.info, cfg.max_message_bytes,
+                                              cfg.limits.max_json_depth),
+                                cfg.max_message_bytes, clock, limits=cfg.limits)
         self._grpc: grpc.aio.Server | None = None
         self.http_port = 0
         self.grpc_port = 0
@@ -61,15 +83,25 @@ class Gateway:
         return f"{self.cfg.listen.host}:{self.grpc_port}"
 
     async def start(self) -> None:
+        """Start the driver, then the listeners; an address that cannot be bound is an
+        :class:`OSError` naming it (before the replicas are waited for)."""
+        host, listen = self.cfg.listen.host, self.cfg.listen
+        check_bindable("gRPC", host, listen.grpc_port)
+        check_bindable("HTTP", host, listen.http_port)
         await self.driver.start(self.cfg.startup_timeout_s)
         try:
             self._grpc = create_server(self.driver, self.info, self.cfg.max_message_bytes)
-            host = self.cfg.listen.host
-            self.grpc_port = self._grpc.add_insecure_port(f"{host}:{self.cfg.listen.grpc_port}")
+            try:
+                self.grpc_port = self._grpc.add_insecure_port(f"{host}:{listen.grpc_port}")
+            except RuntimeError as e:  # grpc's "Failed to bind to address"
+                raise bind_error("gRPC", host, listen.grpc_port, e) from None
             if self.grpc_port == 0:
-                raise OSError(f"cannot bind gRPC to {host}:{self.cfg.listen.grpc_port}")
+                raise OSError(f"cannot bind gRPC to {host}:{listen.grpc_port}")
             await self._grpc.start()
-            self.http_port = await self._http.start(host, self.cfg.listen.http_port)
+            try:
+                self.http_port = await self._http.start(host, listen.http_port)
+            except (OSError, OverflowError) as e:
+                raise bind_error("HTTP", host, listen.http_port, e) from None
         except BaseException:
             await self._shutdown()
             raise

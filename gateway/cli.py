@@ -1,4 +1,7 @@
-"""``headrace serve --config FILE``: run the gateway until SIGTERM/SIGINT, then drain."""
+"""``headrace serve --config FILE``: run the gateway until SIGTERM/SIGINT, then drain.
+
+A start that cannot happen (a bad config field, scheduler key or port, an address that
+cannot be bound) is one line on stderr naming the field or address, and exit status 2."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from gateway.config import ConfigError, load_config
+from gateway.config import ConfigError, load_config, with_ports
 from gateway.errors import GatewayError
 
 
@@ -33,10 +36,8 @@ async def serve(args: argparse.Namespace) -> int:
     from gateway.app import Gateway
 
     cfg = load_config(args.config)
-    if args.http_port is not None:
-        cfg.listen.http_port = args.http_port
-    if args.grpc_port is not None:
-        cfg.listen.grpc_port = args.grpc_port
+    with_ports(cfg, http_port=args.http_port, where="--http-port")
+    with_ports(cfg, grpc_port=args.grpc_port, where="--grpc-port")
     gw = Gateway(cfg)  # resolves the profiles: their errors come before any port is opened
     await gw.start()
     # startup objects (profiles, protobuf descriptors, pydantic models) live as long as the

@@ -26,6 +26,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gateway.policy.config import SchedulerConfig
 from gateway.policy.types import Priority
 from profiles.profile import LatencyPoint, Profile, ProfileError, ProfileSet, load_profiles
 from profiles.schema import GatewaySettings
@@ -107,22 +108,50 @@ class GatewayConfig(GatewaySettings):
         return self
 
 
-def _format(err: ValidationError, where: str) -> str:
+def _format(err: ValidationError, where: str, prefix: tuple[str, ...] = ()) -> str:
     parts = []
     for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"]) or "(top)"
-        parts.append(f"{loc}: {e['msg']} (got {e.get('input')!r})")
+        loc = ".".join(str(x) for x in (*prefix, *e["loc"])) or "(top)"
+        msg = e["msg"].removeprefix("Value error, ")
+        # a whole-object check quotes its values in its message
+        quiet = e["type"] == "missing" or isinstance(e.get("input"), dict)
+        parts.append(f"{loc}: {msg}" if quiet else f"{loc}: {msg} (got {e.get('input')!r})")
     return f"{where}: " + "; ".join(parts)
 
 
+def scheduler_config(doc: Any, where: str = "gateway config") -> SchedulerConfig:
+    """The ``scheduler:`` settings, validated; :class:`ConfigError` names ``scheduler.<key>``."""
+    try:
+        return SchedulerConfig.model_validate(doc)
+    except ValidationError as e:
+        raise ConfigError(_format(e, where, ("scheduler",))) from None
+
+
 def parse_config(doc: Any, where: str = "gateway config", base_dir: Path | None = None) -> GatewayConfig:
+    """The config validated, its ``scheduler:`` settings included; :class:`ConfigError`."""
     if not isinstance(doc, dict):
         raise ConfigError(f"{where}: expected a mapping, got {type(doc).__name__}")
     try:
         cfg = GatewayConfig.model_validate(doc)
     except ValidationError as e:
         raise ConfigError(_format(e, where)) from None
+    scheduler_config(cfg.scheduler, where)
     cfg.base_dir = base_dir
+    return cfg
+
+
+def with_ports(cfg: GatewayConfig, http_port: int | None = None, grpc_port: int | None = None,
+               where: str = "command line") -> GatewayConfig:
+    """``cfg`` listening on the ports given (None: as configured), each checked like the YAML's
+    (0-65535); :class:`ConfigError` names the field and the value."""
+    listen = cfg.listen.model_dump()
+    for key, port in (("http_port", http_port), ("grpc_port", grpc_port)):
+        if port is not None:
+            listen[key] = port
+    try:
+        cfg.listen = type(cfg.listen).model_validate(listen)
+    except ValidationError as e:
+        raise ConfigError(_format(e, where, ("listen",))) from None
     return cfg
 
 

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import grpc
@@ -32,11 +33,10 @@ from gateway.errors import (
     BackendError,
     GatewayError,
     InvalidRequest,
-    ModelNotFound,
-    Rejected,
     Unavailable,
+    rejection,
 )
-from gateway.fleet import Fleet, Model, Replica, check_signature, replica_info
+from gateway.fleet import Fleet, Model, Replica, check_signature, replica_info, versions_of
 from gateway.metrics import GatewayMetrics
 from gateway.policy.types import Batch, Priority, Request, SchedulerCore
 
@@ -45,7 +45,7 @@ log = logging.getLogger("headrace.gateway")
 SLO_HEADER = "x-headrace-slo-ms"
 BACKENDS: dict[str, Callable[[str, int], Any]] = {"http": TritonHttpReplica, "grpc": TritonReplica}
 VARIANT_PARAM = "headrace_variant"  # response parameters: who served the request
-REPLICA_PARAM = "headrace_replica"
+REPLICA_PARAM = "headrace_replica"  # only with expose_replicas: it names a backend's address
 
 
 @dataclass(slots=True)
@@ -54,10 +54,14 @@ class InferResult:
     variant: str
     replica: str
     met_deadline: bool
+    expose_replica: bool = False  # the driver's expose_replicas setting
 
     def parameters(self) -> dict[str, str]:
-        """Response parameters telling the client which variant and replica served it."""
-        return {VARIANT_PARAM: self.variant, REPLICA_PARAM: self.replica}
+        """Response parameters telling the client which variant served it, and which replica
+        (it names a backend's address) only with ``expose_replica``."""
+        if self.expose_replica:
+            return {VARIANT_PARAM: self.variant, REPLICA_PARAM: self.replica}
+        return {VARIANT_PARAM: self.variant}
 
 
 @dataclass(slots=True)
@@ -119,8 +123,10 @@ class Driver(Fleet):
         health_interval: float = 0.5,
         max_message_bytes: int = 64 << 20,
         replica_factory: Callable[[str, str], Any] | None = None,
+        expose_replicas: bool = False,
     ) -> None:
         self.core = core
+        self.expose_replicas = expose_replicas  # answers name their replica (headrace_replica)
         self._queued: Callable[[], int] | None = getattr(core, "queued", None)  # optional fast path
         self.clock = clock
         self.metrics = metrics or GatewayMetrics()
@@ -172,10 +178,13 @@ class Driver(Fleet):
             for r, info in zip(reps, got, strict=True):
                 if isinstance(info, BaseException):
                     r.verified = False  # checked by the health loop once it answers
-                elif m.info is None:
+                    continue
+                if m.info is None:
                     m.info = info
                 else:
                     check_signature(name, m.info.signature, info.signature, r.variant)
+                r.versions = versions_of(info)
+            self._sync_versions(name)
         now = self.clock()
         for m in self.models.values():
             for r in m.served.replicas:
@@ -225,12 +234,6 @@ class Driver(Fleet):
 
     # ------------------------------------------------------------------ requests
 
-    def model(self, name: str) -> Model:
-        m = self.models.get(name)
-        if m is None:
-            raise ModelNotFound(f"unknown model '{name}'; served: {sorted(self.models)}")
-        return m
-
     def render_metrics(self) -> bytes:
         """The Prometheus text; each replica's batches in flight and what the scheduler has
         learned of it are read from the core now (off the request path)."""
@@ -277,14 +280,24 @@ class Driver(Fleet):
         if reject is not None:
             self.metrics.of(self.metrics.rejections, name, reject.reason).inc()
             self.metrics.of(self.metrics.refusal_wait, name).observe(now - arrival)
-            raise Rejected(reject.message or f"request rejected: {reject.reason}", reject.reason, reject.retry_after)
+            raise rejection(reject.message, reject.reason, reject.retry_after)
         fut = self._loop.create_future()  # type: ignore[union-attr]
         self._pending[req.id] = _Pending(req, inp, fut)
+        fut.add_done_callback(partial(self._gone, req.id))
         if not self._poll_scheduled and self._queued is not None and self._queued() == 1:
             self._poll()  # a lone arrival: dispatch it now rather than one loop turn later
         else:
             self._poll_soon()
         return fut
+
+    def _gone(self, request_id: int, fut: asyncio.Future) -> None:
+        """A future cancelled by its waiter (a gRPC call the client cancelled, an HTTP client
+        gone): a queued request leaves the core and is never sent; one in flight runs on and
+        its answer is dropped."""
+        if fut.cancelled() and self.core.cancel(request_id, self.clock()):
+            p = self._pending.pop(request_id, None)
+            if p is not None:
+                self.metrics.of(self.metrics.cancelled, p.request.model).inc()
 
     # ------------------------------------------------------------------ the loop
 
@@ -313,9 +326,7 @@ class Driver(Fleet):
                 continue
             self.metrics.of(self.metrics.rejections, rj.request.model, rj.reason).inc()
             if not p.future.done():
-                p.future.set_exception(
-                    Rejected(rj.message or f"request rejected: {rj.reason}", rj.reason, rj.retry_after)
-                )
+                p.future.set_exception(rejection(rj.message, rj.reason, rj.retry_after))
         for b in d.batches:
             self._dispatch(b)
         self._arm(d.wakeup, now)
@@ -379,7 +390,7 @@ class Driver(Fleet):
             r = p.request
             met.append(ok := now <= r.arrival + (r.deadline - r.arrival) / keep)
             if not p.future.done():
-                p.future.set_result(InferResult(outs, b.variant, b.replica, ok))
+                p.future.set_result(InferResult(outs, b.variant, b.replica, ok, self.expose_replicas))
         # with nothing queued a poll cannot dispatch or reject anything: skip it (hot path)
         if self._queued is None or self._queued():
             self._poll()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import grpc
 
+from gateway.policy.types import RejectReason
+
 
 class GatewayError(Exception):
     """Base class; ``str(err)`` is the message returned to the client."""
@@ -25,13 +27,14 @@ class ModelNotFound(GatewayError):
     grpc_code = grpc.StatusCode.NOT_FOUND
 
 
-REASON_HEADER = "x-headrace-reject-reason"  # on 429 / RESOURCE_EXHAUSTED: RejectReason's value
+REASON_HEADER = "x-headrace-reject-reason"  # on every refusal by the core: RejectReason's value
 
 
 class Rejected(GatewayError):
     """Answered early: the request cannot finish within its deadline (or was shed). The
     reason travels as :data:`REASON_HEADER` (HTTP header, gRPC trailing metadata), so a
-    client can tell a refusal at arrival from a request that expired in the queue."""
+    client can tell a refusal at arrival from a request that expired in the queue; the wait
+    it suggests travels as ``Retry-After``. Make one with :func:`rejection`."""
 
     http_status = 429
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -40,6 +43,21 @@ class Rejected(GatewayError):
         super().__init__(message)
         self.reason = reason
         self.retry_after = retry_after
+
+
+class NoReplica(Rejected):
+    """Refused because no healthy replica serves the model: unavailability, not overload, so
+    503 / UNAVAILABLE (which Triton and KServe clients retry), with the same reason header."""
+
+    http_status = 503
+    grpc_code = grpc.StatusCode.UNAVAILABLE
+
+
+def rejection(message: str, reason: str, retry_after: float) -> Rejected:
+    """The error answering a refusal of the core: :class:`NoReplica` for ``no_replica``, else
+    :class:`Rejected` (429 / RESOURCE_EXHAUSTED)."""
+    cls = NoReplica if reason == RejectReason.NO_REPLICA else Rejected
+    return cls(message or f"request rejected: {reason}", reason, retry_after)
 
 
 class Unavailable(GatewayError):

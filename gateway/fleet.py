@@ -1,5 +1,6 @@
 """The live fleet: which replicas serve each model, adding and removing them while serving
-(a mixin of the driver), and the check that every variant has its model's signature.
+(a mixin of the driver), the check that every variant has its model's signature, and the
+versions a served model answers to (those its replicas' Triton models report).
 
 A removal drains the replica (no new batch goes there), waits until nothing is in flight on
 it, then removes it; requests the core hands back are submitted again or answered.
@@ -16,11 +17,23 @@ from typing import Any
 from gateway.backend import ModelInfo, TritonReplica
 from gateway.codec import Signature
 from gateway.config import ConfigError, ServedModel, ServedReplica
-from gateway.errors import BackendError, GatewayError, Rejected, Unavailable
+from gateway.errors import BackendError, GatewayError, ModelNotFound, Unavailable, rejection
 from gateway.metrics import GatewayMetrics
 from gateway.policy.types import ReplicaInfo, SchedulerCore
 
 log = logging.getLogger("headrace.gateway")
+
+DEFAULT_VERSION = "1"  # a model's version when its backend reports none
+
+
+def versions_of(info: ModelInfo) -> tuple[str, ...]:
+    """The versions a backend's model metadata reports (KServe ``versions``); "1" when none."""
+    return tuple(info.metadata.versions) or (DEFAULT_VERSION,)
+
+
+def _version_order(v: str) -> tuple[int, str]:
+    return (int(v) if v.isdigit() else -1, v)
+
 
 @dataclass
 class Replica:
@@ -34,16 +47,36 @@ class Replica:
     healthy: bool = True
     verified: bool = True  # its variant's signature is known to match the model's
     refused: str = ""  # why its signature was refused (logged once)
+    versions: tuple[str, ...] = ()  # its Triton model's versions; () until its metadata is checked
     removing: bool = False
     batch_done: asyncio.Event | None = None  # set when a batch of it completes (while removing)
 
 
 @dataclass
 class Model:
-    """A served model: its config (replicas as served now) and its signature once known."""
+    """A served model: its config (replicas as served now), its signature once known, and the
+    versions it answers to: those of its replicas' Triton models (the union), the latest
+    being the default (Triton's default version policy)."""
 
     served: ServedModel
     info: ModelInfo | None = None
+    versions: frozenset[str] = frozenset({DEFAULT_VERSION})
+    default_version: str = DEFAULT_VERSION
+
+    def check_version(self, version: str) -> None:
+        """:class:`ModelNotFound` for a version the model does not have (a set lookup)."""
+        if version not in self.versions:
+            raise ModelNotFound(f"model '{self.served.name}' has no version '{version}'; "
+                                f"versions: {self.version_list()}")
+
+    def version_list(self) -> list[str]:
+        return sorted(self.versions, key=_version_order)
+
+    def set_versions(self, reported: list[tuple[str, ...]]) -> None:
+        """The versions the replicas whose metadata is known report (:func:`versions_of`)."""
+        vs = frozenset(v for r in reported for v in r) or frozenset({DEFAULT_VERSION})
+        self.versions = vs
+        self.default_version = max(vs, key=_version_order)
 
 
 def check_signature(model: str, existing: Signature, new: Signature, variant: str) -> None:
@@ -84,6 +117,26 @@ class Fleet:
     _poll: Callable[[], None]
     _set_health: Callable[[Replica, bool, float], None]
     _fail: Callable[[Any, GatewayError], None]
+
+    def model(self, name: str, version: str = "") -> Model:
+        """The served model ``name`` at ``version`` ("": its default); :class:`ModelNotFound`
+        naming what is served when there is no such model or version."""
+        m = self.models.get(name)
+        if m is None:
+            raise ModelNotFound(f"unknown model '{name}'; served: {sorted(self.models)}")
+        if version:
+            m.check_version(version)
+        return m
+
+    def default_version(self, name: str) -> str:
+        m = self.models.get(name)
+        return m.default_version if m is not None else DEFAULT_VERSION
+
+    def _sync_versions(self, name: str) -> None:
+        """Recompute a model's versions from its replicas whose metadata is known."""
+        m = self.models.get(name)
+        if m is not None:
+            m.set_versions([r.versions for r in self.replicas.values() if r.model == name and r.versions])
 
     def replica_ids(self) -> dict[str, list[str]]:
         """What the gateway serves: each model's replica ids (one being removed included)."""
@@ -130,11 +183,13 @@ class Fleet:
         shared = self._clients.get(key)  # another add may have made one meanwhile
         if shared is None:  # ours, or a removal closed the one we asked meanwhile
             shared = self._clients[key] = client if made else self._make(*key)
-        rep = self.replicas[replica.id] = Replica(replica.id, model.name, replica.variant, shared, key)
+        rep = self.replicas[replica.id] = Replica(replica.id, model.name, replica.variant, shared, key,
+                                                  versions=versions_of(info))
         if m is None:
             self.models[model.name] = Model(replace(model, replicas=(replica,)), info)
         else:
             m.served = replace(m.served, replicas=(*m.served.replicas, replica))
+        self._sync_versions(model.name)
         self.metrics.of(self.metrics.healthy, model.name, replica.id).set(1)
         log.info("replica %s of model '%s' (variant %s) added", replica.id, model.name, replica.variant)
         if not ready:
@@ -170,6 +225,8 @@ class Fleet:
         gone = not m.served.replicas and not keep_model
         if gone:
             del self.models[rep.model]
+        else:
+            self._sync_versions(rep.model)
         for r in back:
             p = self._pending.get(r.id)
             if p is None:
@@ -182,8 +239,7 @@ class Fleet:
                 self._pending.pop(r.id, None)
                 self.metrics.of(self.metrics.rejections, r.model, rj.reason).inc()
                 if not p.future.done():
-                    p.future.set_exception(Rejected(rj.message or f"request rejected: {rj.reason}",
-                                                    rj.reason, rj.retry_after))
+                    p.future.set_exception(rejection(rj.message, rj.reason, rj.retry_after))
         if gone:  # nothing should be left; never strand a future
             for p in [p for p in self._pending.values() if p.request.model == rep.model]:
                 self._fail(p, Unavailable(f"model '{rep.model}' is no longer served"))
@@ -226,4 +282,6 @@ class Fleet:
             rep.refused = str(e)
             return False
         rep.verified = True
+        rep.versions = versions_of(info)
+        self._sync_versions(rep.model)
         return True

@@ -2,8 +2,9 @@
 
 Requests arrive as raw bytes and are parsed here, so a malformed protobuf is answered with
 INVALID_ARGUMENT instead of grpc's generic deserialization error. Domain errors become
-status codes here, at the handler edge, and only here. RPCs not listed (shared memory,
-model load/unload, trace, logging) answer UNIMPLEMENTED.
+status codes here, at the handler edge, and only here. A model version the model does not
+have is NOT_FOUND ("" is its default). RPCs not listed (shared memory, model load/unload,
+trace, logging) answer UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class InferenceServicer:
 
     async def _infer(self, req: pb.ModelInferRequest, slo: str | None) -> pb.ModelInferResponse:
         name = req.model_name
-        self.driver.model(name)
+        model = self.driver.model(name, req.model_version)
         inp = parse_grpc_infer(req)
         start = self.info.clock()
         try:
@@ -68,7 +69,8 @@ class InferenceServicer:
             self.info.record(name, start, ok=False)
             raise
         self.info.record(name, start, ok=True)
-        return encode_grpc_response(name, req.model_version or "1", inp, res.outputs, res.parameters())
+        return encode_grpc_response(name, req.model_version or model.default_version, inp, res.outputs,
+                                    res.parameters())
 
     async def ModelInfer(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
         return await self._infer(_parse(pb.ModelInferRequest, raw), _slo_header(context))
@@ -116,7 +118,7 @@ class InferenceServicer:
 
     async def ModelReady(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ModelReadyResponse:
         req = _parse(pb.ModelReadyRequest, raw)
-        self.driver.model(req.name)
+        self.driver.model(req.name, req.version)
         return pb.ModelReadyResponse(ready=self.driver.model_ready(req.name))
 
     async def ServerMetadata(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ServerMetadataResponse:
@@ -125,16 +127,16 @@ class InferenceServicer:
 
     async def ModelMetadata(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ModelMetadataResponse:
         req = _parse(pb.ModelMetadataRequest, raw)
-        return model_metadata_pb(self.driver.model(req.name), req.name)
+        return model_metadata_pb(self.driver.model(req.name, req.version), req.name)
 
     async def ModelConfig(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ModelConfigResponse:
         req = _parse(pb.ModelConfigRequest, raw)
-        return pb.ModelConfigResponse(config=model_config_pb(self.driver.model(req.name), req.name))
+        return pb.ModelConfigResponse(config=model_config_pb(self.driver.model(req.name, req.version), req.name))
 
     async def ModelStatistics(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ModelStatisticsResponse:
         req = _parse(pb.ModelStatisticsRequest, raw)
         if req.name:
-            self.driver.model(req.name)
+            self.driver.model(req.name, req.version)
         return self.info.statistics(req.name or None)
 
     async def RepositoryIndex(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.RepositoryIndexResponse:

@@ -1,7 +1,8 @@
 """KServe v2 / Triton HTTP front door: one routing function over :mod:`gateway.httpserver`.
 
 Routes: health (live, ready), server metadata, model metadata / ready / config / stats (with
-or without ``/versions/N``), all-model stats, the repository index, ``/metrics`` and infer.
+or without ``/versions/N``: a version the model does not have is a 404), all-model stats, the
+repository index, ``/metrics`` and infer.
 Domain errors (:mod:`gateway.errors`) become ``{"error": msg}`` with their status here, at
 the handler edge, and only here. Rejections carry ``Retry-After`` and the reject reason.
 """
@@ -20,6 +21,7 @@ from google.protobuf import json_format
 from gateway.codec import InferInput, encode_http_response, parse_http_infer
 from gateway.driver import SLO_HEADER, Driver, InferResult
 from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected
+from gateway.fleet import Model
 from gateway.httpserver import HttpRequest, HttpResponse, Later, error_response
 from gateway.stats import ServerInfo, model_config_dict, model_metadata_dict
 
@@ -57,10 +59,11 @@ def decoded_body(req: HttpRequest, max_bytes: int) -> bytes:
 class HttpFrontDoor:
     """The gateway's HTTP handler: ``door(request)`` -> a response now, or :class:`Later`."""
 
-    def __init__(self, driver: Driver, info: ServerInfo, max_body_bytes: int) -> None:
+    def __init__(self, driver: Driver, info: ServerInfo, max_body_bytes: int, max_json_depth: int = 64) -> None:
         self.driver = driver
         self.info = info
         self.max_body = max_body_bytes
+        self.max_depth = max_json_depth
 
     def __call__(self, req: HttpRequest) -> HttpResponse | Later:
         """The answer now, or (an admitted inference) later, when the driver's future is done:
@@ -82,10 +85,10 @@ class HttpFrontDoor:
         return fn(self, req)
 
     def _model_route(self, req: HttpRequest, name: str, rest: list[str]) -> HttpResponse | Later:
-        version = ""
+        version = ""  # the model's default
         if len(rest) >= 2 and rest[0] == "versions":
             version, rest = rest[1], rest[2:]
-            if not version.isdigit():
+            if version and not version.isdigit():
                 raise InvalidRequest(f"model version {version!r} must be a positive integer")
         action = rest[0] if len(rest) == 1 else "" if not rest else None
         if action == "infer":
@@ -95,7 +98,7 @@ class HttpFrontDoor:
         if handler is None:
             raise _NotFound(f"no route for {req.method} {req.path}")
         _allow(req, "GET")
-        return handler(self, name)
+        return handler(self, name, version)
 
     # ---- handlers
     def _live(self, req: HttpRequest) -> HttpResponse:
@@ -117,24 +120,26 @@ class HttpFrontDoor:
     def _metrics(self, req: HttpRequest) -> HttpResponse:
         return HttpResponse(200, self.driver.render_metrics(), "text/plain; version=0.0.4; charset=utf-8")
 
-    def _model_metadata(self, name: str) -> HttpResponse:
-        return _json(model_metadata_dict(self.driver.model(name), name))
+    def _model_metadata(self, name: str, version: str) -> HttpResponse:
+        return _json(model_metadata_dict(self.driver.model(name, version), name))
 
-    def _model_ready(self, name: str) -> HttpResponse:
-        self.driver.model(name)
+    def _model_ready(self, name: str, version: str) -> HttpResponse:
+        self.driver.model(name, version)
         return HttpResponse(200 if self.driver.model_ready(name) else 400)
 
-    def _model_config(self, name: str) -> HttpResponse:
-        return _json(model_config_dict(self.driver.model(name), name))
+    def _model_config(self, name: str, version: str) -> HttpResponse:
+        return _json(model_config_dict(self.driver.model(name, version), name))
 
-    def _model_stats(self, name: str) -> HttpResponse:
-        self.driver.model(name)
+    def _model_stats(self, name: str, version: str) -> HttpResponse:
+        self.driver.model(name, version)
         return _json(json_format.MessageToDict(self.info.statistics(name), preserving_proto_field_name=True))
 
     def _infer(self, req: HttpRequest, name: str, version: str) -> HttpResponse | Later:
         driver, info = self.driver, self.info
-        driver.model(name)  # unknown model: 404 before decoding the body
-        inp = parse_http_infer(decoded_body(req, self.max_body), req.headers.get(HEADER_LEN))
+        model = driver.model(name)  # unknown model or version: 404 before decoding the body
+        if version:
+            model.check_version(version)
+        inp = parse_http_infer(decoded_body(req, self.max_body), req.headers.get(HEADER_LEN), max_depth=self.max_depth)
         start = info.clock()
         try:
             result = driver.submit(name, inp, req.headers.get(SLO_HEADER), req.received)
@@ -146,7 +151,7 @@ class HttpFrontDoor:
             e = f.exception()
             info.record(name, start, ok=e is None)
             if e is None:
-                return _inferred(name, version, inp, f.result())
+                return _inferred(name, version, model, inp, f.result())
             if isinstance(e, GatewayError):
                 return _error(e)
             raise e
@@ -154,8 +159,9 @@ class HttpFrontDoor:
         return Later(result, answer)
 
 
-def _inferred(name: str, version: str, inp: InferInput, res: InferResult) -> HttpResponse:
-    out, header_len = encode_http_response(name, version or "1", inp, res.outputs, res.parameters())
+def _inferred(name: str, version: str, model: Model, inp: InferInput, res: InferResult) -> HttpResponse:
+    out, header_len = encode_http_response(name, version or model.default_version, inp, res.outputs,
+                                           res.parameters())
     if header_len is None:
         return HttpResponse(200, out, _JSON)
     return HttpResponse(200, out, "application/octet-stream", (("Inference-Header-Content-Length",
@@ -163,9 +169,9 @@ def _inferred(name: str, version: str, inp: InferInput, res: InferResult) -> Htt
 
 
 def _error(e: GatewayError) -> HttpResponse:
-    if isinstance(e, Rejected):
-        return error_response(429, str(e), (("Retry-After", str(max(1, math.ceil(e.retry_after)))),
-                                            (REASON_HEADER, e.reason)))
+    if isinstance(e, Rejected):  # 429, or 503 when no replica serves the model
+        return error_response(e.http_status, str(e), (("Retry-After", str(max(1, math.ceil(e.retry_after)))),
+                                                      (REASON_HEADER, e.reason)))
     return error_response(e.http_status, str(e))
 
 
@@ -191,7 +197,7 @@ _ROUTES: dict[tuple[str, ...], tuple[str, _Fn]] = {
     ("v2", "repository", "index"): ("POST", HttpFrontDoor._repository_index),
     ("metrics",): ("GET", HttpFrontDoor._metrics),
 }
-_MODEL_ROUTES: dict[str, Callable[[HttpFrontDoor, str], HttpResponse]] = {
+_MODEL_ROUTES: dict[str, Callable[[HttpFrontDoor, str, str], HttpResponse]] = {
     "": HttpFrontDoor._model_metadata,
     "ready": HttpFrontDoor._model_ready,
     "config": HttpFrontDoor._model_config,

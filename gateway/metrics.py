@@ -57,6 +57,9 @@ class GatewayMetrics:
             "headrace_refusal_wait_seconds", "Time from reading a request to refusing it at arrival "
             "(admission): how long a client waits for a 429 inside the gateway", ["model"],
             buckets=REFUSAL_BUCKETS, registry=r)
+        self.cancelled = Counter(
+            "headrace_cancelled", "Queued requests their clients gave up on (never sent to a replica)",
+            ["model"], registry=r)
         self.failures = Counter(
             "headrace_failures", "Requests answered with an error after admission (backend failure)",
             ["model"], registry=r)

@@ -1,6 +1,7 @@
 """What the gateway tells clients about itself in Triton's shapes: server metadata, model
-metadata and config (the backend's, under the served name), per-model statistics, and the
-repository index. Both front doors (HTTP and gRPC) read from here."""
+metadata and config (the backend's, under the served name, without what names the backend's
+files), per-model statistics, and the repository index. Both front doors (HTTP and gRPC)
+read from here."""
 
 from __future__ import annotations
 
@@ -17,8 +18,13 @@ from gateway.errors import Unavailable
 
 SERVER_NAME = "headrace"
 SERVER_VERSION = "0.1.0"
-EXTENSIONS = ["model_repository", "schedule_policy", "model_configuration", "binary_tensor_data",
-              "parameters", "statistics"]
+# only what both front doors serve: request priority/timeout (schedule_policy), /config and
+# ModelConfig, binary tensors (HTTP), request/response parameters, statistics. Not
+# model_repository: it promises load/unload, which the gateway does not do (the index is served).
+EXTENSIONS = ["schedule_policy", "model_configuration", "binary_tensor_data", "parameters", "statistics"]
+# ModelConfig fields dropped from what clients see: backend parameters and repository agents'
+# parameters can carry paths and secrets
+PRIVATE_CONFIG_FIELDS = ("parameters", "model_repository_agents")
 
 
 @dataclass
@@ -30,10 +36,15 @@ class _Counts:
     last_ms: int = 0
 
 
+def _version_one(model: str) -> str:
+    return "1"
+
+
 @dataclass
 class ServerInfo:
     models: list[str]
     clock: Callable[[], float] = time.monotonic
+    default_version: Callable[[str], str] = _version_one  # a model's default version (the driver's)
     _counts: dict[str, _Counts] = field(default_factory=dict)
 
     def server_metadata(self) -> dict[str, Any]:
@@ -56,7 +67,7 @@ class ServerInfo:
         resp = pb.ModelStatisticsResponse()
         for name in [model] if model else self.models:
             c = self._counts.get(name, _Counts())
-            s = resp.model_stats.add(name=name, version="1", last_inference=c.last_ms,
+            s = resp.model_stats.add(name=name, version=self.default_version(name), last_inference=c.last_ms,
                                      inference_count=c.success, execution_count=c.success)
             s.inference_stats.success.count = c.success
             s.inference_stats.success.ns = c.success_ns
@@ -65,7 +76,7 @@ class ServerInfo:
         return resp
 
     def repository_index(self) -> list[dict[str, str]]:
-        return [{"name": m, "version": "1", "state": "READY"} for m in self.models]
+        return [{"name": m, "version": self.default_version(m), "state": "READY"} for m in self.models]
 
 
 def _info(model: Any) -> Any:
@@ -79,7 +90,7 @@ def model_metadata_pb(model: Any, name: str) -> pb.ModelMetadataResponse:
     md.CopyFrom(_info(model).metadata)
     md.name = name
     del md.versions[:]
-    md.versions.append("1")
+    md.versions.extend(model.version_list())
     return md
 
 
@@ -89,7 +100,7 @@ def model_metadata_dict(model: Any, name: str) -> dict[str, Any]:
     def tensors(ts: Any) -> list[dict[str, Any]]:
         return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in ts]
 
-    return {"name": name, "versions": ["1"], "platform": md.platform,
+    return {"name": name, "versions": model.version_list(), "platform": md.platform,
             "inputs": tensors(md.inputs), "outputs": tensors(md.outputs)}
 
 
@@ -97,6 +108,8 @@ def model_config_pb(model: Any, name: str) -> mc.ModelConfig:
     cfg = mc.ModelConfig()
     cfg.CopyFrom(_info(model).config)
     cfg.name = name
+    for f in PRIVATE_CONFIG_FIELDS:
+        cfg.ClearField(f)
     return cfg
 
 

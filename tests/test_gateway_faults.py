@@ -74,6 +74,7 @@ def test_kill9_one_of_two_replicas_under_load(tmp_path):
         cfg = parse_config({
             "listen": {"http_port": 0, "grpc_port": 0},
             "health_interval_s": 0.2,
+            "expose_replicas": True,  # answers name the replica that served them
             "models": [{"name": "emu", "slo_ms": 5000, "max_batch": 8, "replicas": [
                 {"id": "a", "url": ta.http_url, "variant": "emu", "profile": str(tmp_path / "emu.yaml")},
                 {"id": "b", "url": tb.http_url, "variant": "emu", "profile": str(tmp_path / "emu.yaml")},
