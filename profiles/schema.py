@@ -35,6 +35,13 @@ class Metadata(_Strict):
     labels: dict[str, str] = Field(default_factory=dict, description="free-form labels")
 
 
+class _Document(_Strict):
+    """What every kind has: the schema version and the object's name and labels."""
+
+    apiVersion: Literal["headrace.dev/v1"] = Field(default=API_VERSION, description="schema version")
+    metadata: Metadata
+
+
 # --------------------------------------------------------------------------- GpuPool
 
 
@@ -80,10 +87,8 @@ class GpuPoolSpec(_Strict):
         return self
 
 
-class GpuPool(_Strict):
-    apiVersion: Literal["headrace.dev/v1"] = Field(default=API_VERSION, description="schema version")
+class GpuPool(_Document):
     kind: Literal["GpuPool"] = Field(default="GpuPool", description="document kind")
-    metadata: Metadata
     spec: GpuPoolSpec
 
 
@@ -174,10 +179,8 @@ class ModelDeploymentSpec(_Strict):
         return tuple(v.name for v in self.variant_specs())
 
 
-class ModelDeployment(_Strict):
-    apiVersion: Literal["headrace.dev/v1"] = Field(default=API_VERSION, description="schema version")
+class ModelDeployment(_Document):
     kind: Literal["ModelDeployment"] = Field(default="ModelDeployment", description="document kind")
-    metadata: Metadata
     spec: ModelDeploymentSpec
 
 
@@ -244,10 +247,8 @@ class GatewaySpec(GatewaySettings):
     admin: AdminSpec = Field(default_factory=AdminSpec, description="the operator's admin API")
 
 
-class Gateway(_Strict):
-    apiVersion: Literal["headrace.dev/v1"] = Field(default=API_VERSION, description="schema version")
+class Gateway(_Document):
     kind: Literal["Gateway"] = Field(default="Gateway", description="document kind")
-    metadata: Metadata
     spec: GatewaySpec = Field(default_factory=GatewaySpec)
 
 
