@@ -39,7 +39,7 @@ class _Document(_Strict):
     """What every kind has: the schema version and the object's name and labels."""
 
     apiVersion: Literal["headrace.dev/v1"] = Field(default=API_VERSION, description="schema version")
-    metadata: Metadata
+    metadata: Metadata = Field(description="the object's name and labels")
 
 
 # --------------------------------------------------------------------------- GpuPool
