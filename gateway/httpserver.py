@@ -175,6 +175,7 @@ class _Connection(asyncio.Protocol):
         self.msg = _Message()
         self.queue: deque[_Pending] = deque()
         self.busy = False
+        self.waiting: asyncio.Future | None = None  # the answer being awaited, while busy
         self.closing = False
         self.paused = False
         self.broken = False  # the parser failed or a refusal was made: nothing after that is read as a request
@@ -199,6 +200,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        if self.waiting is not None and not self.waiting.done():
+            self.waiting.cancel()  # the client is gone: a queued request leaves the scheduler
         self._release(self.msg)
         self._stop_timer()
         self.server._conns.discard(self)
@@ -371,6 +374,7 @@ class _Connection(asyncio.Protocol):
             else:  # a future stays itself, a coroutine becomes a task
                 later, make = asyncio.ensure_future(answer), asyncio.Future.result
             self.server._tasks.add(later)
+            self.waiting = later
             later.add_done_callback(lambda t, ka=pending.keep_alive, mk=make: self._done(t, ka, mk))
             return
         self.busy = False
@@ -385,6 +389,7 @@ class _Connection(asyncio.Protocol):
     def _done(self, task: asyncio.Future, keep_alive: bool,
               make: Callable[[asyncio.Future], HttpResponse]) -> None:
         self.server._tasks.discard(task)
+        self.waiting = None
         if task.cancelled():
             resp = error_response(503, "gateway is shutting down")
         else:

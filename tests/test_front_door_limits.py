@@ -26,7 +26,7 @@ import yaml
 from gateway.codec import parse_http_infer
 from gateway.errors import InvalidRequest
 from gateway.http import HttpFrontDoor
-from gateway.httpserver import HttpRequest, HttpResponse, HttpServer
+from gateway.httpserver import HttpRequest, HttpResponse, HttpServer, Later
 from profiles.process import http_ready, start_serve, stop_group
 from profiles.profile import save_profiles
 from profiles.schema import LimitsSpec
@@ -535,3 +535,24 @@ def test_20_unfinished_60mb_bodies_grow_the_gateway_rss_by_at_most_356mib(gatewa
             break
         time.sleep(0.1)
     assert a.status == 400 and "malformed JSON" in a.doc["error"]
+
+
+def test_a_client_that_hangs_up_cancels_the_answer_it_was_waiting_for() -> None:
+    async def main() -> None:
+        waiting: list[asyncio.Future] = []
+
+        def handler(req):  # noqa: ANN001, ANN202
+            fut = asyncio.get_running_loop().create_future()
+            waiting.append(fut)
+            return Later(fut, lambda f: f.result())
+
+        async with serving(handler=handler) as (_, port):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            await send(writer, get("/v2/models/m"))
+            await until(lambda: bool(waiting))
+            assert not waiting[0].done()
+            writer.close()
+            # NOTE: the driver's future is cancelled, which takes a queued request out of the core
+            await until(lambda: waiting[0].cancelled(), timeout=2.0)
+
+    asyncio.run(main())
