@@ -56,7 +56,7 @@ def profiles_for(docs: Documents, base: ProfileSet) -> ProfileSet:
                 bad = _off_catalogue(p)
                 if bad:
                     raise SpecError(f"{where}: {path} document {j}: {bad}")
-                if p.key not in {q.key for q in out}:
+                if p.key not in out:
                     out.add(p)
     return out
 

@@ -248,6 +248,10 @@ class ProfileSet:
             raise ProfileError(f"duplicate profile {p.name}")
         self._by_key[p.key] = p
 
+    def __contains__(self, key: tuple[str, str, str]) -> bool:
+        """Whether a profile is stored under ``(variant, gpu, slice)``."""
+        return key in self._by_key
+
     def get(self, variant: str, gpu: str, slice: str) -> Profile:
         try:
             return self._by_key[(variant, gpu, slice)]
