@@ -82,15 +82,8 @@ class Emulated:
         arbiter = self._gpu(st.gpu).socket_path if src.kind == "emulated" else None
         where = Placement(f"{st.gpu}/{s.label}", s.mps, r.share, arbiter, st.replica_id)
         try:
-            if src.kind == "emulated" and self.triton_batching:
-                from profiles.emulator import write_emulated_model  # noqa: PLC0415
-
-                write_emulated_model(repo, r.variant, profile, slice_id=where.slice_id,
-                                     mode="mps" if s.mps else "timeslice", share=r.share, arbiter=arbiter,
-                                     max_batch=r.max_batch, client=st.replica_id,
-                                     dynamic_batching=DynamicBatching())
-            else:
-                write_replica_model(repo, r.variant, src, profile, where, r.max_batch)
+            write_replica_model(repo, r.variant, src, profile, where, r.max_batch,
+                                DynamicBatching() if self.triton_batching else None)
             srv = TritonServer(repo, ready_timeout=self.ready_timeout, log_path=repo.with_suffix(".log"))
             srv.start()
         except (SourceError, TritonError, OSError) as e:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from profiles.profile import Profile
+from profiles.repository import DynamicBatching
 
 SourceKind = Literal["emulated", "digits", "artifact"]
 
@@ -65,14 +66,17 @@ def check_artifact(variant: str, src: VariantSource) -> Path:
 
 
 def write_replica_model(repo: Path, variant: str, src: VariantSource, profile: Profile, where: Placement,
-                        max_batch: int) -> None:
-    """Write ``variant`` into the Triton model repository ``repo`` of one replica."""
+                        max_batch: int, dynamic_batching: DynamicBatching | None = None) -> None:
+    """Write ``variant`` into the Triton model repository ``repo`` of one replica
+    (``dynamic_batching``: Triton's own batcher in an emulated model, for clients that call
+    Triton directly)."""
     if src.kind == "emulated":
         from profiles.emulator import write_emulated_model  # noqa: PLC0415
 
         write_emulated_model(repo, variant, profile, slice_id=where.slice_id,
                              mode="mps" if where.mps else "timeslice", share=where.share,
-                             arbiter=where.arbiter, max_batch=max_batch, client=where.client)
+                             arbiter=where.arbiter, max_batch=max_batch, client=where.client,
+                             dynamic_batching=dynamic_batching)
     elif src.kind == "digits":
         from profiles.digits import write_digits_models  # noqa: PLC0415
 
