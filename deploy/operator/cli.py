@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 from rich.console import Console
@@ -28,6 +28,10 @@ from deploy.operator.state import STATE_ENV, DirStateStore, same_process
 from profiles.schema import SpecError
 
 WIDTH = 120
+
+if TYPE_CHECKING:
+    from deploy.operator.controller import Desired
+    from profiles.profile import ProfileSet
 
 HELP = """examples:
   headrace up -f deploy/examples/quickstart            # foreground; Ctrl-C stops everything
@@ -55,24 +59,21 @@ def _base_profiles():  # noqa: ANN202
     return load_profile_set([str(MEASURED_DIR)])
 
 
-def validate(files: list[str]) -> str:
-    """The documents as one YAML stream, validated here so errors name their file (exit 2)."""
-    from deploy.operator.controller import prepare  # noqa: PLC0415
+def validate(files: list[str]) -> tuple[str, Desired, ProfileSet]:
+    """The documents as one YAML stream with absolute paths, what they ask for, and the base
+    profile set it was checked against; validated here so errors name their file (exit 2)."""
+    from deploy.operator.controller import desired  # noqa: PLC0415
     from deploy.operator.documents import resolved_stream  # noqa: PLC0415
-    from placement.spec import check_profiles, profiles_for, single_pool  # noqa: PLC0415
     from profiles.profile import ProfileError  # noqa: PLC0415
     from profiles.schema import load_documents  # noqa: PLC0415
 
     try:
         docs = load_documents(*files)
-        single_pool(docs, files)
-        base = _base_profiles()
-        check_profiles(docs, profiles_for(docs, base))
         text = resolved_stream(files)
-        prepare(text, base)
+        base = _base_profiles()
+        return text, desired(docs, text, base, files), base
     except (SpecError, ProfileError) as e:
         raise CliError(str(e), 2) from None
-    return text
 
 
 # --------------------------------------------------------------------------- the admin client
@@ -133,16 +134,16 @@ def _cleanup_leftovers(store: DirStateStore, out: Console) -> None:
         store.write(st)
 
 
-async def _serve(args: argparse.Namespace, text: str, store: DirStateStore, out: Console) -> int:
+async def _serve(args: argparse.Namespace, text: str, want: Desired, base: ProfileSet, store: DirStateStore,
+                 out: Console) -> int:
     from deploy.operator.admin import serve_admin  # noqa: PLC0415
-    from deploy.operator.controller import Controller, prepare  # noqa: PLC0415
+    from deploy.operator.controller import Controller  # noqa: PLC0415
     from deploy.operator.state import start_time  # noqa: PLC0415
     from placement.executors import ExecutorError  # noqa: PLC0415
     from placement.plan import PlanError  # noqa: PLC0415
     from placement.solver import SolverError  # noqa: PLC0415
 
-    base = _base_profiles()
-    settings = prepare(text, base).settings
+    settings = want.settings
     token = store.token(settings.admin.token_file, settings.admin.token_env)
     ctl = Controller(store, base, method=args.method, tick=args.tick)
     st = store.read()
@@ -184,13 +185,13 @@ async def _serve(args: argparse.Namespace, text: str, store: DirStateStore, out:
 def up(args: argparse.Namespace) -> int:
     out = Console(width=WIDTH)
     store = DirStateStore.default(args.state_dir)
-    text = validate(args.file)
+    text, want, base = validate(args.file)
     _cleanup_leftovers(store, out)
     if args.detach:
         return _detach(args, store, out)
     from gateway.cli import run_on_serve_loop  # noqa: PLC0415
 
-    return run_on_serve_loop(_serve(args, text, store, out))
+    return run_on_serve_loop(_serve(args, text, want, base, store, out))
 
 
 def _detach(args: argparse.Namespace, store: DirStateStore, out: Console) -> int:
@@ -225,7 +226,7 @@ def _detach(args: argparse.Namespace, store: DirStateStore, out: Console) -> int
 
 
 def apply(args: argparse.Namespace) -> int:
-    text = validate(args.file)
+    text, _, _ = validate(args.file)
     url, token = _client(args)
     res = call(url, token, "POST", "/v1/apply" + ("?dry_run=1" if args.dry_run else ""), text.encode())
     out = Console(width=WIDTH)

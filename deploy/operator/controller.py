@@ -21,6 +21,7 @@ from typing import Any
 from deploy.operator.observe import Observer
 from deploy.operator.runtime import LocalRuntime, ProcessRuntime
 from deploy.operator.state import StateStore
+from deploy.operator.status import status
 from gateway.app import Gateway
 from gateway.config import GatewayConfig, resolve
 from placement import autoscale
@@ -63,15 +64,22 @@ def prepare(text: str, base: ProfileSet, where: str = "apply") -> Desired:
     """Validate a YAML stream of documents against the schema and the profiles."""
     docs = Documents()
     parse_documents(text, where, docs)
-    pool = single_pool(docs, [where])
-    if not pool.spec.emulate and any(g.model != HOST for n in pool.spec.nodes for g in n.gpus):
-        raise SpecError(f"{docs.origin(pool)}: spec.emulate: the operator serves GPU pools on emulated "
-                        "GPUs (emulate: true) and the host; real GPUs are configured by "
-                        "`headrace plan --apply --executor nvml` (got False)")
+    return desired(docs, text, base, [where])
+
+
+def desired(docs: Documents, text: str, base: ProfileSet, names: list[str]) -> Desired:
+    """Validated documents (``names``: where they came from, for errors) checked against the
+    profiles and the operator's limits, with what planning needs."""
+    where = ", ".join(names)
+    pool = single_pool(docs, names)
     if len(docs.gateways) > 1:
         raise SpecError(f"{where}: at most one Gateway document, found {len(docs.gateways)}")
     profiles = profiles_for(docs, base)
     check_profiles(docs, profiles)
+    if not pool.spec.emulate and any(g.model != HOST for n in pool.spec.nodes for g in n.gpus):
+        raise SpecError(f"{docs.origin(pool)}: spec.emulate: the operator serves GPU pools on emulated "
+                        "GPUs (emulate: true) and the host; real GPUs are configured by "
+                        "`headrace plan --apply --executor nvml` (got False)")
     sources = {}
     for md in docs.deployments:
         for v in md.spec.variant_specs():
@@ -140,11 +148,10 @@ class Controller:
         """Plan and serve the first generation: replicas, then the gateway configured from the plan."""
         async with self._lock:
             want = prepare(text, self.base_profiles, "up")
-            plan = await asyncio.to_thread(self._solve, want, None)
+            plan, steps = await asyncio.to_thread(self._solve_diff, want)
             self.runtime = self.runtime or LocalRuntime(want.profiles, self.store.run_dir, want.sources)
             if isinstance(self.runtime, LocalRuntime):
                 self.runtime.set_profiles(want.profiles, want.sources)
-            steps = diff(None, plan)
             self.generation = 1
             self.store.save_generation(1, text)
             self.applying = f"starting {sum(s.action == 'start_replica' for s in steps.steps)} replicas"
@@ -267,13 +274,8 @@ class Controller:
                              want.settings.model_dump(mode="json"))
         return GatewayConfig.model_validate(raw)
 
-    def _solve(self, want: Desired, rates: dict[str, float] | None) -> Plan:
-        pool = single_pool(want.docs, ["apply"])
-        plan = solve(want.demands(rates or {}), want.profiles, inventory(pool), self.method)
-        plan.verify()
-        return plan
-
     def _solve_diff(self, want: Desired) -> tuple[Plan, PlanDiff]:
+        """A verified plan for ``want`` and the steps from the running plan (none: from nothing)."""
         inv = inventory(single_pool(want.docs, ["apply"]))
         demands = want.demands(self.rates)
         if self.plan is None:
@@ -398,8 +400,6 @@ class Controller:
         self.store.write(st)
 
     def status(self) -> dict[str, Any]:
-        from deploy.operator.status import status  # noqa: PLC0415
-
         return status(self)
 
     def documents_yaml(self) -> str:

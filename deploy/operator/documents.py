@@ -1,5 +1,5 @@
 """Documents from files to the controller: validated where they are (so an error names the
-file), then sent as one YAML stream with every relative path (a variant's profile, an
+file, :func:`profiles.schema.load_documents`), then sent as one YAML stream with every relative path (a variant's profile, an
 artifact's uri) made absolute against its file's folder."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from profiles.schema import SpecError, load_documents, yaml_files
+from profiles.schema import SpecError, yaml_files
 
 
 def _absolute(value: str, base: Path) -> str:
@@ -34,15 +34,14 @@ def _resolve_paths(doc: Any, base: Path) -> Any:
 
 
 def resolved_stream(paths: list[str] | list[Path]) -> str:
-    """Validate the files (raising :class:`SpecError` naming file and document) and return
-    their documents as one YAML stream with absolute paths."""
-    load_documents(*paths)
+    """The files' documents as one YAML stream with absolute paths (validate them first with
+    :func:`profiles.schema.load_documents`, whose errors name file and document)."""
     out: list[Any] = []
     for path in yaml_files(list(paths)):
         base = path.parent.resolve()
         try:
             docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-        except (OSError, yaml.YAMLError) as e:  # load_documents said it already; belt and braces
+        except (OSError, yaml.YAMLError) as e:
             raise SpecError(f"{path}: {e}") from None
         out += [_resolve_paths(d, base) for d in docs]
     return yaml.safe_dump_all(out, sort_keys=False)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from placement.diff import replica_ids
+
 if TYPE_CHECKING:
     from deploy.operator.controller import Controller
 
@@ -28,8 +30,6 @@ def _replicas(c: Controller, model: str) -> list[dict[str, Any]]:
         return out
     eps = c.runtime.endpoints() if c.runtime else {}
     served = c.gateway.driver.replicas if c.gateway else {}
-    from placement.diff import replica_ids  # noqa: PLC0415
-
     for g in c.plan.used():
         for s in g.slices:
             for r, rid in zip(s.replicas, replica_ids(g, s), strict=True):
