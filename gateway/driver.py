@@ -55,6 +55,8 @@ class InferResult:
     replica: str
     met_deadline: bool
     expose_replica: bool = False  # the driver's expose_replicas setting
+    queue_s: float = 0.0  # seconds from arrival until its batch was sent
+    compute_s: float = 0.0  # seconds its batch took at the replica (sent to answered)
 
     def parameters(self) -> dict[str, str]:
         """Response parameters telling the client which variant served it, and which replica
@@ -72,11 +74,15 @@ class _Pending:
 
 
 def deadline_of(inp: InferInput, slo_header: str | None, default_slo: float, now: float,
-                margin: float = 0.0) -> float:
-    """Triton's ``timeout`` parameter (µs) first, then the SLO header (ms), then the model's SLO.
+                margin: float = 0.0, client_deadline: float | None = None) -> float:
+    """Triton's ``timeout`` parameter (µs) first, then the SLO header (ms), then the model's SLO,
+    capped by the seconds the client itself still waits (``client_deadline``: a gRPC deadline).
     The core plans toward ``1 - margin`` of that budget: the rest is kept for what happens
     outside the gateway's view (the client's send, the network, the answer's way back)."""
-    return now + _budget(inp, slo_header, default_slo) * (1.0 - margin)
+    budget = _budget(inp, slo_header, default_slo)
+    if client_deadline is not None:
+        budget = min(budget, max(0.0, client_deadline))
+    return now + budget * (1.0 - margin)
 
 
 def _budget(inp: InferInput, slo_header: str | None, default_slo: float) -> float:
@@ -253,17 +259,25 @@ class Driver(Fleet):
         )
 
     async def infer(self, name: str, inp: InferInput, slo_header: str | None = None,
-                    received: float | None = None) -> InferResult:
+                    received: float | None = None, *, version: str = "", deadline: float | None = None,
+                    priority: Priority | None = None) -> InferResult:
         """Admit, queue and run one request; raises a :class:`GatewayError` when it cannot."""
-        return await self.submit(name, inp, slo_header, received)
+        return await self.submit(name, inp, slo_header, received, version=version, deadline=deadline,
+                                 priority=priority)
 
     def submit(self, name: str, inp: InferInput, slo_header: str | None = None,
-               received: float | None = None) -> asyncio.Future[InferResult]:
+               received: float | None = None, *, version: str = "", deadline: float | None = None,
+               priority: Priority | None = None) -> asyncio.Future[InferResult]:
         """Admit and queue one request, without awaiting: a refusal raises here and now
         (:class:`GatewayError`), else the future answers it. ``received`` is when the front
         door read it (default: now); its deadline counts from then, so time spent waiting to
-        be parsed is not given away."""
-        m = self.model(name)
+        be parsed is not given away.
+
+        ``version``: the model version the client named ("" = the model's default; unknown:
+        :class:`ModelNotFound`). ``deadline``: seconds the client itself still waits (a gRPC
+        call's deadline), which caps the request's budget. ``priority``: the class the
+        caller's tenant imposes, overriding the request's own ``priority`` parameter."""
+        m = self.model(name, version)
         if self.draining:
             raise Unavailable("gateway is draining")
         if m.info is None:
@@ -273,8 +287,9 @@ class Driver(Fleet):
         arrival = now if received is None else min(received, now)
         served = m.served
         req = Request(
-            next(self._ids), name, arrival, deadline_of(inp, slo_header, served.slo, arrival, served.margin),
-            priority_of(inp, served.priority), rows,
+            next(self._ids), name, arrival,
+            deadline_of(inp, slo_header, served.slo, arrival, served.margin, client_deadline=deadline),
+            priority if priority is not None else priority_of(inp, served.priority), rows,
         )
         reject = self.core.submit(req, now)
         if reject is not None:
@@ -390,7 +405,8 @@ class Driver(Fleet):
             r = p.request
             met.append(ok := now <= r.arrival + (r.deadline - r.arrival) / keep)
             if not p.future.done():
-                p.future.set_result(InferResult(outs, b.variant, b.replica, ok, self.expose_replicas))
+                p.future.set_result(InferResult(outs, b.variant, b.replica, ok, self.expose_replicas,
+                                                sent - r.arrival, now - sent))
         # with nothing queued a poll cannot dispatch or reject anything: skip it (hot path)
         if self._queued is None or self._queued():
             self._poll()

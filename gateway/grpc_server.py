@@ -58,13 +58,15 @@ class InferenceServicer:
         self.driver = driver
         self.info = info
 
-    async def _infer(self, req: pb.ModelInferRequest, slo: str | None) -> pb.ModelInferResponse:
+    async def _infer(self, req: pb.ModelInferRequest, slo: str | None,
+                     deadline: float | None = None) -> pb.ModelInferResponse:
+        """``deadline``: seconds the client still waits (its gRPC deadline), a cap on the SLO."""
         name = req.model_name
         model = self.driver.model(name, req.model_version)
         inp = parse_grpc_infer(req)
         start = self.info.clock()
         try:
-            res = await self.driver.infer(name, inp, slo)
+            res = await self.driver.infer(name, inp, slo, version=req.model_version, deadline=deadline)
         except GatewayError:
             self.info.record(name, start, ok=False)
             raise
@@ -73,7 +75,8 @@ class InferenceServicer:
                                     res.parameters())
 
     async def ModelInfer(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
-        return await self._infer(_parse(pb.ModelInferRequest, raw), _slo_header(context))
+        return await self._infer(_parse(pb.ModelInferRequest, raw), _slo_header(context),
+                                 context.time_remaining())
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext

@@ -142,7 +142,7 @@ class HttpFrontDoor:
         inp = parse_http_infer(decoded_body(req, self.max_body), req.headers.get(HEADER_LEN), max_depth=self.max_depth)
         start = info.clock()
         try:
-            result = driver.submit(name, inp, req.headers.get(SLO_HEADER), req.received)
+            result = driver.submit(name, inp, req.headers.get(SLO_HEADER), req.received, version=version)
         except GatewayError:
             info.record(name, start, ok=False)
             raise
