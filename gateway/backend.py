@@ -14,7 +14,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
-from gateway.codec import Signature, Tensor, TensorSig
+from gateway.codec import Signature, Tensor, TensorSig, set_grpc_param
+from gateway.contract import Forward
 from gateway.errors import BackendError
 
 # codes after which another replica may well succeed (the server is down or went away)
@@ -56,11 +57,24 @@ class TritonReplica:
     async def close(self) -> None:
         await self._channel.close(grace=None)
 
-    async def infer(self, variant: str, inputs: list[Tensor], timeout: float | None) -> list[Tensor]:
+    async def infer(self, variant: str, inputs: list[Tensor], timeout: float | None,
+                    forward: Forward | None = None, triton_timeout_us: int = 0) -> list[Tensor]:
+        """One batch: ``forward`` is what else the client asked of Triton (its version,
+        parameters and outputs), ``triton_timeout_us`` Triton's ``timeout`` (0: none)."""
         req = pb.ModelInferRequest(model_name=variant)
         for t in inputs:
             req.inputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
             req.raw_input_contents.append(bytes(t.raw) if isinstance(t.raw, memoryview) else t.raw)
+        if forward is not None:
+            req.model_version = forward.version
+            for k, v in forward.parameters:
+                set_grpc_param(req.parameters, k, v)
+            for name, params in forward.outputs:
+                o = req.outputs.add(name=name)
+                for k, v in params:
+                    set_grpc_param(o.parameters, k, v)
+        if triton_timeout_us:
+            req.parameters["timeout"].int64_param = triton_timeout_us
         try:
             resp = await self._stub.ModelInfer(req, timeout=timeout)
         except grpc.aio.AioRpcError as e:

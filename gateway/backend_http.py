@@ -23,6 +23,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from gateway.backend import ModelInfo, signature_of
 from gateway.codec import Memo, Tensor, TensorLayout, json_to_raw
+from gateway.contract import Forward
 from gateway.errors import BackendError
 
 _GRPC_OF_HTTP = {
@@ -40,12 +41,34 @@ _REQUEST_HEADS = Memo()
 _RESPONSE_LAYOUTS = Memo()
 
 
-def _request_head(layout: tuple[tuple[str, str, tuple[int, ...], int], ...]) -> bytes:
-    """An infer request's JSON header for inputs (name, datatype, shape, bytes) sent binary."""
-    doc = {"inputs": [{"name": name, "datatype": dt, "shape": list(shape), "parameters": {"binary_data_size": n}}
-                      for name, dt, shape, n in layout],
-           "parameters": {"binary_data_output": True}}
-    return json.dumps(doc, separators=(",", ":")).encode()
+_HEAD_START = b'{"parameters":{'
+
+
+def _request_head(key: tuple[tuple[tuple[str, str, tuple[int, ...], int], ...], Forward | None]) -> bytes:
+    """An infer request's JSON header, for inputs (name, datatype, shape, bytes) sent binary
+    and what else is forwarded, without its opening ``{"parameters":{`` (:func:`_head`
+    writes that and Triton's ``timeout``, which differs from batch to batch)."""
+    layout, forward = key
+    params: dict[str, Any] = {"binary_data_output": True}
+    doc: dict[str, Any] = {"parameters": params,
+                           "inputs": [{"name": name, "datatype": dt, "shape": list(shape),
+                                       "parameters": {"binary_data_size": n}} for name, dt, shape, n in layout]}
+    if forward is not None:
+        params.update(forward.parameters)
+        params["binary_data_output"] = True
+        if forward.outputs:
+            doc["outputs"] = [{"name": name, "parameters": {**dict(p), "binary_data": True}}
+                              for name, p in forward.outputs]
+    head = json.dumps(doc, separators=(",", ":")).encode()
+    return head[len(_HEAD_START):]
+
+
+def _head(layout: tuple[tuple[str, str, tuple[int, ...], int], ...], forward: Forward | None,
+          triton_timeout_us: int) -> bytes:
+    rest = _REQUEST_HEADS.get((layout, forward), _request_head)
+    if not triton_timeout_us:
+        return _HEAD_START + rest
+    return b'%s"timeout":%d,%s' % (_HEAD_START, triton_timeout_us, rest)
 
 
 def _response_layout(head: bytes) -> tuple[TensorLayout, ...]:
@@ -220,14 +243,18 @@ class TritonHttpReplica:
         return BackendError(f"replica {self.url} ({what}): {code.name}: {msg}", code,
                             retryable=code == grpc.StatusCode.UNAVAILABLE)
 
-    def infer(self, variant: str, inputs: list[Tensor], timeout: float | None) -> Awaitable[list[Tensor]]:
+    def infer(self, variant: str, inputs: list[Tensor], timeout: float | None,
+              forward: Forward | None = None, triton_timeout_us: int = 0) -> Awaitable[list[Tensor]]:
         """Send a batch and return the wait for its outputs. With a pooled connection open the
-        request is on its way when this returns, before the caller's first await."""
+        request is on its way when this returns, before the caller's first await. ``forward``
+        is what else the client asked of Triton (its version, parameters and outputs),
+        ``triton_timeout_us`` Triton's ``timeout`` (0: none)."""
         layout = tuple((t.name, t.datatype, tuple(t.shape), len(t.raw)) for t in inputs)
-        head = _REQUEST_HEADS.get(layout, _request_head)
+        head = _head(layout, forward, triton_timeout_us)
         headers = b"Inference-Header-Content-Length: %d\r\n" % len(head)
-        answer = self._request(b"POST", f"/v2/models/{variant}/infer", headers,
-                               [head, *(t.raw for t in inputs)], timeout)
+        path = (f"/v2/models/{variant}/versions/{forward.version}/infer" if forward is not None and forward.version
+                else f"/v2/models/{variant}/infer")
+        answer = self._request(b"POST", path, headers, [head, *(t.raw for t in inputs)], timeout)
         return self._outputs(variant, answer)
 
     async def _outputs(self, variant: str, answer: Awaitable[tuple[int, dict[bytes, bytes], bytes]]

@@ -58,6 +58,7 @@ class Tensor:
 class RequestedOutput:
     name: str
     binary: bool | None = None  # HTTP only: None = follow the request-level default
+    parameters: dict[str, Any] = field(default_factory=dict)  # forwarded (classification, ...)
 
 
 @dataclass(slots=True)
@@ -439,8 +440,11 @@ def _layout_of(head: bytes, max_depth: int) -> _RequestLayout:
         if not isinstance(o, dict) or not isinstance(o.get("name"), str):
             raise InvalidRequest(f"outputs[{i}] must be an object with a string 'name'")
         p = o.get("parameters") or {}
-        b = p.get("binary_data") if isinstance(p, dict) else None
-        outputs.append(RequestedOutput(o["name"], None if b is None else bool(b)))
+        if not isinstance(p, dict):
+            raise InvalidRequest(f"outputs[{i}] parameters must be an object")
+        b = p.get("binary_data")
+        outputs.append(RequestedOutput(o["name"], None if b is None else bool(b),
+                                       {k: v for k, v in p.items() if k != "binary_data"}))
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise InvalidRequest("request parameters must be an object")
@@ -517,7 +521,8 @@ def parse_grpc_infer(req: pb.ModelInferRequest) -> InferInput:
         t = Tensor(inp.name, dt, shape, raw)
         check_size(t)
         out.append(t)
-    outputs = [RequestedOutput(o.name) for o in req.outputs]
+    outputs = [RequestedOutput(o.name, None, {k: _param_value(v) for k, v in o.parameters.items()})
+               for o in req.outputs]
     params = {k: _param_value(v) for k, v in req.parameters.items()}
     return InferInput(out, outputs, req.id, params)
 

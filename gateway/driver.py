@@ -19,7 +19,7 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -29,6 +29,7 @@ from gateway.backend import TritonReplica
 from gateway.backend_http import TritonHttpReplica
 from gateway.codec import InferInput, Tensor, concat, split, validate
 from gateway.config import ServedModel
+from gateway.contract import Forward, forward_of, sequence_of, timeout_us
 from gateway.errors import (
     BackendError,
     GatewayError,
@@ -71,6 +72,7 @@ class _Pending:
     request: Request
     input: InferInput
     future: asyncio.Future
+    forward: Forward | None = None  # what goes to Triton besides the tensors (its batch key)
 
 
 def deadline_of(inp: InferInput, slo_header: str | None, default_slo: float, now: float,
@@ -283,6 +285,10 @@ class Driver(Fleet):
         if m.info is None:
             raise Unavailable(f"model '{name}' is not ready")
         rows = validate(m.info.signature, name, inp)
+        fwd = seq = None
+        if inp.parameters or inp.outputs or version:
+            fwd = forward_of(inp, version, m.info.signature)
+            seq = sequence_of(inp)
         now = self.clock()
         arrival = now if received is None else min(received, now)
         served = m.served
@@ -290,14 +296,17 @@ class Driver(Fleet):
             next(self._ids), name, arrival,
             deadline_of(inp, slo_header, served.slo, arrival, served.margin, client_deadline=deadline),
             priority if priority is not None else priority_of(inp, served.priority), rows,
+            key=fwd, replicas=self.replicas_serving(name, version) if version else None,
         )
+        if seq is not None:
+            req = replace(req, sequence=seq.id, sequence_start=seq.start, sequence_end=seq.end)
         reject = self.core.submit(req, now)
         if reject is not None:
             self.metrics.of(self.metrics.rejections, name, reject.reason).inc()
             self.metrics.of(self.metrics.refusal_wait, name).observe(now - arrival)
             raise rejection(reject.message, reject.reason, reject.retry_after)
         fut = self._loop.create_future()  # type: ignore[union-attr]
-        self._pending[req.id] = _Pending(req, inp, fut)
+        self._pending[req.id] = _Pending(req, inp, fut, fwd)
         fut.add_done_callback(partial(self._gone, req.id))
         if not self._poll_scheduled and self._queued is not None and self._queued() == 1:
             self._poll()  # a lone arrival: dispatch it now rather than one loop turn later
@@ -450,6 +459,10 @@ class Driver(Fleet):
                 return _value([])
             remaining = max(0.0, max(p.request.deadline for p in live) - now)
             timeout = remaining + 2.0  # late answers are still answers; a hung replica is not
+            # Triton's timeout: what is left of the latest member's whole budget (margin included)
+            keep = 1.0 - self.models[live[0].request.model].served.margin
+            budget = max(r.arrival + (r.deadline - r.arrival) / keep for r in (p.request for p in live))
+            forward, triton_us = live[0].forward, timeout_us(budget - now)
             groups: dict[tuple, list[int]] = {}
             if len(live) == 1:  # one request is one group: no shape keys to compute
                 groups[()] = [0]
@@ -458,7 +471,7 @@ class Driver(Fleet):
                     key = tuple((t.name, tuple(t.shape[1:])) for t in sorted(p.input.inputs, key=lambda t: t.name))
                     groups.setdefault(key, []).append(i)
             inputs = [_group_inputs([live[i] for i in idx]) for idx in groups.values()]
-            calls = [rep.client.infer(b.variant, x, timeout) for x in inputs]
+            calls = [rep.client.infer(b.variant, x, timeout, forward, triton_us) for x in inputs]
         except Exception as e:  # noqa: BLE001  (answered as the batch's failure)
             return _raising(e)
         batched = self.models[live[0].request.model].info.signature.batched  # type: ignore[union-attr]

@@ -138,6 +138,13 @@ class Fleet:
         if m is not None:
             m.set_versions([r.versions for r in self.replicas.values() if r.model == name and r.versions])
 
+    def replicas_serving(self, name: str, version: str) -> frozenset[str] | None:
+        """The replicas of model ``name`` whose Triton model serves ``version`` (those whose
+        metadata is not known yet included); None when all of them do (no restriction)."""
+        ids = [r.id for r in self.replicas.values() if r.model == name]
+        ok = frozenset(r for r in ids if not self.replicas[r].versions or version in self.replicas[r].versions)
+        return None if len(ok) == len(ids) else ok
+
     def replica_ids(self) -> dict[str, list[str]]:
         """What the gateway serves: each model's replica ids (one being removed included)."""
         out: dict[str, list[str]] = {name: [] for name in self.models}

@@ -49,9 +49,10 @@ class Fake(FakeReplica):
     async def close(self) -> None:
         self.closed = True
 
-    async def infer(self, variant: str, inputs: list[Tensor], timeout: float | None) -> list[Tensor]:
+    async def infer(self, variant: str, inputs: list[Tensor], timeout: float | None,
+                    forward: object = None, triton_timeout_us: int = 0) -> list[Tensor]:
         if not self.auto:
-            return await super().infer(variant, inputs, timeout)
+            return await super().infer(variant, inputs, timeout, forward, triton_timeout_us)
         self.calls.append((variant, inputs[0].shape[0]))
         for _ in range(3):
             await asyncio.sleep(0)

@@ -39,6 +39,7 @@ class FakeReplica:
     def __init__(self, url: str) -> None:
         self.url = url
         self.calls: list[tuple[str, int]] = []
+        self.forwarded: list[tuple[object, int]] = []  # (Forward or None, Triton timeout µs) per call
         self.gates: list[asyncio.Future] = []
         self.rows_reply: int | None = None  # answer with this many rows instead (a broken backend)
 
@@ -51,9 +52,11 @@ class FakeReplica:
     async def close(self) -> None:
         pass
 
-    async def infer(self, variant: str, inputs: list[Tensor], timeout: float | None) -> list[Tensor]:
+    async def infer(self, variant: str, inputs: list[Tensor], timeout: float | None,
+                    forward: object = None, triton_timeout_us: int = 0) -> list[Tensor]:
         rows = inputs[0].shape[0]
         self.calls.append((variant, rows))
+        self.forwarded.append((forward, triton_timeout_us))
         gate = asyncio.get_running_loop().create_future()
         self.gates.append(gate)
         await gate  # the test resolves it: None to answer, an exception to fail

@@ -224,7 +224,7 @@ def test_an_answer_that_cannot_be_encoded_is_a_500_not_a_hang(monkeypatch) -> No
         def model(self, name: str) -> None:
             pass
 
-        def submit(self, name, inp, slo_header, received):
+        def submit(self, name, inp, slo_header, received, **contract):
             fut = asyncio.get_running_loop().create_future()
             fut.set_result(object())  # any result: encoding it fails below
             return fut

@@ -17,6 +17,7 @@ class EdfQueue:
         self._seq = 0
         self.rows = 0  # total rows queued
         self.max_size = 0  # at least the largest request queued (reset when emptied)
+        self.keyed = 0  # requests queued with a batch key
 
     def push(self, request: Request) -> None:
         key = (request.deadline, self._seq)
@@ -26,6 +27,8 @@ class EdfQueue:
         self._items.insert(i, request)
         self.rows += request.size
         self.max_size = max(self.max_size, request.size)
+        if request.key is not None:
+            self.keyed += 1
 
     def deadlines(self) -> list[float]:
         return [k[0] for k in self._keys]
@@ -49,6 +52,7 @@ class EdfQueue:
         self._keys = [k for i, k in enumerate(self._keys) if i not in drop]
         self._items = [r for i, r in enumerate(self._items) if i not in drop]
         self.rows -= sum(r.size for r in taken)
+        self.keyed -= sum(r.key is not None for r in taken)
         if not self._items:
             self.max_size = 0
         return taken
@@ -64,7 +68,7 @@ class EdfQueue:
 
     def clear(self) -> list[Request]:
         out = self._items
-        self._keys, self._items, self.rows, self.max_size = [], [], 0, 0
+        self._keys, self._items, self.rows, self.max_size, self.keyed = [], [], 0, 0, 0
         return out
 
     def __getitem__(self, i: int) -> Request:

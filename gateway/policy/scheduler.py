@@ -56,12 +56,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.policy.admission import Lane, plan_finishes, predict_finish
-from gateway.policy.batching import SelectContext, get_policy
+from gateway.policy.batching import BatchPolicy, SelectContext, Selection, get_policy
 from gateway.policy.config import SchedulerConfig
 from gateway.policy.edf import EdfQueue
 from gateway.policy.migrate import relocate
 from gateway.policy.rate import RateEstimator
+from gateway.policy.replica import Replica as _Replica
 from gateway.policy.selector import Level, VariantInfo, candidate_order, next_level
+from gateway.policy.sequences import Sequences
 from gateway.policy.types import (
     Batch,
     Decision,
@@ -74,83 +76,6 @@ from gateway.policy.types import (
 )
 
 _EPS = 1e-6  # a wake-up lands this long after the instant a request turns infeasible
-
-
-_RETABLE_S = 1e-4  # rebuild a replica's latency tables when a learned term moves this much
-
-
-def _step(est: float, above: bool, q: float, step: float) -> float:
-    """One step of stochastic tracking of the ``q`` quantile of a stream of samples."""
-    return est + (step * q if above else -step * (1 - q))
-
-
-@dataclass
-class _Replica:
-    info: ReplicaInfo
-    base: list[float]  # profile seconds of a batch by rows (index 0 unused)
-    table: list[float] = field(default_factory=list)  # base + run_excess + overhead: when answers are back
-    run: list[float] = field(default_factory=list)  # base + run_excess: how long a batch holds the replica
-    healthy: bool = True
-    draining: bool = False  # takes no new batch; its batches in flight complete
-    inflight: list[Batch] = field(default_factory=list)
-    ends: list[float] = field(default_factory=list)  # predicted end on the replica of each in flight
-    run_excess: float = 0.0  # learned seconds a batch runs beyond its profile on the replica
-    overhead: float = 0.0  # learned seconds from a batch's end on the replica to its answers
-    applied: tuple[float, float] = (0.0, 0.0)  # the (run_excess, overhead) the tables were built with
-    last_done: float | None = None  # when the last batch came back
-
-    def __post_init__(self) -> None:
-        if not self.table:
-            self.table = list(self.base)
-        if not self.run:
-            self.run = list(self.base)
-
-    def learn(self, batch: Batch, now: float, cfg: SchedulerConfig) -> None:
-        """``batch`` came back at ``now``: move both learned terms one step."""
-        step = cfg.overhead_step_s
-        if self.last_done is not None and batch.dispatched < self.last_done:
-            # sent before the previous batch came back: it ran back to back after it
-            excess = now - self.last_done - self.base[batch.rows]
-            est = _step(self.run_excess, excess > self.run_excess, 0.5, step)
-            self.run_excess = min(max(est, -0.5 * self.base[1]), cfg.max_overhead_s)
-        lateness = now - batch.predicted_finish
-        self.overhead = min(max(_step(self.overhead, lateness > 0, cfg.overhead_quantile, step), 0.0),
-                            cfg.max_overhead_s)
-        self.last_done = now
-        g, o = self.applied
-        moved = max(abs(self.run_excess - g), abs(self.overhead - o)) >= _RETABLE_S
-        exact = (self.run_excess, self.overhead) == (0.0, 0.0) != (g, o)  # back to the profile itself
-        if moved or exact:
-            self.applied = (self.run_excess, self.overhead)
-            self.run = [0.0] + [t + self.run_excess for t in self.base[1:]]
-            self.table = [0.0] + [t + self.overhead for t in self.run[1:]]
-
-    def dispatch(self, batch: Batch) -> None:
-        """``batch`` (planned with the current tables) is in flight on this replica."""
-        self.inflight.append(batch)
-        self.ends.append(batch.predicted_finish - self.applied[1])
-
-    def reanchor(self, now: float) -> None:
-        """A batch came back at ``now``: the replica was done with it by then, so the batches
-        still in flight run from there. Re-planning their ends from each completion keeps
-        run-time errors from adding up along a long run of back-to-back batches."""
-        t = now
-        for i, b in enumerate(self.inflight):
-            t += self.run[b.rows]
-            self.ends[i] = t
-
-    def start(self, now: float) -> float:
-        """When a new batch would begin executing: with room to pipeline, when the replica is
-        done with the batches in flight (it already holds the next one); else once their
-        answers are back."""
-        if not self.inflight:
-            return now
-        if self.info.max_inflight > 1:
-            return max(now, max(self.ends))
-        return max(now, max(b.predicted_finish for b in self.inflight))
-
-    def has_slot(self) -> bool:
-        return self.healthy and len(self.inflight) < self.info.max_inflight
 
 
 @dataclass
@@ -194,6 +119,7 @@ class EdfScheduler:
         self._models: dict[str, _Model] = {}
         self._pending: dict[int, Request] = {}  # admitted and not yet answered
         self._retried: set[int] = set()
+        self._sequences = Sequences()
 
     # ------------------------------------------------------------------ replicas
 
@@ -241,6 +167,7 @@ class EdfScheduler:
         group = model.groups[rep.info.variant]
         group.replicas.remove(replica_id)
         out = [r for b in rep.inflight for r in b.requests]
+        out += self._sequences.drop_replica(replica_id)
         if not group.replicas:
             del model.groups[rep.info.variant]
             out += self._evacuate(model, group, now)
@@ -265,10 +192,15 @@ class EdfScheduler:
             raise ValueError(f"request id {request.id} is already pending")
         model = self._model(request.model)
         model.rate.observe(now, request.size)
-        live = {v: h for v, g in model.groups.items() if (h := self._healthy(g))}
+        allowed = request.replicas
+        live = {v: h for v, g in model.groups.items()
+                if (h := [x for x in self._healthy(g) if allowed is None or x.info.id in allowed])}
         if not live:
+            which = "" if allowed is None else f" (of replicas {sorted(allowed)})"
             return self._reject(request, RejectReason.NO_REPLICA, self.config.no_replica_retry_after_s,
-                                f"no healthy replica serves model {request.model!r}")
+                                f"no healthy replica serves model {request.model!r}{which}")
+        if request.sequence is not None:
+            return self._submit_in_sequence(model, request, live, now)
         if len(live) == 1 and request.accuracy_floor is None:
             order = list(live)
         else:
@@ -325,8 +257,14 @@ class EdfScheduler:
         retry_ids = {r.id for r in retry}
         model = group = None
         for r in batch.requests:
+            if r.sequence is not None:
+                self._sequences.done(r)
             if r.id not in self._pending:
                 continue  # already handed back by remove_replica
+            if r.sequence is not None and r.id in retry_ids:
+                self._sequences.retry(batch.replica, r)  # its state is on that replica alone
+                self._retried.add(r.id)
+                continue
             model = self._models.get(r.model)
             group = model.groups.get(batch.variant) if model else None
             if group is None and model and model.groups:
@@ -347,6 +285,11 @@ class EdfScheduler:
         model = self._models.get(r.model) if r is not None else None
         if r is None or model is None:
             return False
+        if r.sequence is not None:
+            if self._sequences.cancel(r):
+                self._forget(r)
+                return True
+            return False
         for group in model.groups.values():
             if group.queue_of(r).remove(r):
                 self._forget(r)
@@ -357,6 +300,8 @@ class EdfScheduler:
         batches: list[Batch] = []
         rejects: list[Reject] = []
         wake = float("inf")
+        if self._sequences.queued:
+            self._poll_sequences(now, batches, rejects)
         for model in self._models.values():
             for group in model.groups.values():
                 healthy = self._healthy(group)
@@ -391,7 +336,10 @@ class EdfScheduler:
     def queued(self, model: str | None = None) -> int:
         """Requests waiting in queues (of one model, or all)."""
         ms = [self._models[model]] if model in self._models else [] if model else self._models.values()
-        return sum(g.queued for m in ms for g in m.groups.values())
+        waiting = self._sequences.queued if model is None else sum(
+            1 for rid in self._sequences.replicas_waited_on() for r in self._sequences.waiting(rid)
+            if r.model == model)
+        return sum(g.queued for m in ms for g in m.groups.values()) + waiting
 
     @property
     def pending(self) -> int:
@@ -430,7 +378,8 @@ class EdfScheduler:
         live = {v: [x for x in reps if x.healthy] for v, reps in staying.items()}
         return relocate(
             group.clear(), self._variant_infos(model, live), model.level,
-            fits=lambda v, r: r.size <= max(x.info.max_batch for x in staying[v]),
+            fits=lambda v, r: r.size <= max(x.info.max_batch for x in staying[v]) and (
+                r.replicas is None or any(x.info.id in r.replicas for x in staying[v])),
             plan=(lambda v, r: self._plan(model.groups[v], live[v], r, now)) if self.policy.deadline_aware else None,
             push=lambda v, r: model.groups[v].queue_of(r).push(r))
 
@@ -485,6 +434,67 @@ class EdfScheduler:
         self._forget(r)
         return Reject(r, reason, retry_after, message)
 
+    def _submit_in_sequence(self, model: _Model, request: Request, live: dict[str, list[_Replica]],
+                            now: float) -> Reject | None:
+        """A request of a sequence waits for the replica its sequence is bound to; a new
+        sequence binds to a replica of the model's preferred variant, the one holding fewest
+        sequences (see :mod:`gateway.policy.sequences`)."""
+        seqs = self._sequences
+        rid = seqs.replica_of(request)
+        if rid is None:
+            infos = self._variant_infos(model, live)
+            order = [v for v in candidate_order(infos, request.accuracy_floor, model.level)
+                     if request.size <= max(r.info.max_batch for r in live[v])]
+            if not order:
+                return self._reject(request, RejectReason.INFEASIBLE, self.config.min_retry_after_s,
+                                    f"no variant of model {request.model!r} takes this sequence request")
+            rid = seqs.least_bound([r.info.id for r in live[order[0]]])
+        rep = self._replicas.get(rid)
+        if rep is None or not rep.healthy:
+            return self._reject(request, RejectReason.NO_REPLICA, self.config.no_replica_retry_after_s,
+                                f"the replica holding sequence {request.sequence!r} of model "
+                                f"{request.model!r} is not serving; start the sequence again")
+        if self.policy.deadline_aware:
+            ahead = sum(r.size for r in seqs.waiting(rid))
+            finish = rep.start(now) + rep.table[min(ahead + request.size, rep.info.max_batch)] * (
+                1 + ahead // rep.info.max_batch)
+            if finish > request.deadline:
+                reason = RejectReason.SHED if request.priority == Priority.BEST_EFFORT else RejectReason.INFEASIBLE
+                return self._reject(
+                    request, reason, max(self.config.min_retry_after_s, finish - request.deadline),
+                    f"predicted finish {(finish - now) * 1e3:.1f} ms from now is past the deadline "
+                    f"{(request.deadline - now) * 1e3:.1f} ms from now")
+        seqs.bind(request, rid, now)
+        self._pending[request.id] = request
+        return None
+
+    def _poll_sequences(self, now: float, batches: list[Batch], rejects: list[Reject]) -> None:
+        """Send each replica's next sequence request while it has a slot, each alone; answer
+        those whose replica is gone or unhealthy, or that can no longer finish in time."""
+        seqs = self._sequences
+        for rid in seqs.replicas_waited_on():
+            rep = self._replicas.get(rid)
+            if rep is None or not rep.healthy:
+                for r in seqs.drop_waiting(rid):
+                    rejects.append(self._reject(
+                        r, RejectReason.FAILED if r.id in self._retried else RejectReason.NO_REPLICA,
+                        self.config.no_replica_retry_after_s,
+                        f"the replica holding sequence {r.sequence!r} of model {r.model!r} is not serving"))
+                continue
+            while rep.has_slot() and (r := seqs.next(rid)) is not None:
+                seqs.take(rid, r)
+                start = rep.start(now)
+                finish = start + rep.table[r.size]
+                if self.policy.deadline_aware and finish > r.deadline:
+                    rejects.append(self._reject(
+                        r, RejectReason.EXPIRED, self.config.min_retry_after_s,
+                        f"no replica can finish it by its deadline ({(r.deadline - now) * 1e3:.1f} ms from now)"))
+                    continue
+                seqs.started(r)
+                batch = Batch(rid, rep.info.variant, (r,), now, finish)
+                rep.dispatch(batch)
+                batches.append(batch)
+
     def _needed_batch(self, healthy: list[_Replica], rate: float) -> int:
         """Smallest batch (rows) at which the healthy replicas together keep up with ``rate``
         (a replica whose max batch is smaller runs its max batch)."""
@@ -510,7 +520,7 @@ class EdfScheduler:
         chosen: list[Request] = []
         wake = None
         if len(group.guaranteed):
-            sel = self.policy.select(group.guaranteed, ctx)
+            sel = _select_alike(self.policy, group.guaranteed, rep.info.id, ctx)
             wake = sel.wakeup
             chosen = group.guaranteed.remove_indices(sel.take)
             if not chosen or len(group.guaranteed):
@@ -527,7 +537,8 @@ class EdfScheduler:
                 latency=(lambda rows: lat(rows + used)),
             )
             if room > 0:
-                sel = self.policy.select(group.best_effort, be_ctx)
+                sel = _select_alike(self.policy, group.best_effort, rep.info.id, be_ctx,
+                                    chosen[0].key if chosen else _FIRST)
                 extra_rows = sum(group.best_effort[i].size for i in sel.take)
                 if sel.take and ctx.start + lat(used + extra_rows) <= limit:
                     chosen += group.best_effort.remove_indices(sel.take)
@@ -605,3 +616,23 @@ class EdfScheduler:
                 if last_start >= now:
                     best = min(best, last_start + _EPS)
         return best
+
+
+_FIRST = object()  # _select_alike: the key of the first request the replica may take
+
+
+def _select_alike(policy: BatchPolicy, queue: EdfQueue, replica: str, ctx: SelectContext,
+                  key: object = _FIRST) -> Selection:
+    """The policy's choice, as indices of ``queue``, among the queued requests ``replica`` may
+    take whose batch key is ``key`` (Triton gets a batch as one request, so its members must
+    agree on what is forwarded)."""
+    if not queue.keyed and key in (None, _FIRST):
+        return policy.select(queue, ctx)  # the common case: nothing keyed or restricted
+    index = [i for i, r in enumerate(queue) if r.replicas is None or replica in r.replicas]
+    if not index:
+        return Selection()
+    if key is _FIRST:
+        key = queue[index[0]].key
+    index = [i for i in index if queue[i].key == key]
+    sel = policy.select([queue[i] for i in index], ctx)
+    return Selection(tuple(index[i] for i in sel.take), sel.wakeup)

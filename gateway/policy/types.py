@@ -14,6 +14,7 @@ Everything is plain data; times are float seconds on the driver's monotonic cloc
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Protocol
@@ -38,6 +39,13 @@ class Request:
     priority: Priority = Priority.GUARANTEED
     size: int = 1  # rows along the batch dimension this request carries
     accuracy_floor: float | None = None  # variant selection: least acceptable accuracy
+    # what Triton must see alike for requests to share a batch (forwarded parameters,
+    # requested outputs, version); None: nothing beyond the tensors (the common case)
+    key: Hashable | None = None
+    replicas: frozenset[str] | None = None  # only these replicas may serve it (None: any)
+    sequence: Hashable | None = None  # a sequence id: sticks to one replica, runs alone, in order
+    sequence_start: bool = False  # starts (or restarts) its sequence
+    sequence_end: bool = False  # its sequence's last request
 
 
 @dataclass(frozen=True, slots=True)

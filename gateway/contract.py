@@ -1,0 +1,101 @@
+"""What a request asks of Triton beyond its tensors, and so what Triton must receive.
+
+Triton sees what the client sent, minus what the gateway itself consumes, plus ``timeout``:
+
+- consumed: ``timeout`` and ``priority`` (the gateway schedules by them and sends its own
+  ``timeout``: the request's remaining budget), ``binary_data_output`` (how the gateway's
+  own answer is encoded; it always asks Triton for binary outputs) and every ``headrace_*``
+  parameter (the gateway's own: variant constraints and the like);
+- forwarded: every other request parameter (``sequence_id``, ``sequence_start`` and
+  ``sequence_end`` included), the requested outputs with their parameters (``classification``
+  among them; an output's HTTP ``binary_data`` flag is only about the gateway's answer), and a
+  version the client named.
+
+A batch goes to Triton as one request, so requests share a batch only when all of that is
+alike: :func:`forward_of` gives the batch key the core groups by (None in the common case of
+nothing to forward). A request asking for every output, with no output parameter, asks for
+the same as one asking for none, and batches with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.codec import InferInput, Signature
+from gateway.errors import InvalidRequest
+
+CONSUMED = frozenset({"timeout", "priority", "binary_data_output"})
+GATEWAY_PREFIX = "headrace_"
+SEQUENCE_PARAMS = ("sequence_id", "sequence_start", "sequence_end")
+
+Params = tuple[tuple[str, Any], ...]  # sorted (name, value) pairs
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """What goes to Triton with a batch besides its tensors (and ``timeout``)."""
+
+    version: str = ""  # "" = Triton's default
+    parameters: Params = ()
+    outputs: tuple[tuple[str, Params], ...] = ()  # () = every output
+
+
+@dataclass(frozen=True, slots=True)
+class Sequence:
+    id: Hashable
+    start: bool
+    end: bool
+
+
+def _scalar(where: str, v: Any) -> Any:
+    if isinstance(v, bool | int | float | str):
+        return v
+    raise InvalidRequest(f"{where} must be a string, number or boolean, got {type(v).__name__}")
+
+
+def _params(where: str, params: dict[str, Any], skip: bool) -> Params:
+    out = []
+    for k, v in params.items():
+        if skip and (k in CONSUMED or k.startswith(GATEWAY_PREFIX)):
+            continue
+        out.append((k, _scalar(f"{where} {k!r}", v)))
+    return tuple(sorted(out))
+
+
+def forward_of(inp: InferInput, version: str, sig: Signature) -> Forward | None:
+    """What ``inp`` forwards to Triton (its batch key), or None when nothing is."""
+    params = _params("parameter", inp.parameters, skip=True) if inp.parameters else ()
+    outputs: tuple[tuple[str, Params], ...] = ()
+    if inp.outputs:
+        outputs = tuple(sorted((o.name, _params(f"output {o.name!r} parameter", o.parameters, skip=False))
+                               for o in inp.outputs))
+        if all(not p for _, p in outputs) and {n for n, _ in outputs} == set(sig.outputs):
+            outputs = ()  # every output, nothing asked of them: the same as asking for none
+    if not (params or outputs or version):
+        return None
+    return Forward(version, params, outputs)
+
+
+def sequence_of(inp: InferInput) -> Sequence | None:
+    """The sequence ``inp`` belongs to (Triton's ``sequence_id``; 0 or "" is none)."""
+    p = inp.parameters
+    sid = p.get("sequence_id") if p else None
+    if sid is None or sid == 0 or sid == "":
+        return None
+    if isinstance(sid, bool) or not isinstance(sid, int | str) or (isinstance(sid, int) and sid < 0):
+        raise InvalidRequest(f"parameter sequence_id {sid!r} must be a non-negative integer or a string")
+    flags = []
+    for name in ("sequence_start", "sequence_end"):
+        v = p.get(name, False)
+        if not isinstance(v, bool):
+            raise InvalidRequest(f"parameter {name} {v!r} must be a boolean")
+        flags.append(v)
+    return Sequence(sid, *flags)
+
+
+def timeout_us(remaining_s: float) -> int:
+    """Triton's ``timeout`` (µs) for ``remaining_s`` seconds of budget; at least 1 (Triton
+    reads 0 as "no timeout")."""
+    return max(1, int(remaining_s * 1e6))

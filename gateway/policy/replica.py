@@ -1,0 +1,86 @@
+"""What the scheduler knows of one replica: its latency tables (the profile plus what it
+learns online of the replica's run-time excess and answer overhead), its batches in flight and
+when a new batch would start on it. See :mod:`gateway.policy.scheduler` for the rules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.policy.config import SchedulerConfig
+from gateway.policy.types import Batch, ReplicaInfo
+
+_RETABLE_S = 1e-4  # rebuild a replica's latency tables when a learned term moves this much
+
+
+def _step(est: float, above: bool, q: float, step: float) -> float:
+    """One step of stochastic tracking of the ``q`` quantile of a stream of samples."""
+    return est + (step * q if above else -step * (1 - q))
+
+
+@dataclass
+class Replica:
+    info: ReplicaInfo
+    base: list[float]  # profile seconds of a batch by rows (index 0 unused)
+    table: list[float] = field(default_factory=list)  # base + run_excess + overhead: when answers are back
+    run: list[float] = field(default_factory=list)  # base + run_excess: how long a batch holds the replica
+    healthy: bool = True
+    draining: bool = False  # takes no new batch; its batches in flight complete
+    inflight: list[Batch] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)  # predicted end on the replica of each in flight
+    run_excess: float = 0.0  # learned seconds a batch runs beyond its profile on the replica
+    overhead: float = 0.0  # learned seconds from a batch's end on the replica to its answers
+    applied: tuple[float, float] = (0.0, 0.0)  # the (run_excess, overhead) the tables were built with
+    last_done: float | None = None  # when the last batch came back
+
+    def __post_init__(self) -> None:
+        if not self.table:
+            self.table = list(self.base)
+        if not self.run:
+            self.run = list(self.base)
+
+    def learn(self, batch: Batch, now: float, cfg: SchedulerConfig) -> None:
+        """``batch`` came back at ``now``: move both learned terms one step."""
+        step = cfg.overhead_step_s
+        if self.last_done is not None and batch.dispatched < self.last_done:
+            # sent before the previous batch came back: it ran back to back after it
+            excess = now - self.last_done - self.base[batch.rows]
+            est = _step(self.run_excess, excess > self.run_excess, 0.5, step)
+            self.run_excess = min(max(est, -0.5 * self.base[1]), cfg.max_overhead_s)
+        lateness = now - batch.predicted_finish
+        self.overhead = min(max(_step(self.overhead, lateness > 0, cfg.overhead_quantile, step), 0.0),
+                            cfg.max_overhead_s)
+        self.last_done = now
+        g, o = self.applied
+        moved = max(abs(self.run_excess - g), abs(self.overhead - o)) >= _RETABLE_S
+        exact = (self.run_excess, self.overhead) == (0.0, 0.0) != (g, o)  # back to the profile itself
+        if moved or exact:
+            self.applied = (self.run_excess, self.overhead)
+            self.run = [0.0] + [t + self.run_excess for t in self.base[1:]]
+            self.table = [0.0] + [t + self.overhead for t in self.run[1:]]
+
+    def dispatch(self, batch: Batch) -> None:
+        """``batch`` (planned with the current tables) is in flight on this replica."""
+        self.inflight.append(batch)
+        self.ends.append(batch.predicted_finish - self.applied[1])
+
+    def reanchor(self, now: float) -> None:
+        """A batch came back at ``now``: the replica was done with it by then, so the batches
+        still in flight run from there. Re-planning their ends from each completion keeps
+        run-time errors from adding up along a long run of back-to-back batches."""
+        t = now
+        for i, b in enumerate(self.inflight):
+            t += self.run[b.rows]
+            self.ends[i] = t
+
+    def start(self, now: float) -> float:
+        """When a new batch would begin executing: with room to pipeline, when the replica is
+        done with the batches in flight (it already holds the next one); else once their
+        answers are back."""
+        if not self.inflight:
+            return now
+        if self.info.max_inflight > 1:
+            return max(now, max(self.ends))
+        return max(now, max(b.predicted_finish for b in self.inflight))
+
+    def has_slot(self) -> bool:
+        return self.healthy and len(self.inflight) < self.info.max_inflight
