@@ -34,7 +34,7 @@ examples:
 SUMMARY = {
     "GpuPool": "the nodes and GPUs the planner may place models on",
     "ModelDeployment": "one served model: expected rate, latency SLO, variants and where they come from",
-    "Gateway": "the gateway's listen addresses, timeouts, scheduler settings and admin API",
+    "Gateway": "the gateway's listen addresses, limits, TLS, tenants, scheduler settings and admin API",
 }
 SCHEDULER = "Scheduler"  # alias of Gateway.spec.scheduler, whose dict the gateway validates as SchedulerConfig
 # fields typed as a plain dict that another model validates

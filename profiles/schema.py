@@ -218,6 +218,76 @@ class LimitsSpec(_Strict):
                                 description="nesting depth of a JSON request (400 past it)")
 
 
+class TlsSpec(_Strict):
+    """TLS on the gateway's HTTP and gRPC listeners; with ``client_ca_file``, mutual TLS."""
+
+    cert_file: str = Field(min_length=1, description="PEM certificate chain the gateway presents (its own "
+                           "certificate first, then any intermediates); a relative path is read from the "
+                           "YAML file's folder")
+    key_file: str = Field(min_length=1, description="PEM private key of cert_file (not encrypted)")
+    client_ca_file: str | None = Field(default=None, min_length=1,
+                                       description="PEM CA certificates: when set, a client must present a "
+                                       "certificate one of them signed, or its connection is refused (mutual TLS)")
+
+
+class ApiKeySpec(_Strict):
+    """One API key of a tenant, named by where it is kept or by its digest, never written out."""
+
+    env: str | None = Field(default=None, min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+                            description="environment variable holding the key (read at start; unset is an error)")
+    file: str | None = Field(default=None, min_length=1, description="file holding the key (surrounding "
+                             "whitespace dropped); a relative path is read from the YAML file's folder")
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$",
+                               description="hex SHA-256 digest of the key (printf %s \"$KEY\" | sha256sum)")
+
+    @model_validator(mode="after")
+    def _one(self) -> ApiKeySpec:
+        given = [k for k in ("env", "file", "sha256") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"a key is exactly one of env, file or sha256 (got {given or 'none'})")
+        if self.sha256 is not None:
+            self.sha256 = self.sha256.lower()
+        return self
+
+
+class QuotaSpec(_Strict):
+    """A tenant's request rate: a token bucket of ``burst`` requests refilled at ``rate`` per second."""
+
+    rate: float = Field(gt=0, le=10_000_000, description="inference requests per second admitted on average")
+    burst: int | None = Field(default=None, ge=1, le=10_000_000,
+                              description="inference requests admitted at once after a quiet spell (the "
+                              "bucket's size); default: one second of rate, at least 1")
+
+
+UNAUTHENTICATED = "unauthenticated"  # the tenant label of refused requests
+
+
+class TenantSpec(_Strict):
+    """A client of the gateway: its API keys, its priority class and its quota."""
+
+    name: str = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                      description="tenant name (the tenant label of headrace_tenant_requests_total)")
+    keys: list[ApiKeySpec] = Field(min_length=1, max_length=64,
+                                   description="API keys that identify the tenant (several: rotation)")
+    priority: Literal["guaranteed", "best-effort"] | None = Field(
+        default=None, description="priority class of every request of the tenant; unset: each request's "
+        "own priority parameter, else its model's class")
+    quota: QuotaSpec | None = Field(default=None, description="inference rate limit (none when absent); "
+                                    "past it: 429 with Retry-After and x-headrace-reject-reason: quota")
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, v: str) -> str:
+        if v == UNAUTHENTICATED:
+            raise ValueError(f"tenant name {v!r} is reserved for requests without a valid key")
+        return v
+
+
+class ListenAddress(_Strict):
+    host: str = Field(default="127.0.0.1", min_length=1, description="address to bind")
+    port: int = Field(ge=0, le=65535, description="port (0: any free)")
+
+
 class GatewaySettings(_Strict):
     """What the gateway is configured with besides its models (``headrace serve`` YAML's top level)."""
 
@@ -232,6 +302,30 @@ class GatewaySettings(_Strict):
     limits: LimitsSpec = Field(default_factory=LimitsSpec, description="what the front door accepts")
     expose_replicas: bool = Field(default=False, description="debug: answers name the replica that served "
                                   "them (headrace_replica: model@host:port); off, backends stay hidden")
+    tls: TlsSpec | None = Field(default=None, description="TLS on the HTTP and gRPC listeners (plain text "
+                                "when absent); with client_ca_file, mutual TLS")
+    tenants: list[TenantSpec] = Field(default_factory=list, max_length=10_000,
+                                      description="API-key tenants; when any is set, every call but the health "
+                                      "probes needs a key (Authorization: Bearer KEY or x-api-key: KEY)")
+    metrics_listen: ListenAddress | None = Field(default=None, description="serve /metrics (and the health "
+                                                 "probes) on this plain-HTTP address without a key, and not "
+                                                 "on the main port")
+
+    @model_validator(mode="after")
+    def _tenants(self) -> GatewaySettings:
+        names = [t.name for t in self.tenants]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"tenant names must be unique, got {dup} more than once")
+        return self
+
+
+class AdminTlsSpec(_Strict):
+    """TLS on the operator's admin API (the bearer token is still required)."""
+
+    cert_file: str = Field(min_length=1, description="PEM certificate chain the admin API presents; a "
+                           "relative path is read from the YAML file's folder")
+    key_file: str = Field(min_length=1, description="PEM private key of cert_file (not encrypted)")
 
 
 class AdminSpec(_Strict):
@@ -241,6 +335,8 @@ class AdminSpec(_Strict):
                            description="environment variable holding the admin token")
     token_file: str | None = Field(default=None, description="file holding the admin token "
                                    "(default: generated into the state directory)")
+    tls: AdminTlsSpec | None = Field(default=None, description="serve the admin API over HTTPS (clients "
+                                     "verify it with --admin-ca or $HEADRACE_ADMIN_CA)")
 
 
 class GatewaySpec(GatewaySettings):
