@@ -22,19 +22,28 @@ class InvalidRequest(GatewayError):
     grpc_code = grpc.StatusCode.INVALID_ARGUMENT
 
 
+class Unauthenticated(GatewayError):
+    """The request carries no API key, or one no tenant has (HTTP answers carry
+    ``WWW-Authenticate: Bearer``). The message never repeats the key."""
+
+    http_status = 401
+    grpc_code = grpc.StatusCode.UNAUTHENTICATED
+
+
 class ModelNotFound(GatewayError):
     http_status = 404
     grpc_code = grpc.StatusCode.NOT_FOUND
 
 
-REASON_HEADER = "x-headrace-reject-reason"  # on every refusal by the core: RejectReason's value
+REASON_HEADER = "x-headrace-reject-reason"  # on every refusal: RejectReason's value, or "quota"
 
 
 class Rejected(GatewayError):
-    """Answered early: the request cannot finish within its deadline (or was shed). The
-    reason travels as :data:`REASON_HEADER` (HTTP header, gRPC trailing metadata), so a
-    client can tell a refusal at arrival from a request that expired in the queue; the wait
-    it suggests travels as ``Retry-After``. Make one with :func:`rejection`."""
+    """Answered early: the request cannot finish within its deadline (or was shed, or its
+    tenant is over its quota). The reason travels as :data:`REASON_HEADER` (HTTP header, gRPC
+    trailing metadata), so a client can tell a refusal at arrival from a request that expired
+    in the queue; the wait it suggests travels as ``Retry-After``. Make one with
+    :func:`rejection`."""
 
     http_status = 429
     grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED

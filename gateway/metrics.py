@@ -77,6 +77,10 @@ class GatewayMetrics:
             "headrace_replica_run_excess_seconds", "How much longer than its profile a batch runs on the "
             "replica (negative: shorter), learned from back-to-back completions; read at scrape",
             ["model", "replica"], registry=r)
+        self.tenant_requests = Counter(
+            "headrace_tenant_requests", "Requests by tenant and answer (HTTP status or gRPC code name); "
+            "calls without a valid key count as tenant 'unauthenticated'. Only when tenants are configured",
+            ["tenant", "code"], registry=r)
         self.healthy = Gauge(
             "headrace_replica_healthy", "1 when the replica passes its ready probe", ["model", "replica"],
             registry=r)
