@@ -1,4 +1,5 @@
-"""What a request asks of Triton beyond its tensors, and so what Triton must receive.
+"""What a request asks beyond its tensors: of the gateway (its deadline and priority class)
+and of Triton (what Triton must receive).
 
 Triton sees what the client sent, minus what the gateway itself consumes, plus ``timeout``:
 
@@ -25,7 +26,9 @@ from typing import Any
 
 from gateway.codec import InferInput, Signature
 from gateway.errors import InvalidRequest
+from gateway.policy.types import Priority
 
+SLO_HEADER = "x-headrace-slo-ms"  # the request's SLO in ms (header / gRPC metadata)
 CONSUMED = frozenset({"timeout", "priority", "binary_data_output"})
 GATEWAY_PREFIX = "headrace_"
 SEQUENCE_PARAMS = ("sequence_id", "sequence_start", "sequence_end")
@@ -99,3 +102,45 @@ def timeout_us(remaining_s: float) -> int:
     """Triton's ``timeout`` (µs) for ``remaining_s`` seconds of budget; at least 1 (Triton
     reads 0 as "no timeout")."""
     return max(1, int(remaining_s * 1e6))
+
+
+def deadline_of(inp: InferInput, slo_header: str | None, default_slo: float, now: float,
+                margin: float = 0.0, client_deadline: float | None = None) -> float:
+    """Triton's ``timeout`` parameter (µs) first, then the SLO header (ms), then the model's SLO,
+    capped by the seconds the client itself still waits (``client_deadline``: a gRPC deadline).
+    The core plans toward ``1 - margin`` of that budget: the rest is kept for what happens
+    outside the gateway's view (the client's send, the network, the answer's way back)."""
+    budget = _budget(inp, slo_header, default_slo)
+    if client_deadline is not None:
+        budget = min(budget, max(0.0, client_deadline))
+    return now + budget * (1.0 - margin)
+
+
+def _budget(inp: InferInput, slo_header: str | None, default_slo: float) -> float:
+    t = inp.parameters.get("timeout")
+    if t is not None:
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+            raise InvalidRequest(f"parameter timeout {t!r} must be a non-negative integer (microseconds)")
+        if t > 0:
+            return t / 1e6
+    if slo_header:
+        try:
+            ms = float(slo_header)
+        except ValueError:
+            raise InvalidRequest(f"{SLO_HEADER} {slo_header!r} is not a number of milliseconds") from None
+        if not 0 < ms <= 3_600_000:
+            raise InvalidRequest(f"{SLO_HEADER} ({ms:g}) must be in (0, 3600000] milliseconds")
+        return ms / 1e3
+    return default_slo
+
+
+def priority_of(inp: InferInput, default: Priority) -> Priority:
+    """Triton's ``priority``: 0 (default) and 1 are guaranteed, 2 and above best-effort."""
+    p = inp.parameters.get("priority")
+    if p is None:
+        return default
+    if not isinstance(p, int) or isinstance(p, bool) or p < 0:
+        raise InvalidRequest(f"parameter priority {p!r} must be a non-negative integer")
+    if p == 0:
+        return default
+    return Priority.GUARANTEED if p == 1 else Priority.BEST_EFFORT

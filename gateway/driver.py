@@ -29,7 +29,15 @@ from gateway.backend import TritonReplica
 from gateway.backend_http import TritonHttpReplica
 from gateway.codec import InferInput, Tensor, concat, split, validate
 from gateway.config import ServedModel
-from gateway.contract import Forward, forward_of, sequence_of, timeout_us
+from gateway.contract import (  # noqa: F401  (SLO_HEADER: the front doors read it from here)
+    SLO_HEADER,
+    Forward,
+    deadline_of,
+    forward_of,
+    priority_of,
+    sequence_of,
+    timeout_us,
+)
 from gateway.errors import (
     BackendError,
     GatewayError,
@@ -40,10 +48,10 @@ from gateway.errors import (
 from gateway.fleet import Fleet, Model, Replica, check_signature, replica_info, versions_of
 from gateway.metrics import GatewayMetrics
 from gateway.policy.types import Batch, Priority, Request, SchedulerCore
+from gateway.stats import Statistics
 
 log = logging.getLogger("headrace.gateway")
 
-SLO_HEADER = "x-headrace-slo-ms"
 BACKENDS: dict[str, Callable[[str, int], Any]] = {"http": TritonHttpReplica, "grpc": TritonReplica}
 VARIANT_PARAM = "headrace_variant"  # response parameters: who served the request
 REPLICA_PARAM = "headrace_replica"  # only with expose_replicas: it names a backend's address
@@ -75,48 +83,6 @@ class _Pending:
     forward: Forward | None = None  # what goes to Triton besides the tensors (its batch key)
 
 
-def deadline_of(inp: InferInput, slo_header: str | None, default_slo: float, now: float,
-                margin: float = 0.0, client_deadline: float | None = None) -> float:
-    """Triton's ``timeout`` parameter (µs) first, then the SLO header (ms), then the model's SLO,
-    capped by the seconds the client itself still waits (``client_deadline``: a gRPC deadline).
-    The core plans toward ``1 - margin`` of that budget: the rest is kept for what happens
-    outside the gateway's view (the client's send, the network, the answer's way back)."""
-    budget = _budget(inp, slo_header, default_slo)
-    if client_deadline is not None:
-        budget = min(budget, max(0.0, client_deadline))
-    return now + budget * (1.0 - margin)
-
-
-def _budget(inp: InferInput, slo_header: str | None, default_slo: float) -> float:
-    t = inp.parameters.get("timeout")
-    if t is not None:
-        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
-            raise InvalidRequest(f"parameter timeout {t!r} must be a non-negative integer (microseconds)")
-        if t > 0:
-            return t / 1e6
-    if slo_header:
-        try:
-            ms = float(slo_header)
-        except ValueError:
-            raise InvalidRequest(f"{SLO_HEADER} {slo_header!r} is not a number of milliseconds") from None
-        if not 0 < ms <= 3_600_000:
-            raise InvalidRequest(f"{SLO_HEADER} ({ms:g}) must be in (0, 3600000] milliseconds")
-        return ms / 1e3
-    return default_slo
-
-
-def priority_of(inp: InferInput, default: Priority) -> Priority:
-    """Triton's ``priority``: 0 (default) and 1 are guaranteed, 2 and above best-effort."""
-    p = inp.parameters.get("priority")
-    if p is None:
-        return default
-    if not isinstance(p, int) or isinstance(p, bool) or p < 0:
-        raise InvalidRequest(f"parameter priority {p!r} must be a non-negative integer")
-    if p == 0:
-        return default
-    return Priority.GUARANTEED if p == 1 else Priority.BEST_EFFORT
-
-
 class Driver(Fleet):
     """Feeds requests to the core, sends its batches, answers its rejects; its fleet may
     change while serving (:class:`Fleet`)."""
@@ -138,6 +104,7 @@ class Driver(Fleet):
         self._queued: Callable[[], int] | None = getattr(core, "queued", None)  # optional fast path
         self.clock = clock
         self.metrics = metrics or GatewayMetrics()
+        self.stats = Statistics()  # Triton-shaped statistics (the front doors' ServerInfo reads them)
         self.health_interval = health_interval
         self.models = {m.name: Model(m) for m in models}
         self._make = replica_factory or (lambda proto, url: BACKENDS[proto](url, max_message_bytes))
@@ -237,6 +204,7 @@ class Driver(Fleet):
     def _fail(self, p: _Pending, err: GatewayError) -> None:
         self._pending.pop(p.request.id, None)
         self.metrics.of(self.metrics.failures, p.request.model).inc()
+        self.stats.answered(p.request.model, _version([p]), "", False, self.clock() - p.request.arrival)
         if not p.future.done():
             p.future.set_exception(err)
 
@@ -284,11 +252,15 @@ class Driver(Fleet):
             raise Unavailable("gateway is draining")
         if m.info is None:
             raise Unavailable(f"model '{name}' is not ready")
-        rows = validate(m.info.signature, name, inp)
         fwd = seq = None
-        if inp.parameters or inp.outputs or version:
-            fwd = forward_of(inp, version, m.info.signature)
-            seq = sequence_of(inp)
+        try:
+            rows = validate(m.info.signature, name, inp)
+            if inp.parameters or inp.outputs or version:
+                fwd = forward_of(inp, version, m.info.signature)
+                seq = sequence_of(inp)
+        except InvalidRequest:
+            self.stats.answered(name, version, "", False, 0.0)
+            raise
         now = self.clock()
         arrival = now if received is None else min(received, now)
         served = m.served
@@ -303,6 +275,7 @@ class Driver(Fleet):
         reject = self.core.submit(req, now)
         if reject is not None:
             self.metrics.of(self.metrics.rejections, name, reject.reason).inc()
+            self.stats.answered(name, version, "", False, now - arrival)
             self.metrics.of(self.metrics.refusal_wait, name).observe(now - arrival)
             raise rejection(reject.message, reject.reason, reject.retry_after)
         fut = self._loop.create_future()  # type: ignore[union-attr]
@@ -349,6 +322,7 @@ class Driver(Fleet):
             if p is None:
                 continue
             self.metrics.of(self.metrics.rejections, rj.request.model, rj.reason).inc()
+            self.stats.answered(rj.request.model, _version([p]), "", False, now - rj.request.arrival)
             if not p.future.done():
                 p.future.set_exception(rejection(rj.message, rj.reason, rj.retry_after))
         for b in d.batches:
@@ -394,7 +368,7 @@ class Driver(Fleet):
             results = await answer
         except Exception as e:  # noqa: BLE001  (every failure is answered below)
             self._record_dispatch(b, live, sent)
-            self._on_failure(rep, b, live, e)
+            self._on_failure(rep, b, live, e, sent)
             if rep.batch_done is not None:
                 rep.batch_done.set()
             return
@@ -443,6 +417,10 @@ class Driver(Fleet):
         if len(live) > n_met:
             m.of(m.missed, model).inc(len(live) - n_met)
         m.of(m.by_variant, model, b.variant).inc(len(live))
+        version = _version(live)
+        self.stats.batch(model, version, b.variant, b.rows, [sent - p.request.arrival for p in live], now - sent, True)
+        for p in live:
+            self.stats.answered(model, version, b.variant, True, now - p.request.arrival)
 
     def _record_dispatch(self, b: Batch, live: list[_Pending], sent: float) -> None:
         model = b.requests[0].model
@@ -491,7 +469,7 @@ class Driver(Fleet):
                 results[i] = [ps[k] for ps in parts]
         return results
 
-    def _on_failure(self, rep: Replica, b: Batch, live: list[_Pending], e: Exception) -> None:
+    def _on_failure(self, rep: Replica, b: Batch, live: list[_Pending], e: Exception, sent: float) -> None:
         now = self.clock()
         retryable = isinstance(e, BackendError) and e.retryable
         model = b.requests[0].model
@@ -507,12 +485,15 @@ class Driver(Fleet):
             log.exception("policy core failed in on_complete")
             retry = ()
         retried = {r.id for r in retry}
+        self.stats.batch(model, _version(live), b.variant, b.rows, [sent - p.request.arrival for p in live],
+                         now - sent, False)
         err = e if isinstance(e, GatewayError) else Unavailable(f"batch failed on {rep.id}: {e}")
         for p in live:
             if p.request.id in retried:
                 continue
             self._pending.pop(p.request.id, None)
             self.metrics.of(self.metrics.failures, model).inc()
+            self.stats.answered(model, _version([p]), b.variant, False, now - p.request.arrival)
             if not p.future.done():
                 p.future.set_exception(err)
         self._poll()
@@ -587,3 +568,9 @@ def _by_name(tensors: list[Tensor], name: str) -> Tensor:
         if t.name == name:
             return t
     raise InvalidRequest(f"input '{name}' is missing")
+
+
+def _version(members: list[_Pending]) -> str:
+    """The version a batch's members named ("" = the model's default): they share it."""
+    f = members[0].forward if members else None
+    return f.version if f is not None else ""

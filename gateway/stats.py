@@ -28,12 +28,108 @@ PRIVATE_CONFIG_FIELDS = ("parameters", "model_repository_agents")
 
 
 @dataclass
-class _Counts:
-    success: int = 0
-    success_ns: int = 0
-    fail: int = 0
-    fail_ns: int = 0
-    last_ms: int = 0
+class _Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, count: int, ns: int) -> None:
+        self.count += count
+        self.ns += ns
+
+    def into(self, d: Any) -> None:  # a protobuf StatisticDuration
+        d.count += self.count
+        d.ns += self.ns
+
+
+@dataclass
+class _Served:
+    """What one variant of a served model did at one version: Triton's statistics, read at
+    the gateway. ``queue`` is a request's wait at the gateway until its batch is sent;
+    ``compute_infer`` its batch's time from sent to answered (the replica, Triton's own
+    queue and the network included); success and fail count answers with their whole time."""
+
+    success: _Duration = field(default_factory=_Duration)
+    fail: _Duration = field(default_factory=_Duration)
+    queue: _Duration = field(default_factory=_Duration)
+    compute_infer: _Duration = field(default_factory=_Duration)
+    inference_count: int = 0  # rows inferred
+    execution_count: int = 0  # batches sent
+    last_ms: int = 0  # wall-clock ms of the last answer
+    batches: dict[int, _Duration] = field(default_factory=dict)  # rows -> batches and their compute
+
+
+class Statistics:
+    """Triton-shaped statistics per served model, version and variant, fed by the driver."""
+
+    def __init__(self) -> None:
+        self._by: dict[tuple[str, str, str], _Served] = {}  # (model, version, variant)
+
+    def _of(self, model: str, version: str, variant: str) -> _Served:
+        s = self._by.get((model, version, variant))
+        if s is None:
+            s = self._by[(model, version, variant)] = _Served()
+        return s
+
+    def batch(self, model: str, version: str, variant: str, rows: int, queue_s: list[float],
+              compute_s: float, ok: bool) -> None:
+        """A batch of ``rows`` rows for ``len(queue_s)`` requests (each queued as given) came
+        back after ``compute_s`` seconds, answered (``ok``) or failed."""
+        s = self._of(model, version, variant)
+        ns = int(compute_s * 1e9)
+        n = len(queue_s)
+        s.queue.add(n, int(sum(queue_s) * 1e9))
+        s.execution_count += 1
+        s.last_ms = int(time.time() * 1000)
+        if ok:
+            s.inference_count += rows
+            s.compute_infer.add(n, ns * n)
+            b = s.batches.get(rows)
+            if b is None:
+                b = s.batches[rows] = _Duration()
+            b.add(1, ns)
+
+    def answered(self, model: str, version: str, variant: str, ok: bool, total_s: float) -> None:
+        """A request's answer (``ok``) or failure, ``total_s`` after it arrived."""
+        s = self._of(model, version, variant)
+        (s.success if ok else s.fail).add(1, int(total_s * 1e9))
+        s.last_ms = int(time.time() * 1000)
+
+    def forget(self, model: str) -> None:
+        for key in [k for k in self._by if k[0] == model]:
+            del self._by[key]
+
+    def fill(self, resp: pb.ModelStatisticsResponse, model: str, default_version: str,
+             version: str = "") -> None:
+        """Add ``model``'s entries to ``resp``: one per version (every variant together; a
+        request naming no version counts under the default one), then one per variant and
+        version, named ``model/variant``. Only ``version`` when one is named."""
+        rows = [(v or default_version, var, s) for (m, v, var), s in self._by.items() if m == model]
+        rows = [r for r in rows if not version or r[0] == version]
+        versions = sorted({v for v, _, _ in rows}) or [version or default_version]
+        for v in versions:
+            _entry(resp.model_stats.add(name=model, version=v), [s for rv, _, s in rows if rv == v])
+        for v, var, s in sorted(rows, key=lambda r: (r[1], r[0])):
+            if var:
+                _entry(resp.model_stats.add(name=f"{model}/{var}", version=v), [s])
+
+
+def _entry(out: Any, parts: list[_Served]) -> None:
+    """Sum ``parts`` into one protobuf ModelStatistics."""
+    st = out.inference_stats
+    batches: dict[int, _Duration] = {}
+    for s in parts:
+        out.inference_count += s.inference_count
+        out.execution_count += s.execution_count
+        out.last_inference = max(out.last_inference, s.last_ms)
+        s.success.into(st.success)
+        s.fail.into(st.fail)
+        s.queue.into(st.queue)
+        s.compute_infer.into(st.compute_infer)
+        for rows, d in s.batches.items():
+            batches.setdefault(rows, _Duration()).add(d.count, d.ns)
+    for rows in sorted(batches):
+        b = out.batch_stats.add(batch_size=rows)
+        batches[rows].into(b.compute_infer)
 
 
 def _version_one(model: str) -> str:
@@ -42,37 +138,23 @@ def _version_one(model: str) -> str:
 
 @dataclass
 class ServerInfo:
+    """What both front doors answer about the server; ``stats`` are the driver's."""
+
     models: list[str]
     clock: Callable[[], float] = time.monotonic
     default_version: Callable[[str], str] = _version_one  # a model's default version (the driver's)
-    _counts: dict[str, _Counts] = field(default_factory=dict)
+    stats: Statistics = field(default_factory=Statistics)
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
 
     def record(self, model: str, start: float, ok: bool) -> None:
-        c = self._counts.get(model)
-        if c is None:
-            c = self._counts[model] = _Counts()
-        ns = int((self.clock() - start) * 1e9)
-        if ok:
-            c.success += 1
-            c.success_ns += ns
-        else:
-            c.fail += 1
-            c.fail_ns += ns
-        c.last_ms = int(time.time() * 1000)
+        """Nothing: the driver counts every request it takes (:class:`Statistics`)."""
 
-    def statistics(self, model: str | None = None) -> pb.ModelStatisticsResponse:
+    def statistics(self, model: str | None = None, version: str = "") -> pb.ModelStatisticsResponse:
         resp = pb.ModelStatisticsResponse()
         for name in [model] if model else self.models:
-            c = self._counts.get(name, _Counts())
-            s = resp.model_stats.add(name=name, version=self.default_version(name), last_inference=c.last_ms,
-                                     inference_count=c.success, execution_count=c.success)
-            s.inference_stats.success.count = c.success
-            s.inference_stats.success.ns = c.success_ns
-            s.inference_stats.fail.count = c.fail
-            s.inference_stats.fail.ns = c.fail_ns
+            self.stats.fill(resp, name, self.default_version(name), version)
         return resp
 
     def repository_index(self) -> list[dict[str, str]]:

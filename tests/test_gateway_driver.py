@@ -15,7 +15,8 @@ from tritonclient.grpc import service_pb2 as pb
 from gateway.backend import ModelInfo
 from gateway.codec import InferInput, Signature, Tensor, TensorSig
 from gateway.config import ServedModel, ServedReplica
-from gateway.driver import Driver, deadline_of, priority_of
+from gateway.contract import deadline_of, priority_of
+from gateway.driver import Driver
 from gateway.errors import BackendError, InvalidRequest, Rejected
 from gateway.policy.config import SchedulerConfig
 from gateway.policy.scheduler import EdfScheduler
