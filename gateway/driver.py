@@ -81,6 +81,8 @@ class _Pending:
     input: InferInput
     future: asyncio.Future
     forward: Forward | None = None  # what goes to Triton besides the tensors (its batch key)
+    batch: list[_Pending] | None = None  # once sent: its batch's members
+    task: asyncio.Task | None = None  # once sent: the wait for its batch's answer
 
 
 class Driver(Fleet):
@@ -291,10 +293,16 @@ class Driver(Fleet):
         """A future cancelled by its waiter (a gRPC call the client cancelled, an HTTP client
         gone): a queued request leaves the core and is never sent; one in flight runs on and
         its answer is dropped."""
-        if fut.cancelled() and self.core.cancel(request_id, self.clock()):
+        if not fut.cancelled():
+            return
+        if self.core.cancel(request_id, self.clock()):
             p = self._pending.pop(request_id, None)
             if p is not None:
                 self.metrics.of(self.metrics.cancelled, p.request.model).inc()
+            return
+        p = self._pending.get(request_id)
+        if p is not None and p.task is not None and all(q.future.done() for q in p.batch or ()):
+            p.task.cancel()  # nobody waits for its batch any more: the call to Triton is cancelled
 
     # ------------------------------------------------------------------ the loop
 
@@ -360,12 +368,17 @@ class Driver(Fleet):
         t = self._loop.create_task(self._run(rep, b, live, sent, self._send(rep, b, live, sent)))  # type: ignore[union-attr]
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
+        for p in live:
+            p.batch, p.task = live, t
 
     async def _run(self, rep: Replica, b: Batch, live: list[_Pending], sent: float,
                    answer: Awaitable[list[list[Tensor]]]) -> None:
         model = b.requests[0].model
         try:
             results = await answer
+        except asyncio.CancelledError:  # every waiter gone (or shutdown): the replica is free again
+            self._abandoned(rep, b, live)
+            raise
         except Exception as e:  # noqa: BLE001  (every failure is answered below)
             self._record_dispatch(b, live, sent)
             self._on_failure(rep, b, live, e, sent)
@@ -395,6 +408,21 @@ class Driver(Fleet):
             self._poll()
         await asyncio.sleep(0)  # the answers go out first; the bookkeeping below is off their path
         self._record(rep, b, live, met, sent, now)
+
+    def _abandoned(self, rep: Replica, b: Batch, live: list[_Pending]) -> None:
+        """A batch whose waiters all gave up was cancelled in flight: it is done for the core,
+        and its requests count as cancelled."""
+        try:
+            self.core.on_complete(b, self.clock())
+        except Exception:
+            log.exception("policy core failed in on_complete")
+        for p in live:
+            if self._pending.pop(p.request.id, None) is not None:
+                self.metrics.of(self.metrics.cancelled, p.request.model).inc()
+        if rep.batch_done is not None:
+            rep.batch_done.set()
+        if not self.draining:
+            self._poll()
 
     def _record(self, rep: Replica, b: Batch, live: list[_Pending], met: list[bool], sent: float,
                 now: float) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -132,19 +131,33 @@ def test_a_request_naming_no_version_gets_tritons_default(gateway) -> None:
     assert 0 < got["timeout"] <= 5_000_000  # the model's SLO
 
 
+def until(cond, what: str) -> None:  # noqa: ANN001
+    end = time.monotonic() + 10
+    while not cond():
+        assert time.monotonic() < end, f"timed out waiting until {what}"
+        time.sleep(0.01)
+
+
 def test_requests_asking_different_things_never_share_a_batch(gateway) -> None:
     colors = ["red", "blue", "green", None] * 6
-    hold = threading.Barrier(len(colors))
+    core = gateway.driver.core
+    c = grpcclient.InferenceServerClient(gateway.grpc_url)
+    x = grpcclient.InferInput("x", [1, 3], "FP32")
+    x.set_data_from_numpy(x_rows(1))
+    slow: list = []
+    c.async_infer("echo", [x], lambda result, error: slow.append(error), parameters={"sleep_ms": 500})
+    until(lambda: core.pending == 1 and core.queued() == 0, "a slow request holds the replica")
 
     def one(color: str | None) -> list[dict]:
-        hold.wait()
         return meta(grpc_infer(gateway, parameters={"color": color} if color else None))
 
     with ThreadPoolExecutor(len(colors)) as pool:
         answers = list(pool.map(one, colors))
+    until(lambda: slow, "the slow request is answered")
+    c.close()
     for color, (got,) in zip(colors, answers, strict=True):
         assert got["parameters"] == ({"color": color} if color else {})
-    assert max(got["rows"] for (got,) in answers) > 1  # alike requests did batch
+    assert max(got["rows"] for (got,) in answers) > 1  # alike requests queued behind it did batch
 
 
 def test_classification_is_done_by_triton_per_row(gateway) -> None:
@@ -184,12 +197,6 @@ def test_a_cancelled_grpc_call_never_reaches_triton(gateway, triton) -> None:
             return sum(int(s.get("inference_count", 0)) for s in stats)
         finally:
             c.close()
-
-    def until(cond, what: str) -> None:  # noqa: ANN001
-        end = time.monotonic() + 10
-        while not cond():
-            assert time.monotonic() < end, f"timed out waiting until {what}"
-            time.sleep(0.01)
 
     core = gateway.driver.core
     before = count()
