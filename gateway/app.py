@@ -1,7 +1,10 @@
 """The gateway as one object: config -> policy core + driver + HTTP front door + gRPC server.
 
 :class:`Gateway` owns them all: ``start()`` starts the driver (replica channels, health
-probes), then the gRPC and HTTP listeners; ``stop()`` drains and stops them in reverse.
+probes), then the gRPC and HTTP listeners (over TLS when ``tls:`` is set; ``/metrics`` on its
+own listener when ``metrics_listen:`` is); ``stop()`` drains and stops them in reverse. Its
+certificates and tenants' keys are read when it is made, so a bad one is a
+:class:`~gateway.config.ConfigError` before any port is opened.
 :class:`GatewayThread` runs a gateway on a background event loop (tests, benchmarks, embedding).
 """
 
@@ -14,20 +17,25 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
 import grpc
 
 from gateway.config import GatewayConfig, ServedModel, ServedReplica, resolve, scheduler_config
 from gateway.driver import Driver
 from gateway.grpc_server import create_server
-from gateway.http import HttpFrontDoor
+from gateway.http import HttpFrontDoor, metrics_door
 from gateway.httpserver import HttpServer
 from gateway.metrics import GatewayMetrics
 from gateway.policy.scheduler import EdfScheduler
 from gateway.policy.types import SchedulerCore
+from gateway.security import load_security
 from gateway.stats import ServerInfo
+from profiles.schema import LimitsSpec
 
 log = logging.getLogger("headrace.gateway")
+_METRICS_MAX_BODY = 64 << 10  # the metrics listener reads no bodies
+_METRICS_LIMITS = LimitsSpec(max_connections=256, probe_connections=16, max_buffered_bytes=1 << 20)
 
 
 def make_core(cfg: GatewayConfig) -> SchedulerCore:
@@ -55,24 +63,33 @@ def bind_error(what: str, host: str, port: int, e: BaseException) -> OSError:
 
 
 class Gateway:
-    """The gateway bound to its ports. ``await start()``, then ``await stop()``."""
+    """The gateway bound to its ports. ``await start()``, then ``await stop()``.
+    ``replica_factory``: how replica clients are made (tests pass fakes; see :class:`Driver`)."""
 
     def __init__(self, cfg: GatewayConfig, core: SchedulerCore | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 replica_factory: Callable[[str, str], Any] | None = None) -> None:
         self.cfg = cfg
         models = resolve(cfg)
+        self.security = load_security(cfg, base_dir=cfg.base_dir, clock=clock)
         self.driver = Driver(
             models, core or make_core(cfg), clock=clock, metrics=GatewayMetrics(),
             health_interval=cfg.health_interval_s, max_message_bytes=cfg.max_message_bytes,
-            expose_replicas=cfg.expose_replicas,
+            expose_replicas=cfg.expose_replicas, replica_factory=replica_factory,
         )
-        self.info = ServerInfo([m.name for m in models], clock=clock, default_version=self.driver.default_version)
-        self._http = HttpServer(HttpFrontDoor(self.driver, self.info, cfg.max_message_bytes,
-                                              cfg.limits.max_json_depth),
-                                cfg.max_message_bytes, clock, limits=cfg.limits)
+        self.info = ServerInfo([m.name for m in models], clock=clock, default_version=self.driver.default_version,
+                               stats=self.driver.stats)
+        tls = self.security.tls
+        door = HttpFrontDoor(self.driver, self.info, cfg.max_message_bytes, cfg.limits.max_json_depth,
+                             self.security.tenants, serve_metrics=cfg.metrics_listen is None)
+        self._http = HttpServer(door, cfg.max_message_bytes, clock, limits=cfg.limits,
+                                ssl_context=None if tls is None else tls.ssl_context())
+        self._metrics = None if cfg.metrics_listen is None else HttpServer(
+            metrics_door(self.driver), _METRICS_MAX_BODY, clock, limits=_METRICS_LIMITS)
         self._grpc: grpc.aio.Server | None = None
         self.http_port = 0
         self.grpc_port = 0
+        self.metrics_port = 0
 
     @property
     def http_url(self) -> str:
@@ -82,17 +99,27 @@ class Gateway:
     def grpc_url(self) -> str:
         return f"{self.cfg.listen.host}:{self.grpc_port}"
 
+    @property
+    def metrics_url(self) -> str | None:
+        """host:port of the metrics listener (None: /metrics is on the HTTP port)."""
+        m = self.cfg.metrics_listen
+        return None if m is None else f"{m.host}:{self.metrics_port}"
+
     async def start(self) -> None:
         """Start the driver, then the listeners; an address that cannot be bound is an
         :class:`OSError` naming it (before the replicas are waited for)."""
-        host, listen = self.cfg.listen.host, self.cfg.listen
+        host, listen, mlisten = self.cfg.listen.host, self.cfg.listen, self.cfg.metrics_listen
         check_bindable("gRPC", host, listen.grpc_port)
         check_bindable("HTTP", host, listen.http_port)
+        if mlisten is not None:
+            check_bindable("metrics", mlisten.host, mlisten.port)
         await self.driver.start(self.cfg.startup_timeout_s)
         try:
-            self._grpc = create_server(self.driver, self.info, self.cfg.max_message_bytes)
+            self._grpc = create_server(self.driver, self.info, self.cfg.max_message_bytes, self.security.tenants)
+            addr, tls = f"{host}:{listen.grpc_port}", self.security.tls
             try:
-                self.grpc_port = self._grpc.add_insecure_port(f"{host}:{listen.grpc_port}")
+                self.grpc_port = (self._grpc.add_insecure_port(addr) if tls is None
+                                  else self._grpc.add_secure_port(addr, tls.grpc_credentials()))
             except RuntimeError as e:  # grpc's "Failed to bind to address"
                 raise bind_error("gRPC", host, listen.grpc_port, e) from None
             if self.grpc_port == 0:
@@ -102,6 +129,11 @@ class Gateway:
                 self.http_port = await self._http.start(host, listen.http_port)
             except (OSError, OverflowError) as e:
                 raise bind_error("HTTP", host, listen.http_port, e) from None
+            if self._metrics is not None and mlisten is not None:
+                try:
+                    self.metrics_port = await self._metrics.start(mlisten.host, mlisten.port)
+                except (OSError, OverflowError) as e:
+                    raise bind_error("metrics", mlisten.host, mlisten.port, e) from None
         except BaseException:
             await self._shutdown()
             raise
@@ -142,6 +174,8 @@ class Gateway:
         self._http.close()
         await self.driver.stop()
         await self._http.stop(timeout=1.0)
+        if self._metrics is not None:
+            await self._metrics.stop(timeout=1.0)
         if self._grpc is not None:
             grpc_server, self._grpc = self._grpc, None
             await grpc_server.stop(grace=1.0)
@@ -151,8 +185,9 @@ class GatewayThread:
     """A gateway on its own event loop in a daemon thread. Context manager."""
 
     def __init__(self, cfg: GatewayConfig, core: SchedulerCore | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._args = (cfg, core, clock)
+                 clock: Callable[[], float] = time.monotonic,
+                 replica_factory: Callable[[str, str], Any] | None = None) -> None:
+        self._args = (cfg, core, clock, replica_factory)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="headrace-gateway", daemon=True)
         self.gateway: Gateway | None = None

@@ -1,7 +1,8 @@
 """``headrace serve --config FILE``: run the gateway until SIGTERM/SIGINT, then drain.
 
 A start that cannot happen (a bad config field, scheduler key or port, an address that
-cannot be bound) is one line on stderr naming the field or address, and exit status 2."""
+cannot be bound, a certificate or key file that cannot be read or is not PEM, a tenant's key
+variable that is unset) is one line on stderr naming the field or address, and exit status 2."""
 
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ async def serve(args: argparse.Namespace) -> int:
     # process: keep them out of the collector's full passes, which then walk only live traffic
     gc.collect()
     gc.freeze()
-    print(f"headrace gateway: http {gw.http_url}  grpc {gw.grpc_url}  models "
+    tls = " (TLS)" if gw.security.tls is not None else ""
+    metrics = f"  metrics {gw.metrics_url}" if gw.metrics_url else ""
+    print(f"headrace gateway: http {gw.http_url}  grpc {gw.grpc_url}{tls}{metrics}  models "
           f"{', '.join(m.name for m in cfg.models)}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

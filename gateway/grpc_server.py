@@ -5,6 +5,11 @@ INVALID_ARGUMENT instead of grpc's generic deserialization error. Domain errors 
 status codes here, at the handler edge, and only here. A model version the model does not
 have is NOT_FOUND ("" is its default). RPCs not listed (shared memory, model load/unload,
 trace, logging) answer UNIMPLEMENTED.
+
+With tenants configured (:mod:`gateway.security`), every RPC but ServerLive and ServerReady
+needs an API key in the call's metadata (``authorization: Bearer KEY`` or ``x-api-key: KEY``),
+else UNAUTHENTICATED; a tenant's inferences take its priority class and spend its quota
+(RESOURCE_EXHAUSTED, reason ``quota``), and every answer is counted by tenant and code name.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from tritonclient.grpc import service_pb2 as pb
 
 from gateway.codec import encode_grpc_response, parse_grpc_infer
 from gateway.driver import SLO_HEADER, Driver
-from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected
+from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected, Unauthenticated
+from gateway.metrics import GatewayMetrics
+from gateway.security import OPEN_GRPC_METHODS, Tenant, Tenants, grpc_key
 from gateway.stats import (
     SERVER_NAME,
     SERVER_VERSION,
@@ -28,6 +35,7 @@ from gateway.stats import (
     model_config_pb,
     model_metadata_pb,
 )
+from profiles.schema import UNAUTHENTICATED
 
 SERVICE = "inference.GRPCInferenceService"
 
@@ -54,19 +62,26 @@ async def _abort(context: grpc.aio.ServicerContext, e: GatewayError) -> None:
 
 
 class InferenceServicer:
-    def __init__(self, driver: Driver, info: ServerInfo) -> None:
+    """The RPCs; ``tenants``: who may call (None: everyone)."""
+
+    def __init__(self, driver: Driver, info: ServerInfo, tenants: Tenants | None = None) -> None:
         self.driver = driver
         self.info = info
+        self.tenants = tenants
 
     async def _infer(self, req: pb.ModelInferRequest, slo: str | None,
-                     deadline: float | None = None) -> pb.ModelInferResponse:
-        """``deadline``: seconds the client still waits (its gRPC deadline), a cap on the SLO."""
+                     deadline: float | None = None, tenant: Tenant | None = None) -> pb.ModelInferResponse:
+        """``deadline``: seconds the client still waits (its gRPC deadline), a cap on the SLO;
+        ``tenant``: whose request it is (its quota is spent, its priority class applies)."""
         name = req.model_name
         model = self.driver.model(name, req.model_version)
+        if tenant is not None:
+            self.tenants.admit(tenant)  # type: ignore[union-attr]
         inp = parse_grpc_infer(req)
         start = self.info.clock()
         try:
-            res = await self.driver.infer(name, inp, slo, version=req.model_version, deadline=deadline)
+            res = await self.driver.infer(name, inp, slo, version=req.model_version, deadline=deadline,
+                                          priority=None if tenant is None else tenant.priority)
         except GatewayError:
             self.info.record(name, start, ok=False)
             raise
@@ -74,25 +89,29 @@ class InferenceServicer:
         return encode_grpc_response(name, req.model_version or model.default_version, inp, res.outputs,
                                     res.parameters())
 
-    async def ModelInfer(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
+    async def ModelInfer(self, raw: bytes, context: grpc.aio.ServicerContext,
+                         tenant: Tenant | None = None) -> pb.ModelInferResponse:
         return await self._infer(_parse(pb.ModelInferRequest, raw), _slo_header(context),
-                                 context.time_remaining())
+                                 context.time_remaining(), tenant)
 
     async def ModelStreamInfer(
-        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext, tenant: Tenant | None = None
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         slo = _slo_header(context)
         out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         tasks: set[asyncio.Task] = set()
 
         async def one(raw: bytes) -> None:
-            rid = ""
+            rid, code = "", "OK"
             try:
                 req = _parse(pb.ModelInferRequest, raw)
                 rid = req.id
-                msg = pb.ModelStreamInferResponse(infer_response=await self._infer(req, slo))
+                msg = pb.ModelStreamInferResponse(infer_response=await self._infer(req, slo, tenant=tenant))
             except GatewayError as e:
+                code = e.grpc_code.name
                 msg = pb.ModelStreamInferResponse(error_message=str(e), infer_response=pb.ModelInferResponse(id=rid))
+            if tenant is not None:
+                _count(self.driver.metrics, tenant.name, code)
             await out.put(msg)
 
         async def reader() -> None:
@@ -140,7 +159,7 @@ class InferenceServicer:
         req = _parse(pb.ModelStatisticsRequest, raw)
         if req.name:
             self.driver.model(req.name, req.version)
-        return self.info.statistics(req.name or None)
+        return self.info.statistics(req.name or None, req.version)
 
     async def RepositoryIndex(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.RepositoryIndexResponse:
         resp = pb.RepositoryIndexResponse()
@@ -159,6 +178,52 @@ def _unary(fn: Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Any]]) -> g
     return grpc.unary_unary_rpc_method_handler(handler, response_serializer=_serialize)
 
 
+def _count(metrics: GatewayMetrics, tenant: str, code: str) -> None:
+    metrics.of(metrics.tenant_requests, tenant, code).inc()
+
+
+async def _identify(tenants: Tenants, metrics: GatewayMetrics, context: grpc.aio.ServicerContext) -> Tenant:
+    """The tenant the call's key names; without a valid key the call ends UNAUTHENTICATED."""
+    try:
+        return tenants.identify(grpc_key(context.invocation_metadata()))
+    except Unauthenticated as e:
+        _count(metrics, UNAUTHENTICATED, e.grpc_code.name)
+        await _abort(context, e)
+        raise  # not reached: abort raises
+
+
+def _unary_as_tenant(fn: Callable[..., Awaitable[Any]], servicer: InferenceServicer,
+                     takes_tenant: bool) -> grpc.RpcMethodHandler:
+    """``fn`` for callers with a valid key only, each answer counted by tenant and code."""
+    tenants, metrics = servicer.tenants, servicer.driver.metrics
+    assert tenants is not None
+
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        tenant = await _identify(tenants, metrics, context)
+        try:
+            resp = await (fn(raw, context, tenant) if takes_tenant else fn(raw, context))
+        except GatewayError as e:
+            _count(metrics, tenant.name, e.grpc_code.name)
+            await _abort(context, e)
+        _count(metrics, tenant.name, "OK")
+        return resp
+
+    return grpc.unary_unary_rpc_method_handler(handler, response_serializer=_serialize)
+
+
+def _stream_as_tenant(servicer: InferenceServicer) -> grpc.RpcMethodHandler:
+    tenants, metrics = servicer.tenants, servicer.driver.metrics
+    assert tenants is not None
+
+    async def handler(requests: AsyncIterator[bytes],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        tenant = await _identify(tenants, metrics, context)
+        async for msg in servicer.ModelStreamInfer(requests, context, tenant):
+            yield msg
+
+    return grpc.stream_stream_rpc_method_handler(handler, response_serializer=_serialize)
+
+
 def _serialize(msg: Any) -> bytes:
     return msg.SerializeToString()
 
@@ -166,18 +231,25 @@ def _serialize(msg: Any) -> bytes:
 def generic_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
     names = ["ModelInfer", "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
              "ModelConfig", "ModelStatistics", "RepositoryIndex"]
-    handlers = {n: _unary(getattr(servicer, n)) for n in names}
-    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-        servicer.ModelStreamInfer, response_serializer=_serialize
-    )
+    if servicer.tenants is None:
+        handlers = {n: _unary(getattr(servicer, n)) for n in names}
+        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+            servicer.ModelStreamInfer, response_serializer=_serialize
+        )
+    else:  # health probes stay open; everything else needs a key
+        handlers = {n: _unary(getattr(servicer, n)) if n in OPEN_GRPC_METHODS
+                    else _unary_as_tenant(getattr(servicer, n), servicer, takes_tenant=n == "ModelInfer")
+                    for n in names}
+        handlers["ModelStreamInfer"] = _stream_as_tenant(servicer)
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 
-def create_server(driver: Driver, info: ServerInfo, max_message_bytes: int = 64 << 20) -> grpc.aio.Server:
+def create_server(driver: Driver, info: ServerInfo, max_message_bytes: int = 64 << 20,
+                  tenants: Tenants | None = None) -> grpc.aio.Server:
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 0),
     ])
-    server.add_generic_rpc_handlers((generic_handler(InferenceServicer(driver, info)),))
+    server.add_generic_rpc_handlers((generic_handler(InferenceServicer(driver, info, tenants)),))
     return server

@@ -5,6 +5,13 @@ or without ``/versions/N``: a version the model does not have is a 404), all-mod
 repository index, ``/metrics`` and infer.
 Domain errors (:mod:`gateway.errors`) become ``{"error": msg}`` with their status here, at
 the handler edge, and only here. Rejections carry ``Retry-After`` and the reject reason.
+
+With tenants configured (:mod:`gateway.security`), every route but the health probes needs an
+API key (``Authorization: Bearer KEY`` or ``x-api-key: KEY``): without a valid one the answer
+is 401 with ``WWW-Authenticate: Bearer``. A tenant's inferences take its priority class and
+spend its quota (429, reason ``quota``), and every answer is counted by tenant and status in
+``headrace_tenant_requests_total``. With a separate metrics listener, ``/metrics`` is served
+there (:func:`metrics_door`) and not here.
 """
 
 from __future__ import annotations
@@ -20,14 +27,18 @@ from google.protobuf import json_format
 
 from gateway.codec import InferInput, encode_http_response, parse_http_infer
 from gateway.driver import SLO_HEADER, Driver, InferResult
-from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected
+from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected, Unauthenticated
 from gateway.fleet import Model
-from gateway.httpserver import HttpRequest, HttpResponse, Later, error_response
+from gateway.httpserver import Handler, HttpRequest, HttpResponse, Later, error_response
+from gateway.security import OPEN_HTTP_PATHS, Tenant, Tenants, bearer_key
 from gateway.stats import ServerInfo, model_config_dict, model_metadata_dict
+from profiles.schema import UNAUTHENTICATED
 
 HEADER_LEN = "inference-header-content-length"
 _JSON = "application/json"
 _OK = HttpResponse(200)
+_METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_CHALLENGE = (("WWW-Authenticate", "Bearer"),)
 
 
 class TooLarge(GatewayError):
@@ -57,26 +68,53 @@ def decoded_body(req: HttpRequest, max_bytes: int) -> bytes:
 
 
 class HttpFrontDoor:
-    """The gateway's HTTP handler: ``door(request)`` -> a response now, or :class:`Later`."""
+    """The gateway's HTTP handler: ``door(request)`` -> a response now, or :class:`Later`.
+    ``tenants``: who may call (None: everyone); ``serve_metrics``: answer ``/metrics`` here."""
 
-    def __init__(self, driver: Driver, info: ServerInfo, max_body_bytes: int, max_json_depth: int = 64) -> None:
+    def __init__(self, driver: Driver, info: ServerInfo, max_body_bytes: int, max_json_depth: int = 64,
+                 tenants: Tenants | None = None, serve_metrics: bool = True) -> None:
         self.driver = driver
         self.info = info
         self.max_body = max_body_bytes
         self.max_depth = max_json_depth
+        self.tenants = tenants
+        self.serve_metrics = serve_metrics
 
     def __call__(self, req: HttpRequest) -> HttpResponse | Later:
         """The answer now, or (an admitted inference) later, when the driver's future is done:
         no task per request, and a refusal is written in the loop turn that read the request."""
+        if self.tenants is not None and req.path not in OPEN_HTTP_PATHS:
+            return self._as_tenant(req, self.tenants)
         try:
-            return self._route(req)
+            return self._route(req, None)
         except GatewayError as e:
             return _error(e)
 
-    def _route(self, req: HttpRequest) -> HttpResponse | Later:
+    def _as_tenant(self, req: HttpRequest, tenants: Tenants) -> HttpResponse | Later:
+        """``req`` answered for the tenant its key names (401 without one), and counted."""
+        h = req.headers
+        try:
+            tenant = tenants.identify(bearer_key(h.get("authorization"), h.get("x-api-key")))
+        except Unauthenticated as e:
+            return self._counted(UNAUTHENTICATED, _error(e))
+        try:
+            answer = self._route(req, tenant)
+        except GatewayError as e:
+            answer = _error(e)
+        if isinstance(answer, HttpResponse):
+            return self._counted(tenant.name, answer)
+        make = answer.make
+        return Later(answer.future, lambda f: self._counted(tenant.name, make(f)))
+
+    def _counted(self, tenant: str, resp: HttpResponse) -> HttpResponse:
+        m = self.driver.metrics
+        m.of(m.tenant_requests, tenant, str(resp.status)).inc()
+        return resp
+
+    def _route(self, req: HttpRequest, tenant: Tenant | None) -> HttpResponse | Later:
         parts = [unquote(p) for p in req.path.strip("/").split("/")]
         if len(parts) >= 3 and parts[0] == "v2" and parts[1] == "models" and parts[2] != "stats":
-            return self._model_route(req, parts[2], parts[3:])
+            return self._model_route(req, parts[2], parts[3:], tenant)
         route = _ROUTES.get(tuple(parts))
         if route is None:
             raise _NotFound(f"no route for {req.method} {req.path}")
@@ -84,7 +122,8 @@ class HttpFrontDoor:
         _allow(req, method)
         return fn(self, req)
 
-    def _model_route(self, req: HttpRequest, name: str, rest: list[str]) -> HttpResponse | Later:
+    def _model_route(self, req: HttpRequest, name: str, rest: list[str],
+                     tenant: Tenant | None) -> HttpResponse | Later:
         version = ""  # the model's default
         if len(rest) >= 2 and rest[0] == "versions":
             version, rest = rest[1], rest[2:]
@@ -93,7 +132,7 @@ class HttpFrontDoor:
         action = rest[0] if len(rest) == 1 else "" if not rest else None
         if action == "infer":
             _allow(req, "POST")
-            return self._infer(req, name, version)
+            return self._infer(req, name, version, tenant)
         handler = _MODEL_ROUTES.get(action)  # type: ignore[arg-type]
         if handler is None:
             raise _NotFound(f"no route for {req.method} {req.path}")
@@ -118,7 +157,9 @@ class HttpFrontDoor:
         return _json(self.info.repository_index())
 
     def _metrics(self, req: HttpRequest) -> HttpResponse:
-        return HttpResponse(200, self.driver.render_metrics(), "text/plain; version=0.0.4; charset=utf-8")
+        if not self.serve_metrics:  # served on the metrics listener instead
+            raise _NotFound(f"no route for {req.method} {req.path}")
+        return HttpResponse(200, self.driver.render_metrics(), _METRICS_TYPE)
 
     def _model_metadata(self, name: str, version: str) -> HttpResponse:
         return _json(model_metadata_dict(self.driver.model(name, version), name))
@@ -132,17 +173,20 @@ class HttpFrontDoor:
 
     def _model_stats(self, name: str, version: str) -> HttpResponse:
         self.driver.model(name, version)
-        return _json(json_format.MessageToDict(self.info.statistics(name), preserving_proto_field_name=True))
+        return _json(json_format.MessageToDict(self.info.statistics(name, version), preserving_proto_field_name=True))
 
-    def _infer(self, req: HttpRequest, name: str, version: str) -> HttpResponse | Later:
+    def _infer(self, req: HttpRequest, name: str, version: str, tenant: Tenant | None) -> HttpResponse | Later:
         driver, info = self.driver, self.info
         model = driver.model(name)  # unknown model or version: 404 before decoding the body
         if version:
             model.check_version(version)
+        if tenant is not None:
+            self.tenants.admit(tenant)  # type: ignore[union-attr]  (over quota: 429 before decoding)
         inp = parse_http_infer(decoded_body(req, self.max_body), req.headers.get(HEADER_LEN), max_depth=self.max_depth)
         start = info.clock()
         try:
-            result = driver.submit(name, inp, req.headers.get(SLO_HEADER), req.received, version=version)
+            result = driver.submit(name, inp, req.headers.get(SLO_HEADER), req.received, version=version,
+                                   priority=None if tenant is None else tenant.priority)
         except GatewayError:
             info.record(name, start, ok=False)
             raise
@@ -169,6 +213,8 @@ def _inferred(name: str, version: str, model: Model, inp: InferInput, res: Infer
 
 
 def _error(e: GatewayError) -> HttpResponse:
+    if isinstance(e, Unauthenticated):
+        return error_response(401, str(e), _CHALLENGE)
     if isinstance(e, Rejected):  # 429, or 503 when no replica serves the model
         return error_response(e.http_status, str(e), (("Retry-After", str(max(1, math.ceil(e.retry_after)))),
                                                       (REASON_HEADER, e.reason)))
@@ -203,3 +249,20 @@ _MODEL_ROUTES: dict[str, Callable[[HttpFrontDoor, str, str], HttpResponse]] = {
     "config": HttpFrontDoor._model_config,
     "stats": HttpFrontDoor._model_stats,
 }
+
+
+def metrics_door(driver: Driver) -> Handler:
+    """The metrics listener's handler: ``GET /metrics`` and the health probes, no key asked."""
+
+    def door(req: HttpRequest) -> HttpResponse:
+        if req.method != "GET":
+            return error_response(405, f"{req.method} is not allowed on {req.path} (use GET)")
+        if req.path == "/metrics":
+            return HttpResponse(200, driver.render_metrics(), _METRICS_TYPE)
+        if req.path == "/v2/health/live":
+            return _OK
+        if req.path == "/v2/health/ready":
+            return HttpResponse(200 if driver.ready() else 503)
+        return error_response(404, f"no route for {req.method} {req.path} (this listener serves /metrics)")
+
+    return door

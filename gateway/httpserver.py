@@ -23,6 +23,10 @@ all connections (503 with ``Retry-After``). A refusal is answered as soon as the
 ahead of it on the connection are written; what the client still sends is then read and
 dropped for a moment, so it sees the answer, and the connection closes.
 
+Given an :class:`ssl.SSLContext`, every connection speaks TLS (:class:`~gateway.tls.TlsTransport`,
+set up as the connection is accepted, so the limits above hold from its first byte: its
+handshake counts against the time its first request has).
+
 Each request carries ``received``: when the loop turn that read its first bytes began
 reading. A burst of requests read in one turn all keep that time, so a request that waited
 in its socket while the ones before it were parsed does not lose that wait from its
@@ -36,6 +40,7 @@ import contextlib
 import json
 import logging
 import math
+import ssl
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -44,15 +49,16 @@ from dataclasses import dataclass
 import httptools
 
 from gateway.limits import LINGER_S, PROBE_PREFIX, Limits, Refusal, ensure_fd_room
+from gateway.tls import TlsTransport
 from profiles.schema import LimitsSpec
 
 log = logging.getLogger("headrace.gateway")
 
 _REASONS = {
-    100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-    408: "Request Timeout", 413: "Payload Too Large", 414: "URI Too Long", 429: "Too Many Requests",
-    431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
-    503: "Service Unavailable", 504: "Gateway Timeout",
+    100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+    405: "Method Not Allowed", 408: "Request Timeout", 413: "Payload Too Large", 414: "URI Too Long",
+    429: "Too Many Requests", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
+    501: "Not Implemented", 503: "Service Unavailable", 504: "Gateway Timeout",
 }
 _MAX_PIPELINED = 64  # requests queued on one connection before it stops reading
 
@@ -170,7 +176,8 @@ class _Connection(asyncio.Protocol):
         self.limits = server.limits
         self.loop = server.loop
         self.now = server.loop.time
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport | TlsTransport | None = None
+        self.tls: TlsTransport | None = None  # the TLS layer, when the server speaks TLS
         self.parser = httptools.HttpRequestParser(self)
         self.msg = _Message()
         self.queue: deque[_Pending] = deque()
@@ -195,6 +202,8 @@ class _Connection(asyncio.Protocol):
             self.closing = self.broken = True
             transport.close()
             return
+        if self.server.ssl_context is not None:
+            self.tls = self.transport = TlsTransport(transport, self.server.ssl_context)  # type: ignore[arg-type]
         lim = self.limits
         self._expect(_IDLE, min(lim.header_timeout_s, lim.idle_timeout_s))  # the first request must come soon
 
@@ -209,6 +218,10 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.broken:
             return
+        if self.tls is not None:
+            data = self.tls.decrypt(data)
+            if not data:
+                return
         self.read_at = self.server.read_time()
         try:
             self.parser.feed_data(data)
@@ -448,11 +461,14 @@ class _Connection(asyncio.Protocol):
 class HttpServer:
     """``await start(host, port)`` -> bound port; ``await stop()`` finishes what it accepted.
     ``limits`` (:class:`~profiles.schema.LimitsSpec`, its defaults when None) bounds what
-    clients may ask of it; ``buffered`` is the bytes of request bodies still arriving."""
+    clients may ask of it; ``buffered`` is the bytes of request bodies still arriving;
+    ``ssl_context``: speak TLS with this server context."""
 
     def __init__(self, handler: Handler, max_body: int,
-                 clock: Callable[[], float] = time.monotonic, limits: LimitsSpec | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, limits: LimitsSpec | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self.handler = handler
+        self.ssl_context = ssl_context  # every connection speaks TLS with it
         self.max_body = max_body
         self.limits = Limits.of(limits, max_body)
         self.read_time = TurnClock(clock)

@@ -162,10 +162,12 @@ class TlsTransport:
                     chunk = self.obj.read(_READ)
                 except ssl.SSLWantReadError:
                     break
-                except ssl.SSLZeroReturnError:  # close_notify: the client's FIN follows
-                    break
-                if not chunk:
-                    break
+                except ssl.SSLZeroReturnError:
+                    chunk = b""
+                if not chunk:  # close_notify: the client is done; answer it in kind and close, as on EOF
+                    self.close()
+                    self.failed = True
+                    return b""
                 chunks.append(chunk)
         except ssl.SSLError as e:
             self._fail(e)
