@@ -14,6 +14,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pbg
 
+from gateway.backend_tls import BackendTls
 from gateway.codec import Signature, Tensor, TensorSig, set_grpc_param
 from gateway.contract import Forward
 from gateway.errors import BackendError
@@ -49,9 +50,13 @@ def channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
 class TritonReplica:
     """A client of one Triton server (shared by every variant served from it)."""
 
-    def __init__(self, url: str, max_message_bytes: int = 64 << 20) -> None:
+    def __init__(self, url: str, max_message_bytes: int = 64 << 20, tls: BackendTls | None = None) -> None:
         self.url = url
-        self._channel = grpc.aio.insecure_channel(url, options=channel_options(max_message_bytes))
+        options = channel_options(max_message_bytes)
+        if tls is None:
+            self._channel = grpc.aio.insecure_channel(url, options=options)
+        else:
+            self._channel = grpc.aio.secure_channel(url, tls.grpc_credentials(), options=options + tls.grpc_options())
         self._stub = pbg.GRPCInferenceServiceStub(self._channel)
 
     async def close(self) -> None:

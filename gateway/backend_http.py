@@ -22,6 +22,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
 from gateway.backend import ModelInfo, signature_of
+from gateway.backend_tls import BackendTls
 from gateway.codec import Memo, Tensor, TensorLayout, json_to_raw
 from gateway.contract import Forward
 from gateway.errors import BackendError
@@ -153,10 +154,13 @@ class _Conn(asyncio.Protocol):
 class TritonHttpReplica:
     """A client of one Triton server's HTTP endpoint (shared by its variants)."""
 
-    def __init__(self, url: str, max_message_bytes: int = 64 << 20, max_idle: int = 16) -> None:
+    def __init__(self, url: str, max_message_bytes: int = 64 << 20, max_idle: int = 16,
+                 tls: BackendTls | None = None) -> None:
         self.url = url
         host, _, port = url.rpartition(":")
         self._host, self._port = host, int(port)
+        self._ssl = tls.ssl_context() if tls is not None else None
+        self._server_name = (tls.server_name or host) if tls is not None else None
         self._idle: list[_Conn] = []
         self._busy: set[_Conn] = set()  # a request on the way: closed with the client
         self._max_idle = max_idle
@@ -202,7 +206,8 @@ class TritonHttpReplica:
         try:
             async with asyncio.timeout(timeout):  # None: no limit
                 _, conn = await asyncio.get_running_loop().create_connection(
-                    lambda: _Conn(self._max_body), self._host, self._port)
+                    lambda: _Conn(self._max_body), self._host, self._port, ssl=self._ssl,
+                    server_hostname=self._server_name)
         except (OSError, ValueError) as e:
             raise self._transport_error(e, timeout) from None
         return await self._answer(conn, *self._send(conn, parts, timeout), timeout)

@@ -36,6 +36,22 @@ class ConfigError(ValueError):
     """The gateway config is invalid; the message names the field and the value."""
 
 
+class TritonTlsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ca_file: str | None = Field(default=None, description="PEM CA bundle that signed Triton's certificate "
+                                "(default: the system's CAs)")
+    cert_file: str | None = Field(default=None, description="client certificate (PEM) for mutual TLS")
+    key_file: str | None = Field(default=None, description="the client certificate's private key (PEM)")
+    server_name: str | None = Field(default=None, min_length=1, description="name Triton's certificate is "
+                                    "checked against (default: the url's host)")
+
+    @model_validator(mode="after")
+    def _pair(self) -> TritonTlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together (mutual TLS needs both)")
+        return self
+
+
 class ReplicaConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     url: str = Field(min_length=3, description="host:port of the Triton server's endpoint for `protocol`")
@@ -60,6 +76,8 @@ class ReplicaConfig(BaseModel):
         "the profile's latencies the scheduler plans with",
     )
     id: str | None = Field(default=None, description="replica id (default: variant@url)")
+    tls: TritonTlsConfig | None = Field(default=None, description="speak TLS to this Triton (gRPC: its "
+                                        "--grpc-use-ssl endpoint; HTTP: a TLS proxy in front of it)")
 
     @field_validator("url")
     @classmethod
@@ -177,6 +195,7 @@ class ServedReplica:
     variant: str
     profile: Profile
     max_inflight: int
+    tls: Any = None  # gateway.backend_tls.BackendTls: TLS to this replica's Triton (None: plain)
 
 
 @dataclass(frozen=True)
@@ -228,8 +247,14 @@ def resolve(cfg: GatewayConfig) -> list[ServedModel]:
                 raise ConfigError(f"models.{i}.replicas.{j}.profile: {e}") from None
             if r.overhead_ms:
                 prof = with_overhead(prof, r.overhead_ms / 1e3)
+            tls = None
+            if r.tls is not None:
+                from gateway.backend_tls import load_backend_tls  # it needs ConfigError from here
+
+                tls = load_backend_tls(r.tls.ca_file, r.tls.cert_file, r.tls.key_file, r.tls.server_name,
+                                       f"models.{i}.replicas.{j}.tls", cfg.base_dir)
             replicas.append(ServedReplica(r.id or f"{r.variant}@{r.url}", r.url, r.protocol, r.variant, prof,
-                                         r.max_inflight))
+                                         r.max_inflight, tls))
         prio = Priority.GUARANTEED if m.priority == "guaranteed" else Priority.BEST_EFFORT
         out.append(ServedModel(m.name, m.slo_ms / 1e3, m.max_batch, prio, tuple(replicas), m.deadline_margin))
     return out

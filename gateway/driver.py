@@ -109,7 +109,9 @@ class Driver(Fleet):
         self.stats = Statistics()  # Triton-shaped statistics (the front doors' ServerInfo reads them)
         self.health_interval = health_interval
         self.models = {m.name: Model(m) for m in models}
-        self._make = replica_factory or (lambda proto, url: BACKENDS[proto](url, max_message_bytes))
+        self._tls = {(r.protocol, r.url): r.tls for m in models for r in m.replicas if r.tls is not None}
+        self._make = replica_factory or (lambda proto, url: BACKENDS[proto](
+            url, max_message_bytes, tls=self._tls.get((proto, url))))
         self._clients: dict[tuple[str, str], Any] = {}  # one client per server
         self.replicas: dict[str, Replica] = {}
         for m in models:

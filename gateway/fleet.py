@@ -113,6 +113,7 @@ class Fleet:
     started: bool
     _clients: dict[tuple[str, str], Any]  # one client per (protocol, url)
     _make: Callable[[str, str], Any]  # makes a replica client
+    _tls: dict[tuple[str, str], Any]  # (protocol, url) -> BackendTls of servers spoken to over TLS
     _pending: dict[int, Any]  # request id -> its waiter (request, input, future)
     _poll: Callable[[], None]
     _set_health: Callable[[Replica, bool, float], None]
@@ -163,6 +164,8 @@ class Fleet:
         if replica.id in self.replicas:
             raise ConfigError(f"replica '{replica.id}' is already served")
         key = (replica.protocol, replica.url)
+        if replica.tls is not None:
+            self._tls[key] = replica.tls
         made = key not in self._clients
         client = self._make(*key) if made else self._clients[key]
         try:
