@@ -63,9 +63,11 @@ class TritonReplica:
         await self._channel.close(grace=None)
 
     async def infer(self, variant: str, inputs: list[Tensor], timeout: float | None,
-                    forward: Forward | None = None, triton_timeout_us: int = 0) -> list[Tensor]:
+                    forward: Forward | None = None, triton_timeout_us: int = 0, *,
+                    trace_headers: tuple[tuple[str, str], ...] | None = None) -> list[Tensor]:
         """One batch: ``forward`` is what else the client asked of Triton (its version,
-        parameters and outputs), ``triton_timeout_us`` Triton's ``timeout`` (0: none)."""
+        parameters and outputs), ``triton_timeout_us`` Triton's ``timeout`` (0: none),
+        ``trace_headers`` the W3C trace context (``traceparent``) sent as metadata."""
         req = pb.ModelInferRequest(model_name=variant)
         for t in inputs:
             req.inputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
@@ -81,7 +83,7 @@ class TritonReplica:
         if triton_timeout_us:
             req.parameters["timeout"].int64_param = triton_timeout_us
         try:
-            resp = await self._stub.ModelInfer(req, timeout=timeout)
+            resp = await self._stub.ModelInfer(req, timeout=timeout, metadata=trace_headers)
         except grpc.aio.AioRpcError as e:
             code = e.code()
             raise BackendError(

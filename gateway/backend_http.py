@@ -249,14 +249,18 @@ class TritonHttpReplica:
                             retryable=code == grpc.StatusCode.UNAVAILABLE)
 
     def infer(self, variant: str, inputs: list[Tensor], timeout: float | None,
-              forward: Forward | None = None, triton_timeout_us: int = 0) -> Awaitable[list[Tensor]]:
+              forward: Forward | None = None, triton_timeout_us: int = 0, *,
+              trace_headers: tuple[tuple[str, str], ...] | None = None) -> Awaitable[list[Tensor]]:
         """Send a batch and return the wait for its outputs. With a pooled connection open the
         request is on its way when this returns, before the caller's first await. ``forward``
         is what else the client asked of Triton (its version, parameters and outputs),
-        ``triton_timeout_us`` Triton's ``timeout`` (0: none)."""
+        ``triton_timeout_us`` Triton's ``timeout`` (0: none), ``trace_headers`` the W3C trace
+        context (``traceparent``) sent as headers."""
         layout = tuple((t.name, t.datatype, tuple(t.shape), len(t.raw)) for t in inputs)
         head = _head(layout, forward, triton_timeout_us)
         headers = b"Inference-Header-Content-Length: %d\r\n" % len(head)
+        if trace_headers is not None:
+            headers += "".join(f"{k}: {v}\r\n" for k, v in trace_headers).encode("latin-1")
         path = (f"/v2/models/{variant}/versions/{forward.version}/infer" if forward is not None and forward.version
                 else f"/v2/models/{variant}/infer")
         answer = self._request(b"POST", path, headers, [head, *(t.raw for t in inputs)], timeout)

@@ -83,6 +83,7 @@ class _Pending:
     forward: Forward | None = None  # what goes to Triton besides the tensors (its batch key)
     batch: list[_Pending] | None = None  # once sent: its batch's members
     task: asyncio.Task | None = None  # once sent: the wait for its batch's answer
+    trace: Any = None  # its spans (gateway.tracing.RequestTrace) when tracing is on
 
 
 class Driver(Fleet):
@@ -131,6 +132,7 @@ class Driver(Fleet):
         self._loop: asyncio.AbstractEventLoop | None = None
         self.draining = False
         self.started = False
+        self.tracing: Any = None  # gateway.tracing.Tracing when tracing is on: batch spans
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -234,14 +236,14 @@ class Driver(Fleet):
 
     async def infer(self, name: str, inp: InferInput, slo_header: str | None = None,
                     received: float | None = None, *, version: str = "", deadline: float | None = None,
-                    priority: Priority | None = None) -> InferResult:
+                    priority: Priority | None = None, trace: Any = None) -> InferResult:
         """Admit, queue and run one request; raises a :class:`GatewayError` when it cannot."""
         return await self.submit(name, inp, slo_header, received, version=version, deadline=deadline,
-                                 priority=priority)
+                                 priority=priority, trace=trace)
 
     def submit(self, name: str, inp: InferInput, slo_header: str | None = None,
                received: float | None = None, *, version: str = "", deadline: float | None = None,
-               priority: Priority | None = None) -> asyncio.Future[InferResult]:
+               priority: Priority | None = None, trace: Any = None) -> asyncio.Future[InferResult]:
         """Admit and queue one request, without awaiting: a refusal raises here and now
         (:class:`GatewayError`), else the future answers it. ``received`` is when the front
         door read it (default: now); its deadline counts from then, so time spent waiting to
@@ -250,7 +252,8 @@ class Driver(Fleet):
         ``version``: the model version the client named ("" = the model's default; unknown:
         :class:`ModelNotFound`). ``deadline``: seconds the client itself still waits (a gRPC
         call's deadline), which caps the request's budget. ``priority``: the class the
-        caller's tenant imposes, overriding the request's own ``priority`` parameter."""
+        caller's tenant imposes, overriding the request's own ``priority`` parameter. ``trace``:
+        its spans (:class:`gateway.tracing.RequestTrace`), ended by its batch's spans."""
         m = self.model(name, version)
         if self.draining:
             raise Unavailable("gateway is draining")
@@ -283,7 +286,7 @@ class Driver(Fleet):
             self.metrics.of(self.metrics.refusal_wait, name).observe(now - arrival)
             raise rejection(reject.message, reject.reason, reject.retry_after)
         fut = self._loop.create_future()  # type: ignore[union-attr]
-        self._pending[req.id] = _Pending(req, inp, fut, fwd)
+        self._pending[req.id] = _Pending(req, inp, fut, fwd, trace=trace)
         fut.add_done_callback(partial(self._gone, req.id))
         if not self._poll_scheduled and self._queued is not None and self._queued() == 1:
             self._poll()  # a lone arrival: dispatch it now rather than one loop turn later
@@ -367,7 +370,10 @@ class Driver(Fleet):
         rep = self.replicas[b.replica]
         live = [p for r in b.requests if (p := self._pending.get(r.id)) is not None]
         sent = self.clock()
-        t = self._loop.create_task(self._run(rep, b, live, sent, self._send(rep, b, live, sent)))  # type: ignore[union-attr]
+        bt = None if self.tracing is None or not live else self.tracing.batch(
+            b.requests[0].model, b.variant, b.replica, b.rows, [p.trace for p in live])
+        answer = self._send(rep, b, live, sent, bt)
+        t = self._loop.create_task(self._run(rep, b, live, sent, answer if bt is None else bt.ended(answer)))  # type: ignore[union-attr]
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
         for p in live:
@@ -459,9 +465,11 @@ class Driver(Fleet):
             queue.observe(sent - p.request.arrival)
         self.metrics.of(self.metrics.batch_size, model, b.variant).observe(b.rows)
 
-    def _send(self, rep: Replica, b: Batch, live: list[_Pending], now: float) -> Awaitable[list[list[Tensor]]]:
+    def _send(self, rep: Replica, b: Batch, live: list[_Pending], now: float,
+              bt: Any = None) -> Awaitable[list[list[Tensor]]]:
         """Start one Triton request per group of requests whose non-batch shapes agree; the
-        awaitable gives each request's outputs (or raises what went wrong, sending included)."""
+        awaitable gives each request's outputs (or raises what went wrong, sending included).
+        ``bt``: the batch's spans (tracing on), which send each call with its trace context."""
         try:
             if not live:
                 return _value([])
@@ -479,7 +487,8 @@ class Driver(Fleet):
                     key = tuple((t.name, tuple(t.shape[1:])) for t in sorted(p.input.inputs, key=lambda t: t.name))
                     groups.setdefault(key, []).append(i)
             inputs = [_group_inputs([live[i] for i in idx]) for idx in groups.values()]
-            calls = [rep.client.infer(b.variant, x, timeout, forward, triton_us) for x in inputs]
+            calls = ([rep.client.infer(b.variant, x, timeout, forward, triton_us) for x in inputs] if bt is None
+                     else bt.calls(rep.client, b.variant, inputs, timeout, forward, triton_us))
         except Exception as e:  # noqa: BLE001  (answered as the batch's failure)
             return _raising(e)
         batched = self.models[live[0].request.model].info.signature.batched  # type: ignore[union-attr]

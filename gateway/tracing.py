@@ -29,6 +29,7 @@ SDK's batch processor thread, off the event loop; ``memory`` keeps them in the p
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -61,8 +62,8 @@ class TracingSettings(Protocol):
 
 
 class ReplicaClient(Protocol):
-    def infer(self, variant: str, inputs: list[Any], timeout: float | None, *,
-              trace_headers: TraceHeaders | None = None) -> Awaitable[list[Any]]: ...
+    def infer(self, variant: str, inputs: list[Any], timeout: float | None, forward: Any = None,
+              triton_timeout_us: int = 0, *, trace_headers: TraceHeaders | None = None) -> Awaitable[list[Any]]: ...
 
 
 def make_tracing(spec: TracingSettings) -> Tracing | None:
@@ -224,7 +225,7 @@ class RequestTrace:
 
 class BatchTrace:
     """A batch's span: :meth:`calls` sends its Triton calls, each in a client span whose trace
-    context goes with it; :meth:`end` ends the batch."""
+    context goes with it; :meth:`ended` (or :meth:`end`) ends the batch."""
 
     __slots__ = ("_t", "span", "_ctx")
 
@@ -233,8 +234,8 @@ class BatchTrace:
         self.span = span
         self._ctx: Context = tracing._trace.set_span_in_context(span, tracing._empty)
 
-    def calls(self, client: ReplicaClient, variant: str, inputs: Sequence[list[Any]],
-              timeout: float | None) -> list[Awaitable[list[Any]]]:
+    def calls(self, client: ReplicaClient, variant: str, inputs: Sequence[list[Any]], timeout: float | None,
+              forward: Any = None, triton_timeout_us: int = 0) -> list[Awaitable[list[Any]]]:
         """``client.infer`` for each group of ``inputs``, each carrying its span's context."""
         t = self._t
         out = []
@@ -244,7 +245,8 @@ class BatchTrace:
             carrier: dict[str, str] = {}
             t.propagator.inject(carrier, t._trace.set_span_in_context(span, t._empty))
             try:
-                call = client.infer(variant, x, timeout, trace_headers=tuple(carrier.items()))
+                call = client.infer(variant, x, timeout, forward, triton_timeout_us,
+                                    trace_headers=tuple(carrier.items()))
             except Exception as e:
                 self._failed(span, e)
                 raise
@@ -264,6 +266,20 @@ class BatchTrace:
         span.record_exception(e)
         self._t._error(span, f"{type(e).__name__}: {e}")
         span.end()
+
+    async def ended(self, answer: Awaitable[Any]) -> Any:
+        """``answer`` awaited, the batch span ended with its outcome."""
+        try:
+            result = await answer
+        except asyncio.CancelledError:  # every waiter gone: not a failure of the batch
+            self.span.set_attribute("headrace.cancelled", True)
+            self.span.end()
+            raise
+        except BaseException as e:
+            self.end(e)
+            raise
+        self.end()
+        return result
 
     def end(self, error: BaseException | None = None) -> None:
         if error is not None:

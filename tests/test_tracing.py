@@ -35,7 +35,7 @@ class RecordingClient:
     def __init__(self) -> None:
         self.headers: list[dict[str, str]] = []
 
-    def infer(self, variant, inputs, timeout, *, trace_headers=None):  # noqa: ANN001, ANN201
+    def infer(self, variant, inputs, timeout, forward=None, triton_us=0, *, trace_headers=None):  # noqa: ANN001, ANN201
         self.headers.append(dict(trace_headers or ()))
 
         async def answer() -> list:
@@ -131,7 +131,7 @@ def test_a_failed_triton_call_marks_its_span_and_the_batch() -> None:
     tracing = make_tracing(spec())
 
     class Broken:
-        def infer(self, variant, inputs, timeout, *, trace_headers=None):  # noqa: ANN001, ANN201
+        def infer(self, variant, inputs, timeout, forward=None, triton_us=0, *, trace_headers=None):  # noqa: ANN001, ANN201
             async def fail() -> list:
                 raise ConnectionError("replica went away")
 
