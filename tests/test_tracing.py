@@ -6,18 +6,140 @@ installed, one line says what to install."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
+import grpc
+import numpy as np
 import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import service_pb2 as pb
 
+from gateway.codec import InferInput, Tensor
+from gateway.config import ServedModel, ServedReplica
+from gateway.driver import Driver
+from gateway.httpserver import HttpRequest, HttpResponse, HttpServer
+from gateway.policy.config import SchedulerConfig
+from gateway.policy.scheduler import EdfScheduler
+from gateway.policy.types import Priority
 from gateway.tracing import make_tracing
+from profiles.profile import ProfileSet
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
 TRACEPARENT = f"00-{CLIENT_TRACE}-b7ad6b7169203331-01"
+
+
+PROFILE = "resnet50@A100-80GB/1g.10gb"
+
+
+class FakeTriton:
+    """An in-process Triton, HTTP and gRPC, on a loop of its own: model ``m`` (FP32 x [-1, 2] ->
+    y = x, max batch 8). It keeps the ``traceparent`` each infer call came with. Context manager."""
+
+    def __init__(self) -> None:
+        self.traceparents: list[str | None] = []
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.http_port = self.grpc_port = 0
+
+    def __enter__(self) -> FakeTriton:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(10)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
+
+    async def _start(self) -> None:
+        self._http = HttpServer(self._answer, 1 << 20)
+        self.http_port = await self._http.start("127.0.0.1", 0)
+        self._grpc = grpc.aio.server()
+        self._grpc.add_generic_rpc_handlers((self._grpc_handler(),))
+        self.grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
+        await self._grpc.start()
+
+    async def _stop(self) -> None:
+        await self._http.stop(1.0)
+        await self._grpc.stop(None)
+
+    @staticmethod
+    def metadata() -> dict:
+        return {"name": "m", "versions": ["1"], "platform": "python",
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}],
+                "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}]}
+
+    @staticmethod
+    def config() -> dict:
+        return {"name": "m", "max_batch_size": 8, "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2]}],
+                "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [2]}]}
+
+    def _answer(self, req: HttpRequest) -> HttpResponse:
+        action = req.path.rstrip("/").split("/")[4:]
+        if action == ["infer"]:
+            self.traceparents.append(req.headers.get("traceparent"))
+            n = int(req.headers["inference-header-content-length"])
+            shape = json.loads(req.body[:n])["inputs"][0]["shape"]
+            raw = req.body[n:]
+            head = json.dumps({"model_name": "m", "model_version": "1", "outputs": [
+                {"name": "y", "datatype": "FP32", "shape": shape, "parameters": {"binary_data_size": len(raw)}}]}).encode()
+            return HttpResponse(200, head + raw, "application/octet-stream",
+                                (("Inference-Header-Content-Length", str(len(head))),))
+        doc = {(): self.metadata(), ("config",): self.config(), ("ready",): {}}.get(tuple(action))
+        return HttpResponse(404) if doc is None else HttpResponse(200, json.dumps(doc).encode(), "application/json")
+
+    def _grpc_handler(self) -> grpc.GenericRpcHandler:
+        async def infer(req: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
+            self.traceparents.append(dict(context.invocation_metadata() or ()).get("traceparent"))
+            resp = pb.ModelInferResponse(model_name="m", model_version="1")
+            resp.outputs.add(name="y", datatype="FP32", shape=req.inputs[0].shape)
+            resp.raw_output_contents.append(req.raw_input_contents[0])
+            return resp
+
+        async def metadata(req: Any, context: grpc.aio.ServicerContext) -> pb.ModelMetadataResponse:
+            md = self.metadata()
+            resp = pb.ModelMetadataResponse(name="m", versions=md["versions"], platform="python")
+            for kind in ("inputs", "outputs"):
+                for t in md[kind]:
+                    getattr(resp, kind).add(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+            return resp
+
+        async def config(req: Any, context: grpc.aio.ServicerContext) -> pb.ModelConfigResponse:
+            cfg = mc.ModelConfig(name="m", max_batch_size=8)
+            cfg.input.add(name="x", data_type=mc.TYPE_FP32, dims=[2])
+            cfg.output.add(name="y", data_type=mc.TYPE_FP32, dims=[2])
+            return pb.ModelConfigResponse(config=cfg)
+
+        async def ready(req: Any, context: grpc.aio.ServicerContext) -> pb.ModelReadyResponse:
+            return pb.ModelReadyResponse(ready=True)
+
+        def unary(fn: Any, req_type: Any) -> grpc.RpcMethodHandler:
+            return grpc.unary_unary_rpc_method_handler(fn, request_deserializer=req_type.FromString,
+                                                       response_serializer=lambda m: m.SerializeToString())
+
+        return grpc.method_handlers_generic_handler("inference.GRPCInferenceService", {
+            "ModelInfer": unary(infer, pb.ModelInferRequest),
+            "ModelMetadata": unary(metadata, pb.ModelMetadataRequest),
+            "ModelConfig": unary(config, pb.ModelConfigRequest),
+            "ModelReady": unary(ready, pb.ModelReadyRequest)})
+
+    def url(self, protocol: str) -> str:
+        return f"127.0.0.1:{self.http_port if protocol == 'http' else self.grpc_port}"
+
+
+@pytest.fixture(scope="module")
+def triton():
+    with FakeTriton() as t:
+        yield t
 
 
 def spec(**kw) -> SimpleNamespace:
@@ -162,6 +284,37 @@ def test_unsampled_requests_record_nothing() -> None:
     assert names.count("inference.GRPCInferenceService/ModelInfer") == 0
     assert names.count("POST /v2/models/m/infer") == 1
     assert client.headers[0]["traceparent"].startswith(f"00-{CLIENT_TRACE}-")
+
+
+@pytest.mark.parametrize("backend", ["http", "grpc"])
+def test_the_replica_clients_carry_the_trace_context_to_triton(triton, backend) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    tracing = make_tracing(spec())
+    profile = ProfileSet.reference().get("resnet50", "A100-80GB", "1g.10gb").with_max_batch(8)
+    model = ServedModel("m", 2.0, 8, Priority.GUARANTEED, (
+        ServedReplica("m@fake", triton.url(backend), backend, "m", profile, 1),))
+
+    async def main() -> None:
+        driver = Driver([model], EdfScheduler(SchedulerConfig(policy="adaptive", wait=False)), health_interval=3600)
+        driver.tracing = tracing
+        await driver.start()
+        try:
+            trace = tracing.request("http", "m", {"traceparent": TRACEPARENT})
+            trace.admit()
+            x = np.array([[1.5, -2.0]], np.float32)
+            fut = driver.submit("m", InferInput([Tensor("x", "FP32", [1, 2], x.tobytes())]), trace=trace)
+            trace.admitted()
+            res = await fut
+            trace.finish(200, variant=res.variant)
+            assert np.frombuffer(bytes(res.outputs[0].raw), np.float32).tolist() == [1.5, -2.0]
+        finally:
+            await driver.stop()
+
+    n = len(triton.traceparents)
+    asyncio.run(main())
+    (sent,) = triton.traceparents[n:]
+    (call,) = [s for s in tracing.finished_spans() if s.name == "triton infer"]
+    assert sent == f"00-{CLIENT_TRACE}-{hexid(call.context.span_id)}-01"
 
 
 def python(code: str) -> subprocess.CompletedProcess:
