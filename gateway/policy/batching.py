@@ -26,6 +26,7 @@ import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gateway.policy.edf import EdfQueue
 from gateway.policy.types import Request
 
 
@@ -203,3 +204,23 @@ def get_policy(name: str) -> BatchPolicy:
         return POLICIES[name]()
     except KeyError:
         raise KeyError(f"unknown batch policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
+
+
+FIRST = object()  # _select_alike: the key of the first request the replica may take
+
+
+def select_alike(policy: BatchPolicy, queue: EdfQueue, replica: str, ctx: SelectContext,
+                  key: object = FIRST) -> Selection:
+    """The policy's choice, as indices of ``queue``, among the queued requests ``replica`` may
+    take whose batch key is ``key`` (Triton gets a batch as one request, so its members must
+    agree on what is forwarded)."""
+    if not queue.keyed and key in (None, FIRST):
+        return policy.select(queue, ctx)  # the common case: nothing keyed or restricted
+    index = [i for i, r in enumerate(queue) if r.replicas is None or replica in r.replicas]
+    if not index:
+        return Selection()
+    if key is FIRST:
+        key = queue[index[0]].key
+    index = [i for i in index if queue[i].key == key]
+    sel = policy.select([queue[i] for i in index], ctx)
+    return Selection(tuple(index[i] for i in sel.take), sel.wakeup)

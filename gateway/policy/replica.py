@@ -84,3 +84,11 @@ class Replica:
 
     def has_slot(self) -> bool:
         return self.healthy and len(self.inflight) < self.info.max_inflight
+
+
+def cost_per_answer(reps: list[Replica]) -> float | None:
+    """A variant's price of one answer: each replica's profile seconds per row at its full
+    batch times its price per second, averaged over its replicas (None when none is priced)."""
+    costs = [r.base[r.info.max_batch] / r.info.max_batch * r.info.price_per_hour / 3600.0
+             for r in reps if r.info.price_per_hour is not None]
+    return sum(costs) / len(costs) if costs else None

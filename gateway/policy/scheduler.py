@@ -56,14 +56,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gateway.policy.admission import Lane, plan_finishes, predict_finish
-from gateway.policy.batching import BatchPolicy, SelectContext, Selection, get_policy
+from gateway.policy.batching import FIRST, SelectContext, get_policy, select_alike
 from gateway.policy.config import SchedulerConfig
 from gateway.policy.edf import EdfQueue
 from gateway.policy.migrate import relocate
 from gateway.policy.rate import RateEstimator
 from gateway.policy.replica import Replica as _Replica
-from gateway.policy.selector import Level, VariantInfo, candidate_order, next_level
+from gateway.policy.replica import cost_per_answer
+from gateway.policy.selector import (
+    Level,
+    VariantInfo,
+    candidate_order,
+    describe_constraints,
+    next_level,
+)
 from gateway.policy.sequences import Sequences
+from gateway.policy.sequencing import SequenceScheduling
 from gateway.policy.types import (
     Batch,
     Decision,
@@ -107,9 +115,13 @@ class _Model:
     rate: RateEstimator
     groups: dict[str, _Group] = field(default_factory=dict)
     level: Level = field(default_factory=Level)
+    objective: str = "accuracy"  # the order allowed variants are tried in (see selector)
+    moved: int = 0  # queued requests moved to another variant that could still make their deadline
+    downgrades: int = 0  # level moves to cheaper variants under load
+    upgrades: int = 0  # and back
 
 
-class EdfScheduler:
+class EdfScheduler(SequenceScheduling):
     """Deadline-aware batching core implementing :class:`gateway.policy.types.SchedulerCore`."""
 
     def __init__(self, config: SchedulerConfig | None = None) -> None:
@@ -120,6 +132,7 @@ class EdfScheduler:
         self._pending: dict[int, Request] = {}  # admitted and not yet answered
         self._retried: set[int] = set()
         self._sequences = Sequences()
+        self._moved = False  # a poll moved a late request to another variant
 
     # ------------------------------------------------------------------ replicas
 
@@ -140,6 +153,7 @@ class EdfScheduler:
         self._replicas[info.id] = _Replica(info, [0.0] + [info.profile.latency(b, q)
                                                           for b in range(1, info.max_batch + 1)])
         model = self._model(info.model)
+        model.objective = info.objective
         if info.variant not in model.groups:
             model.groups[info.variant] = _Group(info.variant, RateEstimator(self.config.rate_window_s),
                                                 info.profile.accuracy)
@@ -201,18 +215,23 @@ class EdfScheduler:
                                 f"no healthy replica serves model {request.model!r}{which}")
         if request.sequence is not None:
             return self._submit_in_sequence(model, request, live, now)
-        if len(live) == 1 and request.accuracy_floor is None:
+        if len(live) == 1 and request.accuracy_floor is None and request.max_cost is None and request.variant is None:
             order = list(live)
         else:
             infos = self._variant_infos(model, live)
-            model.level = next_level(model.level, infos, model.rate.rate(now), now,
-                                     high=self.config.variant_high_load, low=self.config.variant_low_load,
-                                     dwell=self.config.variant_dwell_s)
-            order = candidate_order(infos, request.accuracy_floor, model.level)
+            level = next_level(model.level, infos, model.rate.rate(now), now,
+                               high=self.config.variant_high_load, low=self.config.variant_low_load,
+                               dwell=self.config.variant_dwell_s)
+            if level.skip != model.level.skip:
+                if level.skip > model.level.skip:
+                    model.downgrades += 1
+                else:
+                    model.upgrades += 1
+            model.level = level
+            order = self._order(model, infos, request)
         if not order:
-            return self._reject(
-                request, RejectReason.INFEASIBLE, self.config.no_replica_retry_after_s,
-                f"no variant of model {request.model!r} meets accuracy floor {request.accuracy_floor}")
+            return self._reject(request, RejectReason.INFEASIBLE, self.config.no_replica_retry_after_s,
+                                f"no variant of model {request.model!r} meets {describe_constraints(request)}")
         fits = [v for v in order if request.size <= max(r.info.max_batch for r in live[v])]
         if not fits:
             return self._reject(
@@ -313,7 +332,7 @@ class EdfScheduler:
                     continue
                 if not group.queued:
                     continue  # nothing to dispatch, expire or wake up for (the common case)
-                rejects += self._expire(group, healthy, now)
+                rejects += self._expire(group, healthy, now, model)
                 for rep in sorted(healthy, key=lambda r: r.base[1]):
                     while rep.has_slot() and group.queued:
                         if rep.inflight:  # pipelined: form the next batch just before it can start
@@ -329,8 +348,11 @@ class EdfScheduler:
                         rep.dispatch(batch)
                         batches.append(batch)
                 if group.queued:
-                    rejects += self._expire(group, healthy, now)
+                    rejects += self._expire(group, healthy, now, model)
                     wake = min(wake, self._next_expiry(group, healthy, now))
+        if self._moved:  # a request moved to a variant this poll had passed: look again now
+            self._moved = False
+            wake = now
         return Decision(tuple(batches), tuple(rejects), wake if wake < float("inf") else None)
 
     def queued(self, model: str | None = None) -> int:
@@ -349,6 +371,11 @@ class EdfScheduler:
     def level(self, model: str) -> int:
         """How many of the model's most accurate variants overload currently skips first."""
         return self._models[model].level.skip if model in self._models else 0
+
+    def variant_moves(self, model: str) -> tuple[int, int, int]:
+        """(downgrades, upgrades, late requests moved to another variant) of ``model`` so far."""
+        m = self._models.get(model)
+        return (m.downgrades, m.upgrades, m.moved) if m else (0, 0, 0)
 
     # ------------------------------------------------------------------ internals
 
@@ -381,13 +408,19 @@ class EdfScheduler:
             fits=lambda v, r: r.size <= max(x.info.max_batch for x in staying[v]) and (
                 r.replicas is None or any(x.info.id in r.replicas for x in staying[v])),
             plan=(lambda v, r: self._plan(model.groups[v], live[v], r, now)) if self.policy.deadline_aware else None,
-            push=lambda v, r: model.groups[v].queue_of(r).push(r))
+            push=lambda v, r: model.groups[v].queue_of(r).push(r), objective=model.objective)
 
     def _capacity(self, reps: list[_Replica]) -> float:
         return sum(r.info.max_batch / r.table[r.info.max_batch] for r in reps)
 
     def _variant_infos(self, model: _Model, live: dict[str, list[_Replica]]) -> list[VariantInfo]:
-        return [VariantInfo(v, model.groups[v].accuracy, self._capacity(reps)) for v, reps in live.items()]
+        return [VariantInfo(v, model.groups[v].accuracy, self._capacity(reps), cost_per_answer(reps))
+                for v, reps in live.items()]
+
+    def _order(self, model: _Model, infos: list[VariantInfo], request: Request) -> list[str]:
+        return candidate_order(infos, request.accuracy_floor, model.level, objective=model.objective,
+                               max_cost=request.max_cost, pin=request.variant,
+                               cheapest=request.priority == Priority.BEST_EFFORT)
 
     def _protects(self, model: _Model, group: _Group, healthy: list[_Replica], request: Request,
                   now: float) -> bool:
@@ -434,67 +467,6 @@ class EdfScheduler:
         self._forget(r)
         return Reject(r, reason, retry_after, message)
 
-    def _submit_in_sequence(self, model: _Model, request: Request, live: dict[str, list[_Replica]],
-                            now: float) -> Reject | None:
-        """A request of a sequence waits for the replica its sequence is bound to; a new
-        sequence binds to a replica of the model's preferred variant, the one holding fewest
-        sequences (see :mod:`gateway.policy.sequences`)."""
-        seqs = self._sequences
-        rid = seqs.replica_of(request)
-        if rid is None:
-            infos = self._variant_infos(model, live)
-            order = [v for v in candidate_order(infos, request.accuracy_floor, model.level)
-                     if request.size <= max(r.info.max_batch for r in live[v])]
-            if not order:
-                return self._reject(request, RejectReason.INFEASIBLE, self.config.min_retry_after_s,
-                                    f"no variant of model {request.model!r} takes this sequence request")
-            rid = seqs.least_bound([r.info.id for r in live[order[0]]])
-        rep = self._replicas.get(rid)
-        if rep is None or not rep.healthy:
-            return self._reject(request, RejectReason.NO_REPLICA, self.config.no_replica_retry_after_s,
-                                f"the replica holding sequence {request.sequence!r} of model "
-                                f"{request.model!r} is not serving; start the sequence again")
-        if self.policy.deadline_aware:
-            ahead = sum(r.size for r in seqs.waiting(rid))
-            finish = rep.start(now) + rep.table[min(ahead + request.size, rep.info.max_batch)] * (
-                1 + ahead // rep.info.max_batch)
-            if finish > request.deadline:
-                reason = RejectReason.SHED if request.priority == Priority.BEST_EFFORT else RejectReason.INFEASIBLE
-                return self._reject(
-                    request, reason, max(self.config.min_retry_after_s, finish - request.deadline),
-                    f"predicted finish {(finish - now) * 1e3:.1f} ms from now is past the deadline "
-                    f"{(request.deadline - now) * 1e3:.1f} ms from now")
-        seqs.bind(request, rid, now)
-        self._pending[request.id] = request
-        return None
-
-    def _poll_sequences(self, now: float, batches: list[Batch], rejects: list[Reject]) -> None:
-        """Send each replica's next sequence request while it has a slot, each alone; answer
-        those whose replica is gone or unhealthy, or that can no longer finish in time."""
-        seqs = self._sequences
-        for rid in seqs.replicas_waited_on():
-            rep = self._replicas.get(rid)
-            if rep is None or not rep.healthy:
-                for r in seqs.drop_waiting(rid):
-                    rejects.append(self._reject(
-                        r, RejectReason.FAILED if r.id in self._retried else RejectReason.NO_REPLICA,
-                        self.config.no_replica_retry_after_s,
-                        f"the replica holding sequence {r.sequence!r} of model {r.model!r} is not serving"))
-                continue
-            while rep.has_slot() and (r := seqs.next(rid)) is not None:
-                seqs.take(rid, r)
-                start = rep.start(now)
-                finish = start + rep.table[r.size]
-                if self.policy.deadline_aware and finish > r.deadline:
-                    rejects.append(self._reject(
-                        r, RejectReason.EXPIRED, self.config.min_retry_after_s,
-                        f"no replica can finish it by its deadline ({(r.deadline - now) * 1e3:.1f} ms from now)"))
-                    continue
-                seqs.started(r)
-                batch = Batch(rid, rep.info.variant, (r,), now, finish)
-                rep.dispatch(batch)
-                batches.append(batch)
-
     def _needed_batch(self, healthy: list[_Replica], rate: float) -> int:
         """Smallest batch (rows) at which the healthy replicas together keep up with ``rate``
         (a replica whose max batch is smaller runs its max batch)."""
@@ -520,7 +492,7 @@ class EdfScheduler:
         chosen: list[Request] = []
         wake = None
         if len(group.guaranteed):
-            sel = _select_alike(self.policy, group.guaranteed, rep.info.id, ctx)
+            sel = select_alike(self.policy, group.guaranteed, rep.info.id, ctx)
             wake = sel.wakeup
             chosen = group.guaranteed.remove_indices(sel.take)
             if not chosen or len(group.guaranteed):
@@ -537,8 +509,8 @@ class EdfScheduler:
                 latency=(lambda rows: lat(rows + used)),
             )
             if room > 0:
-                sel = _select_alike(self.policy, group.best_effort, rep.info.id, be_ctx,
-                                    chosen[0].key if chosen else _FIRST)
+                sel = select_alike(self.policy, group.best_effort, rep.info.id, be_ctx,
+                                    chosen[0].key if chosen else FIRST)
                 extra_rows = sum(group.best_effort[i].size for i in sel.take)
                 if sel.take and ctx.start + lat(used + extra_rows) <= limit:
                     chosen += group.best_effort.remove_indices(sel.take)
@@ -566,7 +538,7 @@ class EdfScheduler:
 
         return finish
 
-    def _expire(self, group: _Group, healthy: list[_Replica], now: float) -> list[Reject]:
+    def _expire(self, group: _Group, healthy: list[_Replica], now: float, model: _Model) -> list[Reject]:
         out: list[Reject] = []
         if not self.policy.deadline_aware:
             if self.config.queue_timeout_s is not None:
@@ -587,13 +559,35 @@ class EdfScheduler:
                     break
                 if finish(r.size) > r.deadline:
                     gone.append(i)
-            for r in q.remove_indices(gone):
+            for r in self._move_late(model, group, q.remove_indices(gone), now):
                 reason = (RejectReason.SHED if be else
                           RejectReason.FAILED if r.id in self._retried else RejectReason.EXPIRED)
                 out.append(self._reject(
                     r, reason, self.config.min_retry_after_s,
                     f"no replica can finish it by its deadline ({(r.deadline - now) * 1e3:.1f} ms from now)"))
         return out
+
+    def _move_late(self, model: _Model, group: _Group, late: list[Request], now: float) -> list[Request]:
+        """Requests ``group`` can no longer finish in time move to another allowed variant
+        predicted to finish them in time (the order of the model's objective); the rest are
+        returned, to be refused."""
+        if not late or len(model.groups) < 2:
+            return late
+        live = {v: h for v, g in model.groups.items() if g is not group and (h := self._healthy(g))}
+        infos = self._variant_infos(model, live)
+        left = []
+        for r in late:
+            ok = [x for x in live if r.replicas is None or any(y.info.id in r.replicas for y in live[x])]
+            order = [v for v in self._order(model, [i for i in infos if i.name in ok], r)
+                     if r.size <= max(y.info.max_batch for y in live[v])]
+            dest = next((v for v in order if self._plan(model.groups[v], live[v], r, now) <= r.deadline), None)
+            if dest is None:
+                left.append(r)
+                continue
+            model.groups[dest].queue_of(r).push(r)
+            model.moved += 1
+            self._moved = True
+        return left
 
     def _next_expiry(self, group: _Group, healthy: list[_Replica], now: float) -> float:
         """Earliest time a queued request turns infeasible if nothing else happens."""
@@ -616,23 +610,3 @@ class EdfScheduler:
                 if last_start >= now:
                     best = min(best, last_start + _EPS)
         return best
-
-
-_FIRST = object()  # _select_alike: the key of the first request the replica may take
-
-
-def _select_alike(policy: BatchPolicy, queue: EdfQueue, replica: str, ctx: SelectContext,
-                  key: object = _FIRST) -> Selection:
-    """The policy's choice, as indices of ``queue``, among the queued requests ``replica`` may
-    take whose batch key is ``key`` (Triton gets a batch as one request, so its members must
-    agree on what is forwarded)."""
-    if not queue.keyed and key in (None, _FIRST):
-        return policy.select(queue, ctx)  # the common case: nothing keyed or restricted
-    index = [i for i, r in enumerate(queue) if r.replicas is None or replica in r.replicas]
-    if not index:
-        return Selection()
-    if key is _FIRST:
-        key = queue[index[0]].key
-    index = [i for i in index if queue[i].key == key]
-    sel = policy.select([queue[i] for i in index], ctx)
-    return Selection(tuple(index[i] for i in sel.take), sel.wakeup)

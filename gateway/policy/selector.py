@@ -1,10 +1,19 @@
 """Variant selection: which variant's queue a request joins.
 
 A served model may run several variants (e.g. a large and a small ResNet) on its replicas.
-Among the variants whose accuracy meets the request's floor, the request joins the most
-accurate one predicted to meet its deadline given that variant's queue. Under sustained
-overload the model's *level* moves down to cheaper variants first, and moves back when load
-falls, with hysteresis (two thresholds and a dwell time) so it does not flap.
+A request may constrain them: a least accuracy, a highest cost per answer, or a pin to one
+variant; the variants that honour every constraint are *allowed*, and no other ever serves it.
+Among the allowed variants the request tries, in the order of its model's *objective*, each
+until one is predicted to meet its deadline given that variant's queue:
+
+- ``accuracy``: most accurate first. Under sustained overload the model's *level* moves down
+  to cheaper variants first, and moves back when load falls, with hysteresis (two thresholds
+  and a dwell time) so it does not flap.
+- ``cost``: cheapest per answer first (INFaaS's objective), so a floor is met at least cost.
+
+Best-effort requests always try the cheapest first, whatever the objective. A variant of
+unknown accuracy never meets a floor; one of unknown cost never meets a cap and comes last
+in cost order.
 
 Pure functions; the level is state in, state out.
 """
@@ -14,12 +23,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gateway.policy.types import Request
+
 
 @dataclass(frozen=True, slots=True)
 class VariantInfo:
     name: str
     accuracy: float | None  # None: unknown, never meets an accuracy floor
     capacity: float  # requests per second its healthy replicas sustain at full batches
+    cost: float | None = None  # price of one answer (see ReplicaInfo.price_per_hour); None: unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,11 +47,29 @@ def by_accuracy(variants: Sequence[VariantInfo]) -> list[VariantInfo]:
     return sorted(variants, key=lambda v: (v.accuracy is None, -(v.accuracy or 0.0), v.name))
 
 
-def candidate_order(variants: Sequence[VariantInfo], floor: float | None, level: Level) -> list[str]:
-    """Variants to try, in order, for a request with accuracy ``floor``: from the level's
-    preferred variant down to cheaper ones, then the more accurate ones it skipped."""
-    ok = [v for v in by_accuracy(variants)
-          if floor is None or (v.accuracy is not None and v.accuracy >= floor)]
+def by_cost(variants: Sequence[VariantInfo]) -> list[VariantInfo]:
+    """Cheapest first; unknown cost last; ties go to the more accurate, then by name."""
+    return sorted(variants, key=lambda v: (v.cost is None, v.cost or 0.0, v.accuracy is None,
+                                           -(v.accuracy or 0.0), v.name))
+
+
+def allows(v: VariantInfo, floor: float | None, max_cost: float | None, pin: str | None) -> bool:
+    """``v`` honours a request's accuracy floor, cost cap and pin."""
+    return ((floor is None or (v.accuracy is not None and v.accuracy >= floor))
+            and (max_cost is None or (v.cost is not None and v.cost <= max_cost))
+            and (pin is None or v.name == pin))
+
+
+def candidate_order(variants: Sequence[VariantInfo], floor: float | None, level: Level, *,
+                    objective: str = "accuracy", max_cost: float | None = None, pin: str | None = None,
+                    cheapest: bool = False) -> list[str]:
+    """The allowed variants (:func:`allows`), in the order a request tries them: cheapest
+    first under the ``cost`` objective or with ``cheapest`` (best-effort); else from the
+    level's preferred variant down to cheaper ones, then the more accurate ones it skipped."""
+    ok = [v for v in variants if allows(v, floor, max_cost, pin)]
+    if cheapest or objective == "cost":
+        return [v.name for v in by_cost(ok)]
+    ok = by_accuracy(ok)
     skip = min(level.skip, max(0, len(ok) - 1))
     return [v.name for v in ok[skip:] + ok[:skip][::-1]]
 
@@ -58,3 +88,11 @@ def next_level(level: Level, variants: Sequence[VariantInfo], rate: float, now: 
     if skip > 0 and rate < low * ordered[skip - 1].capacity:
         return Level(skip - 1, now)
     return level
+
+
+def describe_constraints(r: Request) -> str:
+    """The request's constraints in words (a refusal's message)."""
+    parts = [f"accuracy floor {r.accuracy_floor:g}" if r.accuracy_floor is not None else "",
+             f"cost cap {r.max_cost:g}" if r.max_cost is not None else "",
+             f"pin to variant {r.variant!r}" if r.variant is not None else ""]
+    return ", ".join(p for p in parts if p) or "the request"

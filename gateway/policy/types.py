@@ -39,6 +39,8 @@ class Request:
     priority: Priority = Priority.GUARANTEED
     size: int = 1  # rows along the batch dimension this request carries
     accuracy_floor: float | None = None  # variant selection: least acceptable accuracy
+    max_cost: float | None = None  # variant selection: highest acceptable price of its answer
+    variant: str | None = None  # variant selection: only this variant
     # what Triton must see alike for requests to share a batch (forwarded parameters,
     # requested outputs, version); None: nothing beyond the tensors (the common case)
     key: Hashable | None = None
@@ -58,6 +60,11 @@ class ReplicaInfo:
     profile: Profile  # latency predictor for this variant on this replica's slice
     max_batch: int
     max_inflight: int = 1  # batches the replica runs at once
+    # what the replica's hardware costs per hour (its slice's share of its GPU's price, or of
+    # the host's): a variant's cost per answer is its profile's seconds per row at full batches
+    # times this price; None: unknown
+    price_per_hour: float | None = None
+    objective: str = "accuracy"  # the served model's objective: "accuracy" or "cost"
 
 
 @dataclass(frozen=True, slots=True)
