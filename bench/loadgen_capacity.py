@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import csv
 import json
+import math
 import os
 import platform
 import resource
@@ -44,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from bench.output import write_results
+from loadgen.clients import Answer
 from loadgen.drivers import open_loop
 from loadgen.run import run_load
 from loadgen.spec import InputSpec, LoadSpec
@@ -111,12 +113,12 @@ class TritonclientHttp:
         inp.set_data_from_numpy(np.zeros((1, 4), dtype=np.float32), binary_data=True)
         self.inputs = [inp]
 
-    async def infer(self, model_idx: int) -> tuple[str, str | None]:
+    async def infer(self, model_idx: int, deadline: float = math.inf) -> Answer:
         try:
             await self.client.infer("echo", self.inputs)
         except Exception as e:  # tritonclient raises its own exception types
-            return f"error_{type(e).__name__}", None
-        return OK, None
+            return f"error_{type(e).__name__}", None, None
+        return OK, None, None
 
     async def close(self) -> None:
         await self.client.close()

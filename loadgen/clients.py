@@ -1,8 +1,15 @@
 """KServe v2 transports for the drivers: each sends one pre-built request for a model and
-returns ``(outcome, variant)``, where outcome is ``stats.OK``, ``stats.REJECTED`` (HTTP 429 /
+returns ``(outcome, variant, pool_wait_s)``, where outcome is ``stats.OK``, ``stats.REJECTED`` (HTTP 429 /
 gRPC RESOURCE_EXHAUSTED, or 503 / UNAVAILABLE carrying headrace's reject-reason, as while no
 replica is up), ``stats.EXPIRED`` (a 429 whose reject-reason says the request expired in the
-queue) or an error kind (``http_503``, ``grpc_unavailable``, ``timeout``, ``connection``).
+queue) or an error kind (``http_503``, ``grpc_unavailable``, ``timeout``, ``connection``), and
+``pool_wait_s`` is how long the request waited for a free connection of the client's own
+pool before it was written (None where the transport cannot tell: gRPC multiplexes one
+channel).
+
+Every request carries a *deadline* on the loop clock (the driver's scheduled send plus the
+request timeout): a request still queued for a connection, or still in flight, at its deadline
+is answered ``timeout``. The client's queue never keeps a request longer than the timeout.
 
 - :class:`RawHttpClient`: a keep-alive pool of asyncio protocols writing pre-built HTTP/1.1
   requests; the cheapest per request, so one process keeps the tightest schedule.
@@ -16,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import math
 import os
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -32,8 +40,14 @@ class LoadError(RuntimeError):
     """The test cannot run (unreachable target, unknown model, bad input); one-line message."""
 
 
+Answer = tuple[str, "str | None", "float | None"]  # (outcome, variant, pool wait s)
+
+
 class Client(Protocol):
-    async def infer(self, model_idx: int) -> tuple[str, str | None]: ...
+    async def infer(self, model_idx: int, deadline: float = math.inf) -> Answer:
+        """Send one request for ``model_idx``; give up at ``deadline`` (loop clock)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -49,20 +63,21 @@ def http_outcome(status: int, reason: str | None = None) -> str:
 
 # ---- raw HTTP/1.1 keep-alive pool -------------------------------------------------------------
 
-Done = Callable[[str, "str | None"], None]  # (outcome, variant)
+Done = Callable[[str, "str | None", "float | None"], None]  # (outcome, variant, pool wait s)
 
 
 class _Conn(asyncio.Protocol):
     """One keep-alive connection; at most one request in flight (no pipelining)."""
 
-    __slots__ = ("pool", "transport", "buf", "done", "started", "closed")
+    __slots__ = ("pool", "transport", "buf", "done", "deadline", "waited", "closed")
 
     def __init__(self, pool: RawHttpClient) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
         self.done: Done | None = None
-        self.started = 0.0
+        self.deadline = math.inf  # of the request in flight (loop clock)
+        self.waited = 0.0  # how long the request in flight waited for this connection
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -103,11 +118,13 @@ class _Conn(asyncio.Protocol):
         else:
             variant, outcome = None, http_outcome(status, _reason_of(head) if status in (429, 503) else None)
         del buf[:end]
+        if self.pool._now() > self.deadline:  # answered after the client gave up
+            variant, outcome = None, "timeout"
         if b"\r\nconnection: close" in head:
             self.closed = True
         done, self.done = self.done, None
         self.pool._release(self)
-        done(outcome, variant)
+        done(outcome, variant, self.waited)
 
     def _fail(self, outcome: str) -> None:
         """Answer the request in flight with ``outcome`` and drop the connection."""
@@ -116,7 +133,7 @@ class _Conn(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
         if done is not None:
-            done(outcome, None)
+            done(outcome, None, self.waited)
 
 
 def _dechunk(buf: bytearray, start: int) -> tuple[bytes, int] | None:
@@ -161,60 +178,76 @@ def _reason_of(head: bytes) -> str | None:
 
 class RawHttpClient:
     """Pre-built HTTP/1.1 requests over a pool of keep-alive connections, callback-driven:
-    ``send(model_idx, done)`` writes at once when a connection is idle, else queues FIFO
-    (the wait counts in the latency, as it should). No task or future per request."""
+    ``send(model_idx, done, deadline)`` writes at once when a connection is idle, else queues
+    FIFO. The time queued is the request's *pool wait*, reported with its answer (and, in the
+    open loop, counted in its latency from the scheduled send, as it should be). No task or
+    future per request: one sweeper times out queued and in-flight requests at their
+    deadlines, within ``sweep_period`` (a quarter of the timeout, at most 0.1 s)."""
 
     def __init__(
-        self, host: str, port: int, bodies: list[HttpBody], connections: int, timeout_s: float
+        self,
+        host: str,
+        port: int,
+        bodies: list[HttpBody],
+        connections: int,
+        timeout_s: float,
+        ssl: Any = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.host, self.port, self.limit, self.timeout_s = host, port, connections, timeout_s
+        self.ssl = ssl  # an ssl.SSLContext for https, else None
         self.requests = [_raw_request(host, port, b) for b in bodies]
         self.idle: collections.deque[_Conn] = collections.deque()
-        self.pending: collections.deque[tuple[int, Done]] = collections.deque()
+        # (model_idx, done, deadline, queued at)
+        self.pending: collections.deque[tuple[int, Done, float, float]] = collections.deque()
         self.conns: set[_Conn] = set()
         self.opening = 0
         self.sweeper: asyncio.Task | None = None
-        self.clock: Callable[[], float] | None = None  # the running loop's time()
+        self.sweep_period = min(0.1, timeout_s / 4)
+        self.clock = clock  # default: the running loop's time()
 
-    def send(self, model_idx: int, done: Done) -> None:
+    def _now(self) -> float:
+        if self.clock is None:
+            self.clock = asyncio.get_running_loop().time
+        return self.clock()
+
+    def send(self, model_idx: int, done: Done, deadline: float = math.inf) -> None:
+        if self.sweeper is None:
+            self.sweeper = asyncio.get_running_loop().create_task(self._sweep())
         idle = self.idle
         while idle:
             c = idle.pop()
             if not c.closed:
-                self._write(c, model_idx, done)
+                self._write(c, model_idx, done, deadline, 0.0)
                 return
-        self.pending.append((model_idx, done))
+        self.pending.append((model_idx, done, deadline, self._now()))
         if len(self.conns) + self.opening < self.limit:
             self._open_one()
 
-    async def infer(self, model_idx: int) -> tuple[str, str | None]:
+    async def infer(self, model_idx: int, deadline: float = math.inf) -> Answer:
         fut = asyncio.get_running_loop().create_future()
-        self.send(model_idx, lambda o, v: fut.done() or fut.set_result((o, v)))
+        self.send(model_idx, lambda o, v, w: fut.done() or fut.set_result((o, v, w)), deadline)
         return await fut
 
-    def _write(self, c: _Conn, model_idx: int, done: Done) -> None:
-        c.done = done
-        if self.clock is None:
-            self.clock = asyncio.get_running_loop().time
-        c.started = self.clock()
+    def _write(self, c: _Conn, model_idx: int, done: Done, deadline: float, waited: float) -> None:
+        c.done, c.deadline, c.waited = done, deadline, waited
         c.transport.write(self.requests[model_idx])  # type: ignore[union-attr]
 
     def _open_one(self) -> None:
-        loop = asyncio.get_running_loop()
         self.opening += 1
-        if self.sweeper is None:
-            self.sweeper = loop.create_task(self._sweep())
-        loop.create_task(self._connect())
+        asyncio.get_running_loop().create_task(self._connect())
 
     async def _connect(self) -> None:
         loop = asyncio.get_running_loop()
         try:
-            _, c = await loop.create_connection(lambda: _Conn(self), self.host, self.port)
-        except OSError:
+            _, c = await loop.create_connection(
+                lambda: _Conn(self), self.host, self.port, ssl=self.ssl
+            )
+        except OSError:  # ssl.SSLError is one too
             self.opening -= 1
             if self.pending:  # fail one waiter per failed attempt, so errors are counted
-                _, done = self.pending.popleft()
-                done("connection", None)
+                _, done, _, queued = self.pending.popleft()
+                done("connection", None, self._now() - queued)
             if self.pending and len(self.conns) + self.opening < self.limit:
                 self._open_one()
             return
@@ -226,9 +259,15 @@ class RawHttpClient:
         if c.closed:
             self._lost(c)
             return
-        if self.pending:
-            mi, done = self.pending.popleft()
-            self._write(c, mi, done)
+        pending = self.pending
+        if pending:
+            now = self._now()
+            while pending and pending[0][2] <= now:  # never write a request already given up
+                _, done, _, queued = pending.popleft()
+                done("timeout", None, now - queued)
+        if pending:
+            mi, done, deadline, queued = pending.popleft()
+            self._write(c, mi, done, deadline, now - queued)
         else:
             self.idle.append(c)
 
@@ -240,17 +279,29 @@ class RawHttpClient:
             if self.pending and len(self.conns) + self.opening < self.limit:
                 self._open_one()
 
+    def expire(self, now: float) -> int:
+        """Answer ``timeout`` to every request whose deadline is ``now`` or earlier, queued or
+        in flight (an in-flight one's connection is dropped: HTTP/1.1 cannot cancel a request
+        on a kept-alive connection). Returns how many timed out."""
+        n = 0
+        pending = self.pending
+        # NOTE: deadlines are non-decreasing along the FIFO queue (each is the send's due time
+        # plus the same timeout, and requests are queued in due order), so the expired ones
+        # are all at its head
+        while pending and pending[0][2] <= now:
+            _, done, _, queued = pending.popleft()
+            done("timeout", None, now - queued)
+            n += 1
+        for c in list(self.conns):
+            if c.done is not None and c.deadline <= now:
+                c._fail("timeout")
+                n += 1
+        return n
+
     async def _sweep(self) -> None:
-        """Time out requests in flight longer than ``timeout_s`` (one timer, not one per
-        request); queued requests time out too."""
-        loop = asyncio.get_running_loop()
-        period = min(0.1, self.timeout_s / 4)
         while True:
-            await asyncio.sleep(period)
-            limit = loop.time() - self.timeout_s
-            for c in list(self.conns):
-                if c.done is not None and c.started < limit:
-                    c._fail("timeout")
+            await asyncio.sleep(self.sweep_period)
+            self.expire(self._now())
 
     async def close(self) -> None:
         if self.sweeper is not None:
@@ -259,8 +310,8 @@ class RawHttpClient:
             if c.transport is not None:
                 c.transport.close()
         while self.pending:
-            _, done = self.pending.popleft()
-            done("connection", None)
+            _, done, _, queued = self.pending.popleft()
+            done("connection", None, self._now() - queued)
         self.idle.clear()
 
 
@@ -274,33 +325,50 @@ def _raw_request(host: str, port: int, b: HttpBody) -> bytes:
 
 
 class AiohttpClient:
+    """aiohttp with at most ``connections`` requests in flight; a request waits for a slot
+    (its pool wait) and is cancelled at its deadline, queued or not."""
+
     def __init__(
-        self, host: str, port: int, bodies: list[HttpBody], connections: int, timeout_s: float
+        self,
+        host: str,
+        port: int,
+        bodies: list[HttpBody],
+        connections: int,
+        timeout_s: float,
+        ssl: Any = None,
     ) -> None:
         import aiohttp
 
-        self.base = f"http://{host}:{port}"
+        self.base = f"{'https' if ssl is not None else 'http'}://{host}:{port}"
         self.bodies = [(self.base + b.path, b.body, dict(b.headers)) for b in bodies]
+        self.slots = asyncio.Semaphore(connections)
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=connections),
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
+            connector=aiohttp.TCPConnector(limit=connections, ssl=ssl if ssl is not None else True),
+            timeout=aiohttp.ClientTimeout(total=timeout_s),  # a backstop: deadlines come first
         )
 
-    async def infer(self, model_idx: int) -> tuple[str, str | None]:
+    async def infer(self, model_idx: int, deadline: float = math.inf) -> Answer:
         import aiohttp
 
+        loop = asyncio.get_running_loop()
         url, body, headers = self.bodies[model_idx]
+        queued = loop.time()
+        waited: float | None = None
         try:
-            async with self.session.post(url, data=body, headers=headers) as resp:
-                data = await resp.read()
-                if resp.status != 200:
-                    return http_outcome(resp.status, resp.headers.get(REASON_HEADER)), None
-                h = resp.headers.get("Inference-Header-Content-Length")
-                return OK, variant_from_http(data, int(h) if h else None)
+            async with asyncio.timeout_at(deadline if math.isfinite(deadline) else None):
+                async with self.slots:
+                    waited = loop.time() - queued
+                    async with self.session.post(url, data=body, headers=headers) as resp:
+                        data = await resp.read()
+                        if resp.status != 200:
+                            reason = resp.headers.get(REASON_HEADER)
+                            return http_outcome(resp.status, reason), None, waited
+                        h = resp.headers.get("Inference-Header-Content-Length")
+                        return OK, variant_from_http(data, int(h) if h else None), waited
         except TimeoutError:
-            return "timeout", None
+            return "timeout", None, waited if waited is not None else loop.time() - queued
         except (aiohttp.ClientError, OSError):
-            return "connection", None
+            return "connection", None, waited
 
     async def close(self) -> None:
         await self.session.close()
@@ -310,35 +378,59 @@ class AiohttpClient:
 
 
 class GrpcClient:
-    def __init__(self, host: str, port: int, requests: list[bytes], timeout_s: float) -> None:
+    """grpc.aio over one channel (HTTP/2 streams: no pool of its own to wait for); each call's
+    timeout is what is left of its deadline, and a request already past it is not sent."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        requests: list[bytes],
+        timeout_s: float,
+        credentials: Any = None,
+        metadata: list[tuple[tuple[str, str], ...]] | None = None,
+    ) -> None:
         import grpc
 
         self.grpc = grpc
-        self.channel = grpc.aio.insecure_channel(
-            f"{host}:{port}",
-            options=[
-                ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
-                ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
-            ],
+        target = f"{host}:{port}"
+        options = [
+            ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE),
+            ("grpc.max_send_message_length", GRPC_MAX_MESSAGE),
+        ]
+        self.channel = (
+            grpc.aio.secure_channel(target, credentials, options=options)
+            if credentials is not None
+            else grpc.aio.insecure_channel(target, options=options)
         )
         # NOTE: requests are serialized once; the identity (de)serializers pass bytes through
         self.call = self.channel.unary_unary(GRPC_METHOD)
         self.requests = requests
+        self.metadata = metadata or [() for _ in requests]  # per model: (key, value) pairs
         self.timeout_s = timeout_s
 
-    async def infer(self, model_idx: int) -> tuple[str, str | None]:
+    async def infer(self, model_idx: int, deadline: float = math.inf) -> Answer:
         grpc = self.grpc
+        timeout = self.timeout_s
+        if math.isfinite(deadline):
+            timeout = deadline - asyncio.get_running_loop().time()
+            if timeout <= 0:
+                return "timeout", None, None
         try:
-            raw = await self.call(self.requests[model_idx], timeout=self.timeout_s)
+            raw = await self.call(
+                self.requests[model_idx], timeout=timeout, metadata=self.metadata[model_idx] or None
+            )
         except grpc.aio.AioRpcError as e:
             code = e.code()
             reason = dict(e.trailing_metadata() or ()).get(REASON_HEADER)
-            if code == grpc.StatusCode.RESOURCE_EXHAUSTED or (code == grpc.StatusCode.UNAVAILABLE and reason):
-                return refusal(reason), None
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED or (
+                code == grpc.StatusCode.UNAVAILABLE and reason
+            ):
+                return refusal(reason), None, None
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return "timeout", None
-            return f"grpc_{code.name.lower()}", None
-        return OK, variant_from_grpc(raw)
+                return "timeout", None, None
+            return f"grpc_{code.name.lower()}", None, None
+        return OK, variant_from_grpc(raw), None
 
     async def close(self) -> None:
         await self.channel.close()

@@ -39,6 +39,7 @@ CSV_COLUMNS = (
     "Expired",
     "Errors",
     "Send Lag p99 (us)",
+    "Pool Wait p99 (us)",
 )
 
 
@@ -114,9 +115,11 @@ def table(s: dict[str, Any]) -> Table:
             row(f"{d['model']}/{d['variant']}", d)
     lag = s["send_lag_ms"]
     slo = f"SLO {s['slo_ms']:g} ms" if s.get("slo_ms") else "no SLO (attainment = OK answers)"
+    pool = s.get("pool_wait_ms")
+    waits = f"; pool wait p50 {pool['p50']:.3f} ms p99 {pool['p99']:.3f} ms" if pool else ""
     t.caption = (
         f"rates per second; latencies in ms from the scheduled send; {slo}; "
-        f"send lag p50 {lag['p50'] or 0:.3f} ms p99 {lag['p99'] or 0:.3f} ms"
+        f"send lag p50 {lag['p50'] or 0:.3f} ms p99 {lag['p99'] or 0:.3f} ms{waits}"
     )
     return t
 
@@ -181,6 +184,7 @@ def csv_row(s: dict[str, Any]) -> dict[str, Any]:
         "Expired": s.get("expired", 0),
         "Errors": s["error_count"],
         "Send Lag p99 (us)": us(s["send_lag_ms"]["p99"]),
+        "Pool Wait p99 (us)": us((s.get("pool_wait_ms") or {}).get("p99")),
     }
 
 

@@ -127,7 +127,10 @@ async def _drive(
     try:
         if spec.mode == "open":
             assert share is not None
-            await open_loop(client, share, t0, spec.warmup_s, slo_s, rec, prog)
+            await open_loop(
+                client, share, t0, spec.warmup_s, slo_s, rec, prog,
+                timeout_s=spec.request_timeout_s,
+            )  # fmt: skip
             return 0.0
         conc = spec.concurrency // workers + (1 if worker < spec.concurrency % workers else 0)
         reqs = None
@@ -136,7 +139,7 @@ async def _drive(
         end = None if reqs is not None else spec.warmup_s + spec.duration_s
         return await closed_loop(
             client, conc, prep.models, _picker(spec, worker), t0, spec.warmup_s, end, reqs,
-            slo_s, rec, prog,
+            slo_s, rec, prog, timeout_s=spec.request_timeout_s,
         )  # fmt: skip
     finally:
         if restore is not None:
@@ -356,6 +359,10 @@ def _result(spec: LoadSpec, rec: Recorder, duration: float, elapsed: float) -> L
             f"{spec.lag_warn_ms:g} ms but p50 {lag50:.2f} ms (stalls such as a busy CPU; "
             f"latencies still count from the schedule)"
         )
+    pool = pool_warning(summary, spec)
+    summary["pool_saturated"] = pool is not None
+    if pool is not None:
+        warnings.append(pool)
     if summary["error_count"]:
         kinds = ", ".join(f"{k} x{v}" for k, v in summary["errors"].items())
         warnings.append(f"{summary['error_count']} requests failed: {kinds}")
@@ -378,6 +385,36 @@ def _result(spec: LoadSpec, rec: Recorder, duration: float, elapsed: float) -> L
         }
     )
     return LoadResult(spec, summary, rec, duration, elapsed, warnings)
+
+
+POOL_WARN_FRACTION = 0.1  # of the SLO (or, without one, of the latency p99)
+POOL_WARN_FLOOR_MS = 1.0  # waits below this are noise, whatever the SLO
+
+
+def pool_warning(summary: dict[str, Any], spec: LoadSpec) -> str | None:
+    """A warning when the client's own connection pool is the bottleneck, else None.
+
+    The pool is saturated when the 99th percentile of the time requests waited for a free
+    connection exceeds ``POOL_WARN_FRACTION`` of the SLO (without an SLO: of the latency
+    p99) and ``POOL_WARN_FLOOR_MS``. At that point a tenth of the latency budget is spent queued
+    inside the load generator, not in the server: latencies (still counted from the scheduled
+    send) describe the client, and the fix is more connections or processes."""
+    pool = summary.get("pool_wait_ms")
+    if not pool or pool["p99"] is None:
+        return None
+    lat99 = summary["latency_ms"]["p99"]
+    ref, what = (spec.slo_ms, f"the {spec.slo_ms:g} ms SLO") if spec.slo_ms else (lat99, "p99")
+    if ref is None:
+        return None
+    limit = max(POOL_WARN_FRACTION * ref, POOL_WARN_FLOOR_MS)
+    if pool["p99"] <= limit:
+        return None
+    return (
+        f"the client's connection pool is the bottleneck: {pool['queued_share']:.0%} of requests "
+        f"waited for one of its {spec.connections} connections per process, pool wait p50 "
+        f"{pool['p50']:.2f} ms p99 {pool['p99']:.2f} ms (> {POOL_WARN_FRACTION:.0%} of {what}); "
+        f"latencies include that wait: raise --connections or --processes"
+    )
 
 
 def run_load_sync(spec: LoadSpec, on_progress: ProgressFn | None = None) -> LoadResult:

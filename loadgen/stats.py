@@ -203,11 +203,18 @@ class Recorder:
         self.window_s = window_s
         self.series: dict[tuple[str, str], Series] = {}
         self._send_lag = _Buffered()  # µs behind schedule when the send began
+        # µs each request waited for a connection of the client's own pool (1 µs: none)
+        self._pool_wait = _Buffered()
+        self.pool_queued = 0  # requests that waited for a connection at all
         self.windows: dict[int, Window] = {}
 
     @property
     def send_lag(self) -> HdrHistogram:
         return self._send_lag.flush()
+
+    @property
+    def pool_wait(self) -> HdrHistogram:
+        return self._pool_wait.flush()
 
     # ---- feeding -------------------------------------------------------------------------
     def record(
@@ -219,9 +226,12 @@ class Recorder:
         slo_s: float | None,
         outcome: str,
         send_lag_s: float | None = None,
+        pool_wait_s: float | None = None,
     ) -> None:
         """One request: ``scheduled`` (s from the measured start), ``latency_s`` from the
-        scheduled time to the answer, ``outcome`` = OK, REJECTED, EXPIRED or an error kind."""
+        scheduled time to the answer, ``outcome`` = OK, REJECTED, EXPIRED or an error kind;
+        ``send_lag_s`` how late the send began, ``pool_wait_s`` how long it then waited for a
+        connection (None: not measured)."""
         key = (model, variant or NO_VARIANT)
         s = self.series.get(key)
         if s is None:
@@ -256,6 +266,10 @@ class Recorder:
             w.errors += 1
         if send_lag_s is not None:
             self._send_lag.add_value(to_us(send_lag_s))
+        if pool_wait_s is not None:
+            self._pool_wait.add_value(to_us(pool_wait_s))
+            if pool_wait_s > 0:
+                self.pool_queued += 1
 
     # ---- merging -------------------------------------------------------------------------
     def encode(self) -> dict[str, Any]:
@@ -264,6 +278,8 @@ class Recorder:
             "window_s": self.window_s,
             "series": [[m, v, s.encode()] for (m, v), s in self.series.items()],
             "send_lag": _encode(self.send_lag),
+            "pool_wait": _encode(self.pool_wait),
+            "pool_queued": self.pool_queued,
             "windows": [
                 [i, w.offered, w.ok, w.good, w.rejected, w.errors, _encode(w.latency)]
                 for i, w in self.windows.items()
@@ -283,6 +299,8 @@ class Recorder:
             else:
                 mine.add(other)
         _merge_into(self.send_lag, encoded["send_lag"])
+        _merge_into(self.pool_wait, encoded.get("pool_wait", b""))
+        self.pool_queued += encoded.get("pool_queued", 0)
         for i, offered, ok, good, rejected, errors, lat in encoded["windows"]:
             w = self.windows.get(i)
             if w is None:
@@ -318,6 +336,13 @@ class Recorder:
             "p99": _ms(self.send_lag, 99.0),
             "max": self.send_lag.get_max_value() / 1e3 if self.send_lag.get_total_count() else 0.0,
         }
+        waits = self.pool_wait.get_total_count()
+        out["pool_wait_ms"] = None if not waits else {
+            "p50": _ms(self.pool_wait, 50.0),
+            "p99": _ms(self.pool_wait, 99.0),
+            "max": self.pool_wait.get_max_value() / 1e3,
+            "queued_share": self.pool_queued / waits,
+        }  # fmt: skip
         out["per_model"] = {m: summarize(s, duration_s) for m, s in sorted(self.by_model().items())}
         out["per_variant"] = [
             {"model": m, "variant": v, **summarize(s, duration_s)}

@@ -32,9 +32,10 @@ class SpyRecorder(Recorder):
         super().__init__(window_s=0.25)
         self.rows: list[tuple[float, float, str]] = []
 
-    def record(self, model, variant, scheduled, latency_s, slo_s, outcome, send_lag_s=None):
+    def record(self, model, variant, scheduled, latency_s, slo_s, outcome, send_lag_s=None,
+               pool_wait_s=None):  # fmt: skip
         self.rows.append((scheduled, latency_s, outcome))
-        super().record(model, variant, scheduled, latency_s, slo_s, outcome, send_lag_s)
+        super().record(model, variant, scheduled, latency_s, slo_s, outcome, send_lag_s, pool_wait_s)
 
 
 def stall_until(start: float, length: float):
