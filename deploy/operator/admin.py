@@ -2,7 +2,7 @@
 
 Every call but ``GET /healthz`` needs ``Authorization: Bearer <token>``; without it, or with a
 wrong one, the answer is 401 and nothing changes. The token is compared in constant time and
-never logged. Errors are ``{"error": "..."}``: 400 for invalid documents, 422 for a demand the
+never logged. With ``spec.admin.tls`` it is served over HTTPS (the token is still asked for). Errors are ``{"error": "..."}``: 400 for invalid documents, 422 for a demand the
 pool cannot place, 503 when an apply fails part-way (status says where).
 
 - ``GET /v1/status``: :func:`deploy.operator.status.status`
@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import ssl
 
 from aiohttp import web
 
@@ -103,11 +104,13 @@ def make_app(controller: Controller, token: str) -> web.Application:
     return app
 
 
-async def serve_admin(controller: Controller, token: str, host: str, port: int) -> tuple[web.AppRunner, str]:
-    """Start the admin API; returns the runner (``await runner.cleanup()``) and its URL."""
+async def serve_admin(controller: Controller, token: str, host: str, port: int,
+                      ssl_context: ssl.SSLContext | None = None) -> tuple[web.AppRunner, str]:
+    """Start the admin API (over HTTPS with ``ssl_context``); returns the runner (``await
+    runner.cleanup()``) and its URL."""
     runner = web.AppRunner(make_app(controller, token), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]  (port 0: the one chosen)
-    return runner, f"http://{host}:{bound}"
+    return runner, f"{'https' if ssl_context else 'http'}://{host}:{bound}"

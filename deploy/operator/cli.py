@@ -2,7 +2,10 @@
 
 ``up`` runs the controller (and the gateway in it) in the foreground until Ctrl-C, SIGTERM or
 ``headrace down``; ``--detach`` leaves it running in its own session. The other commands talk
-to the running controller's admin API, found through the state directory.
+to the running controller's admin API, found through the state directory; over HTTPS (the
+Gateway's ``spec.admin.tls``) they verify its certificate with ``--admin-ca`` or
+``$HEADRACE_ADMIN_CA``, else with the certificate the controller recorded in the state
+directory.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -25,12 +29,14 @@ import yaml
 from rich.console import Console
 
 from deploy.operator.state import STATE_ENV, DirStateStore, same_process
-from profiles.schema import SpecError
+from profiles.schema import Documents, SpecError
 
 WIDTH = 120
+ADMIN_CA_ENV = "HEADRACE_ADMIN_CA"
 
 if TYPE_CHECKING:
     from deploy.operator.controller import Desired
+    from gateway.tls import ServerTls
     from profiles.profile import ProfileSet
 
 HELP = """examples:
@@ -43,6 +49,8 @@ HELP = """examples:
   headrace down
 The state directory is --state-dir, else $HEADRACE_STATE_DIR, else ./.headrace. The admin token
 comes from $HEADRACE_ADMIN_TOKEN, else the state directory's token file (made by up, mode 0600).
+An admin API over HTTPS is verified with --admin-ca FILE, else $HEADRACE_ADMIN_CA, else the
+certificate up recorded in the state directory.
 """
 
 
@@ -59,27 +67,72 @@ def _base_profiles():  # noqa: ANN202
     return load_profile_set([str(MEASURED_DIR)])
 
 
-def validate(files: list[str]) -> tuple[str, Desired, ProfileSet]:
+def validate(files: list[str], check_security: bool = False) -> tuple[str, Desired, ProfileSet]:
     """The documents as one YAML stream with absolute paths, what they ask for, and the base
-    profile set it was checked against; validated here so errors name their file (exit 2)."""
+    profile set it was checked against; validated here so errors name their file (exit 2).
+    ``check_security``: also read the Gateway's certificates and tenants' keys, as the gateway
+    will when it starts (``up``; ``apply`` does not change them)."""
     from deploy.operator.controller import desired  # noqa: PLC0415
     from deploy.operator.documents import resolved_stream  # noqa: PLC0415
+    from gateway.config import ConfigError  # noqa: PLC0415
     from profiles.profile import ProfileError  # noqa: PLC0415
     from profiles.schema import load_documents  # noqa: PLC0415
 
     try:
         docs = load_documents(*files)
+        if check_security:
+            _check_security(docs)
         text = resolved_stream(files)
         base = _base_profiles()
         return text, desired(docs, text, base, files), base
-    except (SpecError, ProfileError) as e:
+    except (SpecError, ProfileError, ConfigError) as e:
         raise CliError(str(e), 2) from None
+
+
+def _check_security(docs: Documents) -> None:
+    """The Gateway document's TLS files and tenants' keys read and checked; a
+    :class:`ConfigError` names file, document and field."""
+    from gateway.security import load_security  # noqa: PLC0415
+
+    if docs.gateways:
+        gw = docs.gateways[0]
+        load_security(gw.spec, f"{docs.origin(gw)}: spec.", docs.base_dir.get(id(gw)))
+        _admin_tls(docs)
+
+
+def _admin_tls(docs: Documents) -> ServerTls | None:
+    """The admin API's certificate and key (``spec.admin.tls``), read and checked; None: plain HTTP."""
+    from gateway.tls import load_tls  # noqa: PLC0415
+
+    gw = docs.gateways[0] if docs.gateways else None
+    if gw is None or gw.spec.admin.tls is None:
+        return None
+    t = gw.spec.admin.tls
+    return load_tls(t.cert_file, t.key_file, None, f"{docs.origin(gw)}: spec.admin.tls", docs.base_dir.get(id(gw)))
 
 
 # --------------------------------------------------------------------------- the admin client
 
 
-def _client(args: argparse.Namespace) -> tuple[str, str]:
+def admin_context(ca_file: str | None, recorded_cert: str | None = None) -> ssl.SSLContext:
+    """How an HTTPS admin API is verified: with ``ca_file`` (--admin-ca, $HEADRACE_ADMIN_CA);
+    else with the certificate ``up`` recorded (that certificate itself is trusted, so a
+    self-signed one works on the controller's host); else with the system's CAs."""
+    try:
+        if ca_file:
+            return ssl.create_default_context(cafile=ca_file)
+        if recorded_cert:
+            ctx = ssl.create_default_context(cafile=recorded_cert)
+            ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+            return ctx
+    except (OSError, ssl.SSLError) as e:
+        what = f"--admin-ca {ca_file}" if ca_file else f"the admin certificate {recorded_cert} in the state"
+        raise CliError(f"{what}: cannot load it: {getattr(e, 'strerror', None) or e}", 2) from None
+    return ssl.create_default_context()
+
+
+def _client(args: argparse.Namespace) -> tuple[str, str, ssl.SSLContext | None]:
+    """The admin URL, token and (over HTTPS) how its certificate is verified."""
     store = DirStateStore.default(args.state_dir)
     st = store.read()
     url = args.admin or st.get("admin_url")
@@ -89,15 +142,17 @@ def _client(args: argparse.Namespace) -> tuple[str, str]:
         token = store.token(st.get("token_file"))
     except OSError as e:
         raise CliError(f"admin token: {e}", 1) from None
-    return url, token
+    ca = getattr(args, "admin_ca", None) or os.environ.get(ADMIN_CA_ENV)
+    return url, token, admin_context(ca, st.get("admin_tls_cert")) if url.startswith("https:") else None
 
 
 def call(url: str, token: str, method: str, path: str, body: bytes | None = None,
-         timeout: float = 600.0) -> Any:
+         timeout: float = 600.0, context: ssl.SSLContext | None = None) -> Any:
+    """One admin call; ``context`` verifies an HTTPS admin API (None: the system's CAs)."""
     req = urllib.request.Request(url + path, data=body, method=method,
                                  headers={"Authorization": f"Bearer {token}", "Content-Type": "application/yaml"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
             data = r.read()
             return json.loads(data) if r.headers.get_content_type() == "application/json" else data.decode()
     except urllib.error.HTTPError as e:
@@ -107,6 +162,10 @@ def call(url: str, token: str, method: str, path: str, body: bytes | None = None
             msg = e.reason
         raise CliError(f"{e.code}: {msg}", 2 if e.code in (400, 401, 422) else 1) from None
     except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        if isinstance(reason, ssl.SSLCertVerificationError):
+            raise CliError(f"cannot verify the controller at {url}: {reason.verify_message}; give the CA that "
+                           f"signed its certificate with --admin-ca or ${ADMIN_CA_ENV}", 2) from None
         raise CliError(f"cannot reach the controller at {url}: {e}", 1) from None
 
 
@@ -145,10 +204,12 @@ async def _serve(args: argparse.Namespace, text: str, want: Desired, base: Profi
 
     settings = want.settings
     token = store.token(settings.admin.token_file, settings.admin.token_env)
+    admin_tls = _admin_tls(want.docs)
     ctl = Controller(store, base, method=args.method, tick=args.tick)
     st = store.read()
     st.update(controller_pid=os.getpid(), controller_started=start_time(os.getpid()),
-              token_file=settings.admin.token_file, running=False)
+              token_file=settings.admin.token_file, running=False,
+              admin_tls_cert=None if admin_tls is None else str(admin_tls.cert_path.resolve()))
     store.write(st)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -158,7 +219,8 @@ async def _serve(args: argparse.Namespace, text: str, want: Desired, base: Profi
     try:
         try:
             await ctl.up(text)
-            runner, ctl.admin_url = await serve_admin(ctl, token, settings.admin.host, settings.admin.port)
+            runner, ctl.admin_url = await serve_admin(ctl, token, settings.admin.host, settings.admin.port,
+                                                      None if admin_tls is None else admin_tls.ssl_context())
         except (ExecutorError, SolverError, PlanError, OSError) as e:
             raise CliError(str(e).splitlines()[0] if isinstance(e, SolverError | PlanError) else str(e),
                            2 if isinstance(e, SolverError | PlanError) else 1) from None
@@ -185,7 +247,7 @@ async def _serve(args: argparse.Namespace, text: str, want: Desired, base: Profi
 def up(args: argparse.Namespace) -> int:
     out = Console(width=WIDTH)
     store = DirStateStore.default(args.state_dir)
-    text, want, base = validate(args.file)
+    text, want, base = validate(args.file, check_security=True)
     _cleanup_leftovers(store, out)
     if args.detach:
         return _detach(args, store, out)
@@ -212,7 +274,8 @@ def _detach(args: argparse.Namespace, store: DirStateStore, out: Console) -> int
             raise CliError(f"the controller exited with code {proc.returncode}; {store.log_path}:\n{tail}", 1)
         st = store.read()
         if st.get("running") and st.get("admin_url"):
-            status = call(st["admin_url"], store.token(st.get("token_file")), "GET", "/v1/status")
+            url, token, ctx = _client(args)
+            status = call(url, token, "GET", "/v1/status", context=ctx)
             print_endpoints(status, out)
             print_status(status, out)
             out.print(f"controller pid {proc.pid}, log {store.log_path}; `headrace down` stops it", highlight=False)
@@ -227,8 +290,8 @@ def _detach(args: argparse.Namespace, store: DirStateStore, out: Console) -> int
 
 def apply(args: argparse.Namespace) -> int:
     text, _, _ = validate(args.file)
-    url, token = _client(args)
-    res = call(url, token, "POST", "/v1/apply" + ("?dry_run=1" if args.dry_run else ""), text.encode())
+    url, token, ctx = _client(args)
+    res = call(url, token, "POST", "/v1/apply" + ("?dry_run=1" if args.dry_run else ""), text.encode(), context=ctx)
     out = Console(width=WIDTH)
     head = "would execute" if args.dry_run else f"generation {res['generation']}: executed"
     out.print(f"{head} {len(res['steps'])} steps", highlight=False)
@@ -240,16 +303,16 @@ def apply(args: argparse.Namespace) -> int:
 
 
 def rollback(args: argparse.Namespace) -> int:
-    url, token = _client(args)
-    res = call(url, token, "POST", "/v1/rollback", b"")
+    url, token, ctx = _client(args)
+    res = call(url, token, "POST", "/v1/rollback", b"", context=ctx)
     Console(width=WIDTH).print(f"generation {res['generation']}: executed {len(res['steps'])} steps", highlight=False)
     return 0
 
 
 def down(args: argparse.Namespace) -> int:
     store = DirStateStore.default(args.state_dir)
-    url, token = _client(args)
-    call(url, token, "POST", "/v1/down", b"")
+    url, token, ctx = _client(args)
+    call(url, token, "POST", "/v1/down", b"", context=ctx)
     st = store.read()
     pid = st.get("controller_pid")
     deadline = time.monotonic() + args.timeout
@@ -267,7 +330,7 @@ def ensure_down(state_dir: str | Path) -> None:
     every process it recorded (pid and start time must match)."""
     store = DirStateStore(state_dir)
     try:
-        down(argparse.Namespace(state_dir=str(state_dir), admin=None, timeout=60.0))
+        down(argparse.Namespace(state_dir=str(state_dir), admin=None, admin_ca=None, timeout=60.0))
         return
     except CliError:
         pass
@@ -286,8 +349,8 @@ def ensure_down(state_dir: str | Path) -> None:
 
 
 def status(args: argparse.Namespace) -> int:
-    url, token = _client(args)
-    st = call(url, token, "GET", "/v1/status")
+    url, token, ctx = _client(args)
+    st = call(url, token, "GET", "/v1/status", context=ctx)
     if args.output == "json":
         sys.stdout.write(json.dumps(st, indent=1) + "\n")
     elif args.output == "yaml":
@@ -348,6 +411,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--state-dir", default=None, help=f"controller state (default ${STATE_ENV} or ./.headrace)")
         p.add_argument("--admin", default=None, help="admin API URL (default: from the state directory)")
+        p.add_argument("--admin-ca", default=None, metavar="FILE",
+                       help=f"CA certificate(s) that verify an HTTPS admin API (default ${ADMIN_CA_ENV}, else "
+                       "the certificate recorded in the state directory)")
         p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the controller")
 
     p = sub.add_parser("up", help="plan, start and serve model deployments from YAML (the operator)",
