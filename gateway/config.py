@@ -76,6 +76,12 @@ class ReplicaConfig(BaseModel):
         "the profile's latencies the scheduler plans with",
     )
     id: str | None = Field(default=None, description="replica id (default: variant@url)")
+    price_per_hour: float | None = Field(
+        default=None, ge=0, le=1e6,
+        description="what the replica's hardware costs per hour (its slice's share of its GPU's price); a "
+        "variant's cost per answer is its profile's seconds per row at full batches times this price "
+        "(the cost objective and cost caps need it; the operator fills it from the GpuPool)",
+    )
     tls: TritonTlsConfig | None = Field(default=None, description="speak TLS to this Triton (gRPC: its "
                                         "--grpc-use-ssl endpoint; HTTP: a TLS proxy in front of it)")
 
@@ -101,6 +107,12 @@ class ModelConfig(BaseModel):
         default=0.03, ge=0.0, le=0.5,
         description="fraction of each request's SLO kept outside the plan for what the gateway "
         "cannot see (client send, network, the answer's way back); batches aim at the rest",
+    )
+    objective: Literal["accuracy", "cost"] = Field(
+        default="accuracy",
+        description="which allowed variant a request takes: accuracy = the most accurate predicted to meet "
+        "its deadline; cost = the cheapest that meets its accuracy floor and deadline (best-effort "
+        "requests always take the cheapest)",
     )
     replicas: list[ReplicaConfig] = Field(min_length=1, description="where the model runs")
 
@@ -196,6 +208,7 @@ class ServedReplica:
     profile: Profile
     max_inflight: int
     tls: Any = None  # gateway.backend_tls.BackendTls: TLS to this replica's Triton (None: plain)
+    price_per_hour: float | None = None  # its hardware's price (variant costs); None: unknown
 
 
 @dataclass(frozen=True)
@@ -206,6 +219,7 @@ class ServedModel:
     priority: Priority
     replicas: tuple[ServedReplica, ...]
     margin: float = 0.0  # fraction of the SLO kept outside the plan
+    objective: str = "accuracy"  # which allowed variant a request takes (accuracy | cost)
 
 
 def resolve_profile(ref: str, max_batch: int, base_dir: Path | None = None,
@@ -254,7 +268,8 @@ def resolve(cfg: GatewayConfig) -> list[ServedModel]:
                 tls = load_backend_tls(r.tls.ca_file, r.tls.cert_file, r.tls.key_file, r.tls.server_name,
                                        f"models.{i}.replicas.{j}.tls", cfg.base_dir)
             replicas.append(ServedReplica(r.id or f"{r.variant}@{r.url}", r.url, r.protocol, r.variant, prof,
-                                         r.max_inflight, tls))
+                                         r.max_inflight, tls, r.price_per_hour))
         prio = Priority.GUARANTEED if m.priority == "guaranteed" else Priority.BEST_EFFORT
-        out.append(ServedModel(m.name, m.slo_ms / 1e3, m.max_batch, prio, tuple(replicas), m.deadline_margin))
+        out.append(ServedModel(m.name, m.slo_ms / 1e3, m.max_batch, prio, tuple(replicas), m.deadline_margin,
+                               m.objective))
     return out

@@ -29,6 +29,10 @@ from gateway.errors import InvalidRequest
 from gateway.policy.types import Priority
 
 SLO_HEADER = "x-headrace-slo-ms"  # the request's SLO in ms (header / gRPC metadata)
+# variant constraints: request parameters, or these headers / gRPC metadata (parameters win)
+MIN_ACCURACY, MAX_COST, PIN = "headrace_min_accuracy", "headrace_max_cost", "headrace_variant"
+CHOICE_HEADERS = {"x-headrace-min-accuracy": MIN_ACCURACY, "x-headrace-max-cost": MAX_COST,
+                  "x-headrace-variant": PIN}
 CONSUMED = frozenset({"timeout", "priority", "binary_data_output"})
 GATEWAY_PREFIX = "headrace_"
 SEQUENCE_PARAMS = ("sequence_id", "sequence_start", "sequence_end")
@@ -96,6 +100,49 @@ def sequence_of(inp: InferInput) -> Sequence | None:
             raise InvalidRequest(f"parameter {name} {v!r} must be a boolean")
         flags.append(v)
     return Sequence(sid, *flags)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """A request's constraints on the variant that serves it."""
+
+    accuracy_floor: float | None = None  # least accuracy, in [0, 1]
+    max_cost: float | None = None  # highest price of its answer, $ (given per 1,000 answers)
+    variant: str | None = None  # only this variant
+
+
+def choice_headers(headers: Any) -> dict[str, str] | None:
+    """The variant-constraint headers among ``headers`` (name, value pairs or a mapping with
+    lower-case names), keyed by their parameter names; None when there are none."""
+    items = headers.items() if hasattr(headers, "items") else headers
+    out = {CHOICE_HEADERS[k]: v if isinstance(v, str) else v.decode() for k, v in items if k in CHOICE_HEADERS}
+    return out or None
+
+
+def _number(name: str, v: Any, low: float, high: float) -> float:
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            raise InvalidRequest(f"{name} {v!r} is not a number") from None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not low <= v <= high:
+        raise InvalidRequest(f"{name} {v!r} must be a number in [{low:g}, {high:g}]")
+    return float(v)
+
+
+def choice_of(params: dict[str, Any], hints: dict[str, str] | None) -> Choice | None:
+    """The constraints ``params`` (request parameters) and ``hints`` (:func:`choice_headers`)
+    give; None when neither gives any. :class:`InvalidRequest` for a malformed one."""
+    got = {**(hints or {}), **{k: v for k, v in params.items() if k in (MIN_ACCURACY, MAX_COST, PIN)}}
+    if not got:
+        return None
+    floor = got.get(MIN_ACCURACY)
+    cap = got.get(MAX_COST)
+    pin = got.get(PIN)
+    if pin is not None and (not isinstance(pin, str) or not pin):
+        raise InvalidRequest(f"{PIN} {pin!r} must be a variant name")
+    return Choice(None if floor is None else _number(MIN_ACCURACY, floor, 0.0, 1.0),
+                  None if cap is None else _number(MAX_COST, cap, 0.0, 1e9) / 1000.0, pin)
 
 
 def timeout_us(remaining_s: float) -> int:

@@ -32,6 +32,7 @@ from gateway.config import ServedModel
 from gateway.contract import (  # noqa: F401  (SLO_HEADER: the front doors read it from here)
     SLO_HEADER,
     Forward,
+    choice_of,
     deadline_of,
     forward_of,
     priority_of,
@@ -224,6 +225,13 @@ class Driver(Fleet):
             m.of(m.inflight, st.info.model, st.info.id).set(len(st.inflight))
             m.of(m.overhead, st.info.model, st.info.id).set(st.overhead)
             m.of(m.run_excess, st.info.model, st.info.id).set(st.run_excess)
+        level, moves = getattr(self.core, "level", None), getattr(self.core, "variant_moves", None)
+        for name in self.models:
+            if level is not None:
+                m.of(m.level, name).set(level(name))
+            if moves is not None:
+                for kind, n in zip(("down", "up", "late"), moves(name), strict=True):
+                    m.of(m.variant_moves, name, kind).set(n)
         return m.render()
 
     def ready(self) -> bool:
@@ -236,14 +244,16 @@ class Driver(Fleet):
 
     async def infer(self, name: str, inp: InferInput, slo_header: str | None = None,
                     received: float | None = None, *, version: str = "", deadline: float | None = None,
-                    priority: Priority | None = None, trace: Any = None) -> InferResult:
+                    priority: Priority | None = None, trace: Any = None,
+                    hints: dict[str, str] | None = None) -> InferResult:
         """Admit, queue and run one request; raises a :class:`GatewayError` when it cannot."""
         return await self.submit(name, inp, slo_header, received, version=version, deadline=deadline,
-                                 priority=priority, trace=trace)
+                                 priority=priority, trace=trace, hints=hints)
 
     def submit(self, name: str, inp: InferInput, slo_header: str | None = None,
                received: float | None = None, *, version: str = "", deadline: float | None = None,
-               priority: Priority | None = None, trace: Any = None) -> asyncio.Future[InferResult]:
+               priority: Priority | None = None, trace: Any = None,
+               hints: dict[str, str] | None = None) -> asyncio.Future[InferResult]:
         """Admit and queue one request, without awaiting: a refusal raises here and now
         (:class:`GatewayError`), else the future answers it. ``received`` is when the front
         door read it (default: now); its deadline counts from then, so time spent waiting to
@@ -253,18 +263,24 @@ class Driver(Fleet):
         :class:`ModelNotFound`). ``deadline``: seconds the client itself still waits (a gRPC
         call's deadline), which caps the request's budget. ``priority``: the class the
         caller's tenant imposes, overriding the request's own ``priority`` parameter. ``trace``:
-        its spans (:class:`gateway.tracing.RequestTrace`), ended by its batch's spans."""
+        its spans (:class:`gateway.tracing.RequestTrace`), ended by its batch's spans. ``hints``:
+        variant constraints from headers (:func:`gateway.contract.choice_headers`); request
+        parameters win over them."""
         m = self.model(name, version)
         if self.draining:
             raise Unavailable("gateway is draining")
         if m.info is None:
             raise Unavailable(f"model '{name}' is not ready")
-        fwd = seq = None
+        fwd = seq = choice = None
         try:
             rows = validate(m.info.signature, name, inp)
             if inp.parameters or inp.outputs or version:
                 fwd = forward_of(inp, version, m.info.signature)
                 seq = sequence_of(inp)
+            if inp.parameters or hints:
+                choice = choice_of(inp.parameters, hints)
+                if choice is not None and choice.variant is not None:
+                    self.check_variant(name, choice.variant)
         except InvalidRequest:
             self.stats.answered(name, version, "", False, 0.0)
             raise
@@ -277,6 +293,9 @@ class Driver(Fleet):
             priority if priority is not None else priority_of(inp, served.priority), rows,
             key=fwd, replicas=self.replicas_serving(name, version) if version else None,
         )
+        if choice is not None:
+            req = replace(req, accuracy_floor=choice.accuracy_floor, max_cost=choice.max_cost,
+                          variant=choice.variant)
         if seq is not None:
             req = replace(req, sequence=seq.id, sequence_start=seq.start, sequence_end=seq.end)
         reject = self.core.submit(req, now)

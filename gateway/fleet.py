@@ -17,7 +17,14 @@ from typing import Any
 from gateway.backend import ModelInfo, TritonReplica
 from gateway.codec import Signature
 from gateway.config import ConfigError, ServedModel, ServedReplica
-from gateway.errors import BackendError, GatewayError, ModelNotFound, Unavailable, rejection
+from gateway.errors import (
+    BackendError,
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    Unavailable,
+    rejection,
+)
 from gateway.metrics import GatewayMetrics
 from gateway.policy.types import ReplicaInfo, SchedulerCore
 
@@ -98,7 +105,8 @@ def check_signature(model: str, existing: Signature, new: Signature, variant: st
 def replica_info(served: ServedModel, sig: Signature, r: ServedReplica) -> ReplicaInfo:
     """What the core is told of a replica: its batches are capped by the model's signature."""
     max_batch = min(served.max_batch, sig.max_batch_size) if sig.batched else 1
-    return ReplicaInfo(r.id, served.name, r.variant, r.profile, max_batch, r.max_inflight)
+    return ReplicaInfo(r.id, served.name, r.variant, r.profile, max_batch, r.max_inflight,
+                       r.price_per_hour, served.objective)
 
 
 class Fleet:
@@ -138,6 +146,12 @@ class Fleet:
         m = self.models.get(name)
         if m is not None:
             m.set_versions([r.versions for r in self.replicas.values() if r.model == name and r.versions])
+
+    def check_variant(self, name: str, variant: str) -> None:
+        """:class:`InvalidRequest` when model ``name`` has no variant ``variant`` (a pin)."""
+        variants = {r.variant for r in self.replicas.values() if r.model == name}
+        if variant not in variants:
+            raise InvalidRequest(f"model '{name}' has no variant '{variant}'; variants: {sorted(variants)}")
 
     def replicas_serving(self, name: str, version: str) -> frozenset[str] | None:
         """The replicas of model ``name`` whose Triton model serves ``version`` (those whose

@@ -81,6 +81,14 @@ class GatewayMetrics:
             "headrace_tenant_requests", "Requests by tenant and answer (HTTP status or gRPC code name); "
             "calls without a valid key count as tenant 'unauthenticated'. Only when tenants are configured",
             ["tenant", "code"], registry=r)
+        self.level = Gauge(
+            "headrace_variant_level", "How many of the model's most accurate variants its requests skip "
+            "first under sustained overload (0: the most accurate is preferred); read at scrape",
+            ["model"], registry=r)
+        self.variant_moves = Gauge(
+            "headrace_variant_moves", "Since start: level moves to cheaper variants (down), back (up), and "
+            "queued requests moved to another variant that could still make their deadline (late); "
+            "read at scrape", ["model", "kind"], registry=r)
         self.healthy = Gauge(
             "headrace_replica_healthy", "1 when the replica passes its ready probe", ["model", "replica"],
             registry=r)
