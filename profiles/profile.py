@@ -40,6 +40,7 @@ class Provenance:
     kind: Literal["measured", "derived", "fit", "emulated"] = "measured"
     measured_batches: tuple[int, ...] = ()
     notes: str = ""
+    accuracy_source: str = ""  # where Profile.accuracy comes from, or why it is unknown
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,9 @@ class _ProvenanceModel(BaseModel):
     kind: Literal["measured", "derived", "fit", "emulated"] = "measured"
     measured_batches: list[int] = Field(default_factory=list)
     notes: str = ""
+    accuracy_source: str = Field(
+        default="", description="where spec.accuracy comes from (metric, data set, citation), or why it is unknown"
+    )
 
 
 class _SpecModel(BaseModel):
@@ -202,7 +206,8 @@ def profile_from_dict(doc: dict, where: str = "profile") -> Profile:
         accuracy=s.accuracy,
         mps_interference=s.mps_interference,
         provenance=Provenance(
-            s.provenance.source, s.provenance.kind, tuple(s.provenance.measured_batches), s.provenance.notes
+            s.provenance.source, s.provenance.kind, tuple(s.provenance.measured_batches), s.provenance.notes,
+            s.provenance.accuracy_source,
         ),
     )
 
@@ -225,10 +230,13 @@ def profile_to_dict(p: Profile) -> dict:
             "kind": p.provenance.kind,
             "measured_batches": list(p.provenance.measured_batches),
             "notes": p.provenance.notes,
+            "accuracy_source": p.provenance.accuracy_source,
         },
     }
     if p.accuracy is None:
         del spec["accuracy"]
+    if not p.provenance.accuracy_source:
+        del spec["provenance"]["accuracy_source"]
     return {"apiVersion": API_VERSION, "kind": "Profile", "metadata": {"name": p.name}, "spec": spec}
 
 
