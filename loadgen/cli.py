@@ -162,14 +162,18 @@ def register(subparsers: Any) -> None:
     g.add_argument("--search-range", default="10:1000", help="LO:HI for --find-max-rate")
     g.add_argument("--target-attainment", type=float, default=0.99, help="e.g. 0.99")
     g.add_argument("--stability", type=float, default=10.0,
-                   help="%% the last 3 windows may differ in throughput and p50 (10)")  # fmt: skip
+                   help="%% the last 3 windows may differ in throughput and p50 (10)")
+    g.add_argument("--trials", type=int, default=3,
+                   help="search: trials per rate; a rate passes when most of them do (3)")
+    g.add_argument("--window-tolerance", type=float, default=5.0, metavar="POINTS",
+                   help="search: percentage points a window may fall below the target (5)")  # fmt: skip
 
     g = p.add_argument_group("output")
     g.add_argument("--window", type=float, help="timeline / measurement window s (1; search 5)")
     g.add_argument("--json", type=Path, help="write the summary (or sweep) as JSON")
     g.add_argument("--csv", type=Path, help="write perf_analyzer-style CSV")
     g.add_argument("--plot", type=Path, metavar="PREFIX",
-                   help="write PREFIX_cdf.png and PREFIX_timeline.png")  # fmt: skip
+                   help="write PREFIX_cdf.png and PREFIX_timeline.png (sweeps: PREFIX_sweep.png)")  # fmt: skip
     g.add_argument("--lag-warn-ms", type=float, default=1.0, help="warn above this p99 send lag")
     g.add_argument("--quiet", action="store_true", help="no progress bar or table: one line")
     p.set_defaults(func=main)
@@ -218,6 +222,10 @@ def main(a: argparse.Namespace) -> int:
             raise ValueError("give --rate-range or --find-max-rate, not both")
         if (a.find_max_rate or a.rate_range) and spec.mode != "open":
             raise ValueError("rate sweeps need --mode open")
+        if a.find_max_rate and spec.slo_ms is None:
+            raise ValueError("--find-max-rate needs --slo-ms: attainment is measured against it")
+        if a.find_max_rate and a.trials < 1:
+            raise ValueError(f"--trials = {a.trials}: need at least 1")
         return asyncio.run(_run(spec, a))
     except ValidationError as e:
         return _fail(_pydantic_msg(e), 2)
@@ -236,22 +244,30 @@ async def _run(spec: LoadSpec, a: argparse.Namespace) -> int:
         lo, hi = parse_range(a.search_range)[0], float(a.search_range.split(":")[1])
         res = await find_max_rate(
             spec, lo, hi, target=a.target_attainment, window_s=a.window or 5.0,
-            tolerance=a.stability / 100.0,
+            tolerance=a.stability / 100.0, trials=a.trials,
+            window_tolerance=a.window_tolerance / 100.0,
             on_trial=None if a.quiet else lambda s: err.print(
-                f"rate {s['rate']:.1f}/s: {report.compact(s)} "
-                f"({'stable' if s['stable'] else 'unstable'}, {'pass' if s['passed'] else 'fail'})",
+                f"rate {s['rate']:.1f}/s trial {s['trial']}: {report.compact(s)} "
+                f"({'pass' if s['passed'] else 'fail: ' + s['reason']})",
                 markup=False, highlight=False,
             ),
         )  # fmt: skip
-        rows = sorted(res.trials, key=lambda s: s["rate"])
+        for v in res.rates:
+            for t in v.trials:
+                t["rate_verdict"] = f"{'pass' if v.passed else 'fail'} {v.row()['trials_passed']}/{len(v.trials)}"
+        rows = sorted(res.trials, key=lambda s: (s["rate"], s["trial"]))
         if not a.quiet:
             console.print(report.sweep_table(rows, "headrace load: max-rate search"))
-        _write(rows, a)
+        doc = {"best_rate": res.best_rate, "target_attainment": res.target,
+               "rates": sorted((v.row() for v in res.rates), key=lambda r: r["rate"]),
+               "trials": rows}  # fmt: skip
+        _write(rows, a, doc=doc, target=a.target_attainment)
         if res.best_rate is None:
             console.print(f"no rate in {a.search_range} holds {a.target_attainment:.2%} attainment")
             return 3
         console.print(
-            f"highest rate holding {a.target_attainment:.2%} attainment: {res.best_rate:.1f}/s"
+            f"highest rate holding {a.target_attainment:.2%} attainment in most of {a.trials} "
+            f"trials: {res.best_rate:.1f}/s"
         )
         return 0
     if a.rate_range:
@@ -265,7 +281,7 @@ async def _run(spec: LoadSpec, a: argparse.Namespace) -> int:
         rows = [r.summary for r in results]
         if not a.quiet:
             console.print(report.sweep_table(rows, "headrace load: rate sweep"))
-        _write(rows, a)
+        _write(rows, a, doc={"rows": rows})
         return 0
     result = await _with_progress(spec, err, a.quiet)
     s = result.summary
@@ -297,13 +313,21 @@ async def _with_progress(spec: LoadSpec, err: Console, quiet: bool) -> LoadResul
 
 
 def _write(
-    rows: list[dict[str, Any]], a: argparse.Namespace, result: LoadResult | None = None
+    rows: list[dict[str, Any]],
+    a: argparse.Namespace,
+    result: LoadResult | None = None,
+    doc: dict[str, Any] | None = None,
+    target: float | None = None,
 ) -> None:
+    """JSON (one run's summary, or a sweep's document), CSV (a row per run) and plots (one
+    run's CDF and timeline, or a sweep's attainment and p99 by rate)."""
     if a.json:
-        report.to_json(rows[0] if result is not None else rows, a.json)
+        report.to_json(rows[0] if doc is None else doc, a.json)
     if a.csv:
         report.to_csv(rows, a.csv)
-    if a.plot and result is not None:
+    if a.plot:
         a.plot.parent.mkdir(parents=True, exist_ok=True)
-        report.plot(result.summary, result.recorder, a.plot)
-
+        if result is not None:
+            report.plot(result.summary, result.recorder, a.plot)
+        else:
+            report.plot_sweep(rows, a.plot, target)

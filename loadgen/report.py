@@ -51,6 +51,20 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.2f}%"
 
 
+def _attainment(s: dict[str, Any]) -> str:
+    """Attainment, or n/a when the run had no SLO to attain (or nothing was offered)."""
+    return "n/a" if s["attainment"] is None else _pct(s["attainment"])
+
+
+def latency_origin(s: dict[str, Any]) -> str:
+    """What latencies count from, by how the run measured them."""
+    if "sim" in s:
+        return "from arrival, in virtual time"
+    if s.get("mode") == "closed":
+        return "from each send (closed loop)"
+    return "from the scheduled send"
+
+
 def _rejected(s: dict[str, Any]) -> str:
     """Refused at arrival (with how fast: p99 from the scheduled send, and from the actual one
     when the client's own send lag made a difference), plus those refused after queueing
@@ -68,7 +82,7 @@ def compact(s: dict[str, Any]) -> str:
     lat = s["latency_ms"]
     slo = f" within {s['slo_ms']:g} ms" if s.get("slo_ms") else ""
     return (
-        f"attainment {_pct(s['attainment'])}{slo} | goodput {s['goodput_rps']:.1f}/s of "
+        f"attainment {_attainment(s)}{slo or ' (no SLO)'} | goodput {s['goodput_rps']:.1f}/s of "
         f"{s['offered_rps']:.1f}/s offered | p50 {_f(lat['p50'], '{:.2f}')} ms p99 "
         f"{_f(lat['p99'], '{:.2f}')} ms | rejected {_rejected(s)} | errors {s['error_count']}"
     )
@@ -97,7 +111,7 @@ def table(s: dict[str, Any]) -> Table:
             name,
             f"{d['offered_rps']:.1f}",
             f"{d['goodput_rps']:.1f}",
-            _pct(d["attainment"]),
+            _attainment(d),
             _f(lat["p50"], "{:.2f}"),
             _f(lat["p90"], "{:.2f}"),
             _f(lat["p99"], "{:.2f}"),
@@ -114,11 +128,11 @@ def table(s: dict[str, Any]) -> Table:
         for d in s["per_variant"]:
             row(f"{d['model']}/{d['variant']}", d)
     lag = s["send_lag_ms"]
-    slo = f"SLO {s['slo_ms']:g} ms" if s.get("slo_ms") else "no SLO (attainment = OK answers)"
+    slo = f"SLO {s['slo_ms']:g} ms" if s.get("slo_ms") else "no SLO (attainment n/a; goodput = OK answers)"
     pool = s.get("pool_wait_ms")
     waits = f"; pool wait p50 {pool['p50']:.3f} ms p99 {pool['p99']:.3f} ms" if pool else ""
     t.caption = (
-        f"rates per second; latencies in ms from the scheduled send; {slo}; "
+        f"rates per second; latencies in ms {latency_origin(s)}; {slo}; "
         f"send lag p50 {lag['p50'] or 0:.3f} ms p99 {lag['p99'] or 0:.3f} ms{waits}"
     )
     return t
@@ -133,25 +147,86 @@ def print_report(s: dict[str, Any], console: Console | None = None) -> None:
 
 
 def sweep_table(rows: list[dict[str, Any]], title: str) -> Table:
+    """One row per run; search trials add their trial number, result and reason, and the
+    verdict of their rate (the majority of its trials)."""
     t = Table(title=title)
-    for col in ("rate/s", "offered/s", "goodput/s", "attainment", "p50 ms", "p99 ms",
-                "rejected", "errors", "send lag p99 ms", "stable"):  # fmt: skip
-        t.add_column(col, justify="right")
+    search = any("passed" in s for s in rows)
+    cols = ["rate/s", "offered/s", "goodput/s", "attainment", "p50 ms", "p99 ms", "rejected",
+            "errors", "send lag p99 ms", "pool wait p99 ms", "stable"]  # fmt: skip
+    if search:
+        cols[1:1] = ["trial"]
+        cols += ["result", "rate verdict"]
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("result", "rate verdict") else "right")
     for s in rows:
         lat = s["latency_ms"]
-        t.add_row(
+        pool = s.get("pool_wait_ms")
+        cells = [
             _f(s.get("rate"), "{:g}"),
             f"{s['offered_rps']:.1f}",
             f"{s['goodput_rps']:.1f}",
-            _pct(s["attainment"]),
+            _attainment(s),
             _f(lat["p50"], "{:.2f}"),
             _f(lat["p99"], "{:.2f}"),
             _rejected(s),
             str(s["error_count"]),
             _f(s["send_lag_ms"]["p99"], "{:.3f}"),
+            _f(pool["p99"] if pool else None, "{:.3f}"),
             {True: "yes", False: "no"}.get(s.get("stable"), "-"),
-        )
+        ]
+        if search:
+            cells[1:1] = [str(s.get("trial", "-"))]
+            verdict = s.get("rate_verdict")
+            cells += [
+                "pass" if s.get("passed") else f"fail: {s.get('reason', '')}",
+                "-" if verdict is None else verdict,
+            ]
+        t.add_row(*cells)
     return t
+
+
+def plot_sweep(rows: list[dict[str, Any]], prefix: Path, target: float | None = None) -> Path:
+    """``PREFIX_sweep.png``: attainment and goodput against the offered rate (one point per
+    run; a search marks passing trials o and failing ones x), p99 on the right axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax1 = plt.subplots(figsize=(8, 4.5))
+    ax2 = ax1.twinx()
+    pts = sorted(rows, key=lambda r: (r["rate"], r.get("trial", 0)))
+    rates = [r["rate"] for r in pts]
+    atts = [100 * (r["attainment"] or 0.0) for r in pts]
+    if any("passed" in r for r in pts):
+        for ok, marker, color in ((True, "o", "tab:green"), (False, "x", "tab:red")):
+            sel = [(x, y) for x, y, r in zip(rates, atts, pts, strict=True) if r["passed"] == ok]
+            if sel:
+                ax1.scatter(*zip(*sel, strict=True), marker=marker, color=color,
+                            label="trial passed" if ok else "trial failed")  # fmt: skip
+    else:
+        ax1.plot(rates, atts, marker="o", label="attainment %")
+    if target is not None:
+        ax1.axhline(100 * target, color="tab:green", linestyle="--", alpha=0.5,
+                    label=f"target {target:.2%}")  # fmt: skip
+    ax1.set_xlabel("offered rate (requests/s)")
+    ax1.set_ylabel("SLO attainment (%)")
+    p99 = [(r["rate"], r["latency_ms"]["p99"]) for r in pts if r["latency_ms"]["p99"] is not None]
+    if p99:
+        ax2.plot(*zip(*p99, strict=True), color="tab:purple", linestyle=":", marker=".",
+                 label="p99 ms")  # fmt: skip
+    ax2.set_ylabel("p99 latency (ms)")
+    ax2.set_yscale("log")
+    h1, l1 = ax1.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax1.legend(h1 + h2, l1 + l2, loc="lower left")
+    ax1.set_title("attainment and p99 by offered rate")
+    ax1.grid(True, alpha=0.3)
+    out = prefix.with_name(prefix.name + "_sweep.png")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
 
 
 def to_json(s: dict[str, Any] | list[dict[str, Any]], path: Path) -> None:
@@ -223,7 +298,7 @@ def plot(s: dict[str, Any], rec: Recorder, prefix: Path) -> list[Path]:
     if s.get("slo_ms"):
         ax.axvline(s["slo_ms"], color="red", linestyle="--", label=f"SLO {s['slo_ms']:g} ms")
     ax.set_xscale("log")
-    ax.set_xlabel("latency from scheduled send (ms)")
+    ax.set_xlabel(f"latency {latency_origin(s)} (ms)")
     ax.set_ylabel("fraction of OK answers")
     ax.set_title("latency CDF")
     ax.grid(True, alpha=0.3)
@@ -239,7 +314,7 @@ def plot(s: dict[str, Any], rec: Recorder, prefix: Path) -> list[Path]:
     t = [r["t"] for r in tl]
     ax1.plot(t, [r["offered_rps"] for r in tl], label="offered /s", drawstyle="steps-post")
     ax1.plot(t, [r["goodput_rps"] for r in tl], label="goodput /s", drawstyle="steps-post")
-    ax1.set_xlabel("time (s, by scheduled send)")
+    ax1.set_xlabel("time (s, by send)" if s.get("mode") == "closed" else "time (s, by scheduled send)")
     ax1.set_ylabel("requests per second")
     ax2 = ax1.twinx()
     ax2.plot(t, [r["p99_ms"] for r in tl], color="tab:red", linestyle=":", label="p99 ms")

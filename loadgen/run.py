@@ -379,6 +379,7 @@ def _result(spec: LoadSpec, rec: Recorder, duration: float, elapsed: float) -> L
             "concurrency": spec.concurrency if spec.mode == "closed" else None,
             "processes": spec.processes,
             "duration_s": duration,
+            "window_s": spec.window_s,
             "elapsed_s": elapsed,
             "fell_behind": behind,
             "warnings": warnings,

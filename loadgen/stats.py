@@ -329,7 +329,10 @@ class Recorder:
         """Everything a report needs, as plain JSON-able data (times in ms, rates in /s)."""
         if duration_s <= 0:
             raise ValueError(f"duration_s must be > 0, got {duration_s}")
-        out = summarize(self.total(), duration_s)
+        # NOTE: without an SLO there is nothing to attain: attainment is None (n/a), never
+        # "100%" for answers of any latency; goodput is then the OK answers per second
+        slo = slo_s is not None
+        out = summarize(self.total(), duration_s, slo)
         out["slo_ms"] = None if slo_s is None else slo_s * 1e3
         out["send_lag_ms"] = {
             "p50": _ms(self.send_lag, 50.0),
@@ -343,15 +346,15 @@ class Recorder:
             "max": self.pool_wait.get_max_value() / 1e3,
             "queued_share": self.pool_queued / waits,
         }  # fmt: skip
-        out["per_model"] = {m: summarize(s, duration_s) for m, s in sorted(self.by_model().items())}
+        out["per_model"] = {m: summarize(s, duration_s, slo) for m, s in sorted(self.by_model().items())}
         out["per_variant"] = [
-            {"model": m, "variant": v, **summarize(s, duration_s)}
+            {"model": m, "variant": v, **summarize(s, duration_s, slo)}
             for (m, v), s in sorted(self.series.items())
         ]
-        out["timeline"] = self.timeline()
+        out["timeline"] = self.timeline(slo)
         return out
 
-    def timeline(self) -> list[dict[str, Any]]:
+    def timeline(self, slo: bool = True) -> list[dict[str, Any]]:
         """Per window: start (s), offered rate, throughput, goodput (/s) and p99 (ms)."""
         rows = []
         if not self.windows:
@@ -366,7 +369,7 @@ class Recorder:
                     "goodput_rps": w.good / self.window_s,
                     "rejected_rps": w.rejected / self.window_s,
                     "errors": w.errors,
-                    "attainment": w.good / w.offered if w.offered else None,
+                    "attainment": w.good / w.offered if w.offered and slo else None,
                     "p50_ms": _ms(w.latency, 50.0),
                     "p99_ms": _ms(w.latency, 99.0),
                 }
@@ -392,7 +395,9 @@ def _ms(h: HdrHistogram, pct: float) -> float | None:
     return percentile(h, pct) / 1e3
 
 
-def summarize(s: Series, duration_s: float) -> dict[str, Any]:
+def summarize(s: Series, duration_s: float, slo: bool = True) -> dict[str, Any]:
+    """Counts, rates and latency percentiles of one series; ``slo`` False: the run had no
+    SLO, so its attainment is None."""
     lat = {f"p{p:g}": _ms(s.latency, p) for p in PERCENTILES}
     if s.latency.get_total_count():
         lat["mean"] = s.latency_sum_us / s.ok / 1e3
@@ -407,7 +412,7 @@ def summarize(s: Series, duration_s: float) -> dict[str, Any]:
         "expired": s.expired,
         "errors": dict(sorted(s.errors.items())),
         "error_count": sum(s.errors.values()),
-        "attainment": s.good / s.offered if s.offered else None,
+        "attainment": s.good / s.offered if s.offered and slo else None,
         "offered_rps": s.offered / duration_s,
         "throughput_rps": s.ok / duration_s,
         "goodput_rps": s.good / duration_s,

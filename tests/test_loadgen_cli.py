@@ -145,3 +145,46 @@ def test_rate_range_writes_one_row_per_rate(capsys, server, tmp_path) -> None:
     assert rc == 0
     rows = list(csv.DictReader((tmp_path / "s.csv").open()))
     assert [float(r["Request Rate"]) for r in rows] == [40.0, 80.0]
+
+
+def test_max_rate_search_writes_reasons_rate_verdicts_and_a_plot(capsys, server, tmp_path) -> None:
+    rc, out, _ = run(
+        capsys, "--target", server, "--model", "echo", "--slo-ms", "500", "--find-max-rate",
+        "--search-range", "40:80", "--trials", "1", "--window", "0.2", "--warmup", "0.1",
+        "--quiet", "--json", str(tmp_path / "k.json"), "--plot", str(tmp_path / "k"),
+        "--lag-warn-ms", "1000",
+    )  # fmt: skip
+    assert rc == 0
+    assert "highest rate holding 99.00% attainment in most of 1 trials: 80.0/s" in out
+    doc = json.loads((tmp_path / "k.json").read_text())
+    assert doc["best_rate"] == 80.0 and doc["target_attainment"] == 0.99
+    assert [r["rate"] for r in doc["rates"]] == [40.0, 80.0]
+    assert all(r["passed"] and r["reason"] == "1/1 trials passed" for r in doc["rates"])
+    assert all(t["passed"] and t["reason"] == "ok" and t["trial"] == 1 for t in doc["trials"])
+    assert (tmp_path / "k_sweep.png").stat().st_size > 1000
+
+
+def test_rate_sweep_honours_plot(capsys, server, tmp_path) -> None:
+    rc, _, _ = run(
+        capsys, "--target", server, "--model", "echo", "--rate-range", "40:80:40",
+        "--duration", "0.3", "--warmup", "0.1", "--quiet", "--plot", str(tmp_path / "s"),
+    )  # fmt: skip
+    assert rc == 0
+    assert (tmp_path / "s_sweep.png").stat().st_size > 1000
+
+
+def test_a_search_without_an_slo_is_refused(capsys) -> None:
+    rc, _, err = run(capsys, "--target", "http://h:1", "--model", "m", "--find-max-rate")
+    assert rc == 2 and "--find-max-rate needs --slo-ms" in err
+
+
+def test_a_run_without_an_slo_reports_attainment_na(capsys, server, tmp_path) -> None:
+    rc, out, _ = run(
+        capsys, "--target", server, "--model", "echo", "--rate", "100", "--duration", "0.3",
+        "--warmup", "0.1", "--quiet", "--json", str(tmp_path / "n.json"), "--lag-warn-ms", "1000",
+    )  # fmt: skip
+    assert rc == 0
+    assert "attainment n/a (no SLO)" in out and "100.00%" not in out
+    s = json.loads((tmp_path / "n.json").read_text())
+    assert s["attainment"] is None and s["ok"] == s["offered"] > 0
+    assert all(w["attainment"] is None for w in s["timeline"])
