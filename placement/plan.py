@@ -39,6 +39,7 @@ class Demand:
     accuracy_floor: float | None = None
     priority: Literal["guaranteed", "best-effort"] = "guaranteed"
     headroom: float = 1.0  # plan capacity >= rate x headroom
+    objective: Literal["accuracy", "cost"] = "accuracy"  # the gateway's variant choice for its requests
 
     @property
     def required(self) -> float:

@@ -17,6 +17,7 @@ from typing import Any
 
 from placement.capacity import batch_latency
 from placement.plan import Plan
+from profiles.catalogue import gpu_model as catalogue_model
 from profiles.profile import LatencyPoint, Profile, ProfileSet, save_profiles
 
 
@@ -50,13 +51,22 @@ def file_name(replica_id: str) -> str:
     return replica_id.replace("/", "_").replace("@", "-").replace("#", "-")
 
 
+def price_per_hour(plan: Plan, e: Endpoint) -> float:
+    """What ``e``'s hardware costs per hour: its slice's share of its GPU (the larger of its
+    compute and memory shares), times its MPS share, times the GPU's ``cost_per_hour``."""
+    gm = catalogue_model(next(g.gpu for g in plan.gpus if g.id == e.gpu))
+    gpu_class = plan.inventory.by_id()[e.gpu]
+    return gpu_class.cost_per_hour * gm.slice_fraction(e.slice.split("@")[0]) * e.share
+
+
 def replica_config(plan: Plan, e: Endpoint, profiles: ProfileSet, profile_dir: Path) -> dict[str, Any]:
     """One replica of the gateway config (``models[].replicas[]``), its profile written to disk."""
     gpu_model = next(g.gpu for g in plan.gpus if g.id == e.gpu)
     path = profile_dir / (file_name(e.replica_id) + ".profile.yaml")
     profile_dir.mkdir(parents=True, exist_ok=True)
     save_profiles(path, [replica_profile(profiles, gpu_model, e)])
-    return {"url": e.http_url, "protocol": "http", "variant": e.variant, "profile": str(path), "id": e.replica_id}
+    return {"url": e.http_url, "protocol": "http", "variant": e.variant, "profile": str(path), "id": e.replica_id,
+            "price_per_hour": round(price_per_hour(plan, e), 6)}
 
 
 def gateway_config(plan: Plan, endpoints: Iterable[Endpoint], profiles: ProfileSet, profile_dir: Path,
@@ -69,7 +79,7 @@ def gateway_config(plan: Plan, endpoints: Iterable[Endpoint], profiles: ProfileS
         mine = [e for e in eps if e.model == d.model]
         if not mine:
             continue
-        models.append({"name": d.model, "slo_ms": d.slo * 1e3, "priority": d.priority,
+        models.append({"name": d.model, "slo_ms": d.slo * 1e3, "priority": d.priority, "objective": d.objective,
                        "max_batch": min(e.max_batch for e in mine),
                        "replicas": [replica_config(plan, e, profiles, profile_dir) for e in mine]})
     cfg = {k: v for k, v in dict(settings or {}).items() if k != "admin"}

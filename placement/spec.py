@@ -35,7 +35,8 @@ def inventory(pool: GpuPool) -> Inventory:
 
 def demand(md: ModelDeployment) -> Demand:
     s = md.spec
-    return Demand(s.model, s.rate, s.slo_ms / 1e3, s.variant_names(), s.accuracy_floor, s.priority, s.headroom)
+    return Demand(s.model, s.rate, s.slo_ms / 1e3, s.variant_names(), s.accuracy_floor, s.priority, s.headroom,
+                  s.objective)
 
 
 def profiles_for(docs: Documents, base: ProfileSet) -> ProfileSet:

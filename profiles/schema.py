@@ -153,6 +153,11 @@ class ModelDeploymentSpec(_Strict):
         description="allowed variants (names or {name, artifact, profile}); empty: every profiled variant")
     accuracy_floor: float | None = Field(default=None, ge=0, le=1, description="least acceptable accuracy")
     priority: Literal["guaranteed", "best-effort"] = Field(default="guaranteed", description="priority class")
+    objective: Literal["accuracy", "cost"] = Field(
+        default="accuracy",
+        description="which allowed variant a request takes at the gateway: accuracy = the most accurate "
+        "predicted to meet its deadline; cost = the cheapest that meets its accuracy floor and deadline "
+        "(cost per answer: profile seconds per row x the slice's share of the pool's cost_per_hour)")
     headroom: float = Field(default=1.1, ge=1.0, le=10.0,
                             description="planned capacity / expected rate (burst margin)")
     autoscaling: AutoscalingSpec | None = Field(default=None, description="re-plan from observed load "
