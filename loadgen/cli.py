@@ -17,6 +17,7 @@ from loadgen import report
 from loadgen.arrivals import TraceError
 from loadgen.clients import LoadError
 from loadgen.payload import PayloadError
+from loadgen.record import run_record
 from loadgen.run import LoadResult, run_load
 from loadgen.spec import InputSpec, LoadSpec
 from loadgen.sweep import find_max_rate, parse_range, sweep_rates
@@ -258,9 +259,12 @@ async def _run(spec: LoadSpec, a: argparse.Namespace) -> int:
         rows = sorted(res.trials, key=lambda s: (s["rate"], s["trial"]))
         if not a.quiet:
             console.print(report.sweep_table(rows, "headrace load: max-rate search"))
+        search = {"search_range": a.search_range, "target_attainment": a.target_attainment,
+                  "trials": a.trials, "window_tolerance_points": a.window_tolerance,
+                  "stability_percent": a.stability, "window_s": a.window or 5.0}  # fmt: skip
         doc = {"best_rate": res.best_rate, "target_attainment": res.target,
                "rates": sorted((v.row() for v in res.rates), key=lambda r: r["rate"]),
-               "trials": rows}  # fmt: skip
+               "trials": rows, "run": run_record(spec, {"search": search})}  # fmt: skip
         _write(rows, a, doc=doc, target=a.target_attainment)
         if res.best_rate is None:
             console.print(f"no rate in {a.search_range} holds {a.target_attainment:.2%} attainment")
@@ -281,7 +285,8 @@ async def _run(spec: LoadSpec, a: argparse.Namespace) -> int:
         rows = [r.summary for r in results]
         if not a.quiet:
             console.print(report.sweep_table(rows, "headrace load: rate sweep"))
-        _write(rows, a, doc={"rows": rows})
+        _write(rows, a, doc={"rows": rows, "run": run_record(
+            spec, {"rate_range": a.rate_range, "rates": parse_range(a.rate_range)})})
         return 0
     result = await _with_progress(spec, err, a.quiet)
     s = result.summary

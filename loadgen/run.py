@@ -36,6 +36,7 @@ from loadgen.clients import (
     probe_http,
 )
 from loadgen.drivers import CLOSED_LOOP_NOTE, Progress, closed_loop, open_loop
+from loadgen.record import run_record
 from loadgen.spec import LoadSpec, parse_target
 from loadgen.stats import Recorder
 
@@ -383,6 +384,7 @@ def _result(spec: LoadSpec, rec: Recorder, duration: float, elapsed: float) -> L
             "elapsed_s": elapsed,
             "fell_behind": behind,
             "warnings": warnings,
+            "run": run_record(spec),
         }
     )
     return LoadResult(spec, summary, rec, duration, elapsed, warnings)

@@ -129,6 +129,10 @@ def test_full_run_writes_compact_report_json_csv_and_plots(capsys, server, tmp_p
     assert f"attainment {100 * s['attainment']:.2f}% within 500 ms" in out
     assert "goodput" in out and "p99" in out and "rejected 0" in out
     assert s["per_variant"][0]["variant"] == "small"
+    # the run record: enough to rebuild the run
+    assert s["run"]["spec"]["cv"] == 2.0 and s["run"]["spec"]["arrival"] == "gamma"
+    assert s["run"]["spec"]["seed"] == 0 and s["run"]["spec"]["warmup_s"] == 0.2
+    assert s["run"]["host"]["cpu_count"] and s["run"]["headrace"]["version"]
     rows = list(csv.DictReader((tmp_path / "r.csv").open()))
     assert list(rows[0]) == list(CSV_COLUMNS)
     assert int(rows[0]["OK"]) == s["ok"]
