@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from gateway.codec import encode_grpc_response, parse_grpc_infer
+from gateway.contract import choice_headers
 from gateway.driver import SLO_HEADER, Driver
 from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected, Unauthenticated
 from gateway.metrics import GatewayMetrics
@@ -70,7 +71,8 @@ class InferenceServicer:
         self.tenants = tenants
 
     async def _infer(self, req: pb.ModelInferRequest, slo: str | None,
-                     deadline: float | None = None, tenant: Tenant | None = None) -> pb.ModelInferResponse:
+                     deadline: float | None = None, tenant: Tenant | None = None,
+                     hints: dict[str, str] | None = None) -> pb.ModelInferResponse:
         """``deadline``: seconds the client still waits (its gRPC deadline), a cap on the SLO;
         ``tenant``: whose request it is (its quota is spent, its priority class applies)."""
         name = req.model_name
@@ -81,7 +83,7 @@ class InferenceServicer:
         start = self.info.clock()
         try:
             res = await self.driver.infer(name, inp, slo, version=req.model_version, deadline=deadline,
-                                          priority=None if tenant is None else tenant.priority)
+                                          priority=None if tenant is None else tenant.priority, hints=hints)
         except GatewayError:
             self.info.record(name, start, ok=False)
             raise
@@ -92,12 +94,13 @@ class InferenceServicer:
     async def ModelInfer(self, raw: bytes, context: grpc.aio.ServicerContext,
                          tenant: Tenant | None = None) -> pb.ModelInferResponse:
         return await self._infer(_parse(pb.ModelInferRequest, raw), _slo_header(context),
-                                 context.time_remaining(), tenant)
+                                 context.time_remaining(), tenant, choice_headers(context.invocation_metadata() or ()))
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext, tenant: Tenant | None = None
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         slo = _slo_header(context)
+        hints = choice_headers(context.invocation_metadata() or ())
         out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         tasks: set[asyncio.Task] = set()
 
@@ -106,7 +109,7 @@ class InferenceServicer:
             try:
                 req = _parse(pb.ModelInferRequest, raw)
                 rid = req.id
-                msg = pb.ModelStreamInferResponse(infer_response=await self._infer(req, slo, tenant=tenant))
+                msg = pb.ModelStreamInferResponse(infer_response=await self._infer(req, slo, tenant=tenant, hints=hints))
             except GatewayError as e:
                 code = e.grpc_code.name
                 msg = pb.ModelStreamInferResponse(error_message=str(e), infer_response=pb.ModelInferResponse(id=rid))

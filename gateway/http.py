@@ -26,6 +26,7 @@ from urllib.parse import unquote
 from google.protobuf import json_format
 
 from gateway.codec import InferInput, encode_http_response, parse_http_infer
+from gateway.contract import choice_headers
 from gateway.driver import SLO_HEADER, Driver, InferResult
 from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected, Unauthenticated
 from gateway.fleet import Model
@@ -186,7 +187,8 @@ class HttpFrontDoor:
         start = info.clock()
         try:
             result = driver.submit(name, inp, req.headers.get(SLO_HEADER), req.received, version=version,
-                                   priority=None if tenant is None else tenant.priority)
+                                   priority=None if tenant is None else tenant.priority,
+                                   hints=choice_headers(req.headers))
         except GatewayError:
             info.record(name, start, ok=False)
             raise
