@@ -64,7 +64,8 @@ def scale(src: Profile, gpu: str, slice_name: str, r: float, how: str) -> Profil
     origin = src.provenance.source if src.provenance.kind != "derived" else src.provenance.notes
     return replace(
         src, gpu=gpu, slice=slice_name, points=tuple(pts),
-        provenance=Provenance(source=f"derived from {src.name} ({origin})", kind="derived", notes=notes),
+        provenance=Provenance(source=f"derived from {src.name} ({origin})", kind="derived", notes=notes,
+                              accuracy_source=src.provenance.accuracy_source),
     )
 
 

@@ -58,9 +58,9 @@ def test_grpc_to_tritons_mutual_tls_endpoint(tls_triton, pki):
 
 def test_a_replica_whose_certificate_is_not_trusted_stays_out_of_service(tls_triton, pki):
     tls = {"ca_file": str(pki.client_cert), "cert_file": str(pki.client_cert), "key_file": str(pki.client_key)}
-    with pytest.raises(Exception, match="no replica answered metadata"):  # noqa: B017
-        with GatewayThread(parse_config(config(tls_triton.grpc_url, "grpc", tls, startup_timeout_s=2))):
-            pass
+    cfg = parse_config(config(tls_triton.grpc_url, "grpc", tls, startup_timeout_s=2))
+    with pytest.raises(Exception, match="no replica answered metadata"), GatewayThread(cfg):  # noqa: B017
+        pass
 
 
 def test_https_to_a_tls_front(tmp_path_factory, pki):
