@@ -56,8 +56,9 @@ examples:
   headrace load --target http://127.0.0.1:8000 --model m --slo-ms 50 --find-max-rate \\
       --search-range 50:2000 --target-attainment 0.99
 
-Inputs come from the model's metadata (-1 dims sent as --batch) unless --input or
---input-file say otherwise. Send lag (how late each send was against its schedule) is
+Inputs come from the model's metadata (-1 dims sent as --batch), one fixed payload per
+model, unless --input or --input-file say otherwise; --input-dir and --dataset send a data
+set's payloads in turn. Send lag (how late each send was against its schedule) is
 reported: a high p50 means the generator cannot keep up (add --processes); a high p99 with a
 low p50 means a busy host delayed it at times (--realtime sends under SCHED_RR).
 Exit codes: 0 done, 1 target unreachable or unusable, 2 bad arguments, 3 search found no rate.
@@ -73,6 +74,7 @@ FLAGS = {  # LoadSpec field -> CLI flag, for error messages
     "rate_scale": "--rate-scale",
     "trace_start_minute": "--trace-start-minute",
     "input_file": "--input-file",
+    "input_dir": "--input-dir",
     "http_client": "--http-client",
     "slo_ms": "--slo-ms",
     "lag_warn_ms": "--lag-warn-ms",
@@ -143,6 +145,12 @@ def register(subparsers: Any) -> None:
     g.add_argument("--input", action="append", type=parse_input, metavar="NAME:SHAPE[:DTYPE]",
                    help="input to synthesize, repeatable, e.g. INPUT0:-1x4:FP32")  # fmt: skip
     g.add_argument("--input-file", type=Path, help="JSON with real v2 inputs {'inputs': [...]}")
+    g.add_argument("--input-dir", type=Path, metavar="DIR",
+                   help="one request per .npy (the model's only input) or .npz (inputs by name) "
+                        "file, sent in turn in file-name order")
+    g.add_argument("--dataset", choices=("digits",),
+                   help="send a data set's rows in turn; digits: the held-out split the digits "
+                        "family is scored on (--batch rows per request)")  # fmt: skip
     g.add_argument("--batch", type=int, default=1, help="size sent for -1 dims (1)")
     g.add_argument("--protocol", choices=("binary", "json"), default="binary",
                    help="HTTP tensor encoding (default binary)")  # fmt: skip
@@ -190,7 +198,7 @@ def spec_from_args(a: argparse.Namespace) -> LoadSpec:
         intervals_us=a.intervals_us, duration_s=a.duration, requests=a.requests,
         warmup_s=a.warmup, slo_ms=a.slo_ms, send_timeout=not a.no_timeout_param,
         priority=a.priority, inputs=tuple(a.input) if a.input else None,
-        input_file=a.input_file, batch=a.batch, protocol=a.protocol,
+        input_file=a.input_file, input_dir=a.input_dir, dataset=a.dataset, batch=a.batch, protocol=a.protocol,
         http_client=a.http_client, concurrency=a.concurrency, connections=a.connections,
         processes=a.processes, seed=a.seed, request_timeout_s=a.request_timeout,
         lag_warn_ms=a.lag_warn_ms, realtime=a.realtime,

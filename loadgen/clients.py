@@ -26,12 +26,13 @@ import json
 import math
 import os
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from gateway.errors import REASON_HEADER
 from loadgen.payload import HttpBody, variant_from_grpc, variant_from_http
 from loadgen.stats import OK, refusal
 
+T = TypeVar("T")
 GRPC_METHOD = "/inference.GRPCInferenceService/ModelInfer"
 GRPC_MAX_MESSAGE = 256 * 1024 * 1024
 
@@ -49,6 +50,24 @@ class Client(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class Turns(Generic[T]):
+    """Per model, the payloads sent in turn (a single one is sent every time)."""
+
+    __slots__ = ("items", "next")
+
+    def __init__(self, items: list[list[T]]) -> None:
+        if any(not xs for xs in items):
+            raise ValueError("every model needs at least one payload")
+        self.items = items
+        self.next = [0] * len(items)
+
+    def take(self, model_idx: int) -> T:
+        xs = self.items[model_idx]
+        k = self.next[model_idx]
+        self.next[model_idx] = k + 1
+        return xs[k % len(xs)]
 
 
 def http_outcome(status: int, reason: str | None = None) -> str:
@@ -188,7 +207,7 @@ class RawHttpClient:
         self,
         host: str,
         port: int,
-        bodies: list[HttpBody],
+        bodies: list[list[HttpBody]],
         connections: int,
         timeout_s: float,
         ssl: Any = None,
@@ -196,7 +215,7 @@ class RawHttpClient:
     ) -> None:
         self.host, self.port, self.limit, self.timeout_s = host, port, connections, timeout_s
         self.ssl = ssl  # an ssl.SSLContext for https, else None
-        self.requests = [_raw_request(host, port, b) for b in bodies]
+        self.requests = Turns([[_raw_request(host, port, b) for b in bs] for bs in bodies])
         self.idle: collections.deque[_Conn] = collections.deque()
         # (model_idx, done, deadline, queued at)
         self.pending: collections.deque[tuple[int, Done, float, float]] = collections.deque()
@@ -231,7 +250,7 @@ class RawHttpClient:
 
     def _write(self, c: _Conn, model_idx: int, done: Done, deadline: float, waited: float) -> None:
         c.done, c.deadline, c.waited = done, deadline, waited
-        c.transport.write(self.requests[model_idx])  # type: ignore[union-attr]
+        c.transport.write(self.requests.take(model_idx))  # type: ignore[union-attr]
 
     def _open_one(self) -> None:
         self.opening += 1
@@ -332,7 +351,7 @@ class AiohttpClient:
         self,
         host: str,
         port: int,
-        bodies: list[HttpBody],
+        bodies: list[list[HttpBody]],
         connections: int,
         timeout_s: float,
         ssl: Any = None,
@@ -340,7 +359,8 @@ class AiohttpClient:
         import aiohttp
 
         self.base = f"{'https' if ssl is not None else 'http'}://{host}:{port}"
-        self.bodies = [(self.base + b.path, b.body, dict(b.headers)) for b in bodies]
+        self.bodies = Turns([[(self.base + b.path, b.body, dict(b.headers)) for b in bs]
+                             for bs in bodies])  # fmt: skip
         self.slots = asyncio.Semaphore(connections)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=connections, ssl=ssl if ssl is not None else True),
@@ -351,7 +371,7 @@ class AiohttpClient:
         import aiohttp
 
         loop = asyncio.get_running_loop()
-        url, body, headers = self.bodies[model_idx]
+        url, body, headers = self.bodies.take(model_idx)
         queued = loop.time()
         waited: float | None = None
         try:
@@ -385,7 +405,7 @@ class GrpcClient:
         self,
         host: str,
         port: int,
-        requests: list[bytes],
+        requests: list[list[bytes]],
         timeout_s: float,
         credentials: Any = None,
         metadata: list[tuple[tuple[str, str], ...]] | None = None,
@@ -405,7 +425,7 @@ class GrpcClient:
         )
         # NOTE: requests are serialized once; the identity (de)serializers pass bytes through
         self.call = self.channel.unary_unary(GRPC_METHOD)
-        self.requests = requests
+        self.requests = Turns(requests)
         self.metadata = metadata or [() for _ in requests]  # per model: (key, value) pairs
         self.timeout_s = timeout_s
 
@@ -418,7 +438,7 @@ class GrpcClient:
                 return "timeout", None, None
         try:
             raw = await self.call(
-                self.requests[model_idx], timeout=timeout, metadata=self.metadata[model_idx] or None
+                self.requests.take(model_idx), timeout=timeout, metadata=self.metadata[model_idx] or None
             )
         except grpc.aio.AioRpcError as e:
             code = e.code()

@@ -1,6 +1,10 @@
-"""Request bodies, built once per model before the run: KServe v2 HTTP (JSON or binary
-tensors) and gRPC ``ModelInferRequest`` bytes, carrying Triton's ``timeout`` (µs) and
-``priority`` parameters.
+"""Request bodies, built before the run: KServe v2 HTTP (JSON or binary tensors) and gRPC
+``ModelInferRequest`` bytes, carrying Triton's ``timeout`` (µs) and ``priority`` parameters.
+
+A model gets one fixed payload (synthesized from its metadata, ``--input`` or
+``--input-file``), or a list the client sends in turn: one per file of an ``--input-dir``
+(``.npy``: the model's only input; ``.npz``: inputs by name), or the rows of a data set
+(``--dataset digits``: the held-out split the digits family is scored on).
 """
 
 from __future__ import annotations
@@ -99,6 +103,80 @@ def read_input_file(path: Path) -> list[Tensor]:
         return out
     except (OSError, KeyError, TypeError, ValueError) as e:
         raise PayloadError(f"{path}: bad input file ({type(e).__name__}: {e})") from None
+
+
+NUMPY_DATATYPES = {np.dtype(v).str.lstrip("<>|="): k for k, v in DATATYPES.items() if k != "BYTES"}
+
+
+def datatype_of(arr: np.ndarray, where: str) -> str:
+    """The v2 datatype of a numpy array (object and byte strings are BYTES)."""
+    if arr.dtype.kind in ("O", "S", "U"):
+        return "BYTES"
+    dt = NUMPY_DATATYPES.get(arr.dtype.str.lstrip("<>|="))
+    if dt is None:
+        raise PayloadError(f"{where}: dtype {arr.dtype} has no KServe v2 datatype")
+    return dt
+
+
+def _batched(arr: np.ndarray, spec: InputSpec | None) -> np.ndarray:
+    """A sample without its batch dimension gets one, when the model's input has it."""
+    if spec is not None and arr.ndim == len(spec.shape) - 1:
+        return arr[None, ...]
+    return arr
+
+
+def read_input_dir(path: Path, inputs: tuple[InputSpec, ...] | None) -> list[list[Tensor]]:
+    """One request per ``.npy`` / ``.npz`` file of ``path``, in file-name order. A ``.npy``
+    holds the model's only input (its name from ``inputs``, the model's metadata); a
+    ``.npz`` holds arrays named as the inputs. An array one dimension short of the input's
+    shape is a single sample and gets a batch dimension of 1."""
+    path = Path(path)
+    if not path.is_dir():
+        raise PayloadError(f"{path}: --input-dir is not a directory")
+    files = sorted(f for f in path.iterdir() if f.suffix in (".npy", ".npz") and f.is_file())
+    if not files:
+        raise PayloadError(f"{path}: no .npy or .npz files")
+    by_name = {i.name: i for i in inputs or ()}
+    out = []
+    for f in files:
+        try:
+            if f.suffix == ".npy":
+                if len(by_name) != 1:
+                    raise PayloadError(
+                        f"{f}: a .npy file holds one input, but the model has "
+                        f"{len(by_name)} ({', '.join(by_name) or 'unknown'}); use .npz files"
+                    )
+                (spec,) = by_name.values()
+                arrays = {spec.name: np.load(f, allow_pickle=False)}
+            else:
+                with np.load(f, allow_pickle=False) as z:
+                    arrays = {k: z[k] for k in z.files}
+                if by_name and set(arrays) != set(by_name):
+                    raise PayloadError(
+                        f"{f}: holds {sorted(arrays)}, the model's inputs are {sorted(by_name)}"
+                    )
+        except (OSError, ValueError) as e:
+            raise PayloadError(f"{f}: cannot read ({type(e).__name__}: {e})") from None
+        out.append([
+            Tensor(n, datatype_of(a, str(f)), _batched(a, by_name.get(n)))
+            for n, a in arrays.items()
+        ])  # fmt: skip
+    return out
+
+
+def digits_requests(inputs: tuple[InputSpec, ...] | None, batch: int) -> list[list[Tensor]]:
+    """The digits family's held-out rows (FP32 [64] each, the split its accuracy is measured
+    on), ``batch`` consecutive rows per request."""
+    from profiles.digits import INPUT, VARIANTS, dataset
+
+    # NOTE: every digits variant splits with the same seed and fraction: one test split
+    _, x_test, _, _ = dataset(next(iter(VARIANTS.values())))
+    name = inputs[0].name if inputs and len(inputs) == 1 else INPUT.name
+    n = len(x_test) // batch
+    if n == 0:
+        raise PayloadError(f"--batch {batch} exceeds the {len(x_test)} rows of the digits test split")
+    rows = np.ascontiguousarray(x_test[: n * batch], dtype=np.float32)
+    return [[Tensor(name, "FP32", rows[i * batch : (i + 1) * batch])] for i in range(n)]
 
 
 def parameters(slo_ms: float | None, priority: int | None, send_timeout: bool) -> dict[str, int]:

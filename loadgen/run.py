@@ -47,14 +47,15 @@ WORKER_START_DELAY_S = 0.3
 
 @dataclass
 class Prepared:
-    """What every process needs to send: one encoded request per model."""
+    """What every process needs to send: per model, the encoded requests it sends in turn
+    (one, unless the payloads come from a data set)."""
 
     scheme: str
     host: str
     port: int
     models: tuple[str, ...]
-    http: list[payload.HttpBody] = field(default_factory=list)
-    grpc: list[bytes] = field(default_factory=list)
+    http: list[list[payload.HttpBody]] = field(default_factory=list)
+    grpc: list[list[bytes]] = field(default_factory=list)
 
 
 @dataclass
@@ -81,15 +82,21 @@ async def prepare(spec: LoadSpec) -> Prepared:
     prep = Prepared(scheme, host, port, models)
     params = payload.parameters(spec.slo_ms, spec.priority, spec.send_timeout)
     for m in models:
+        declared = spec.inputs or (None if m not in meta else payload.inputs_from_metadata(meta[m], m))
         if spec.input_file is not None:
-            tensors = payload.read_input_file(spec.input_file)
+            requests = [payload.read_input_file(spec.input_file)]
+        elif spec.input_dir is not None:
+            requests = payload.read_input_dir(spec.input_dir, declared)
+        elif spec.dataset == "digits":
+            requests = payload.digits_requests(declared, spec.batch)
         else:
-            inputs = spec.inputs or payload.inputs_from_metadata(meta[m], m)
-            tensors = payload.synthesize(inputs, spec.batch, rng)
+            assert declared is not None
+            requests = [payload.synthesize(declared, spec.batch, rng)]
         if scheme == "http":
-            prep.http.append(payload.http_body(m, tensors, params, spec.protocol == "binary"))
+            binary = spec.protocol == "binary"
+            prep.http.append([payload.http_body(m, t, params, binary) for t in requests])
         else:
-            prep.grpc.append(payload.grpc_request(m, tensors, params))
+            prep.grpc.append([payload.grpc_request(m, t, params) for t in requests])
     return prep
 
 

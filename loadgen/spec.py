@@ -123,6 +123,16 @@ class LoadSpec(BaseModel):
     input_file: Path | None = Field(
         default=None, description="JSON file with real v2 inputs ({'inputs': [...]})"
     )
+    input_dir: Path | None = Field(
+        default=None,
+        description="folder of .npy (the model's one input) or .npz (inputs by name) files, one "
+        "request each, sent in turn in file-name order",
+    )
+    dataset: Literal["digits"] | None = Field(
+        default=None,
+        description="send the rows of a data set in turn: 'digits' is the held-out split the "
+        "digits family is scored on (--batch rows per request)",
+    )
     batch: int = Field(default=1, ge=1, le=65536, description="size sent for -1 (batch) dims")
     protocol: Literal["binary", "json"] = Field(
         default="binary", description="HTTP tensor encoding"
@@ -170,8 +180,10 @@ class LoadSpec(BaseModel):
             raise ValueError("name a model (model, mix or trace_models)")
         if self.mode == "closed" and self.arrival in ("trace", "timestamps"):
             raise ValueError(f"closed loop ignores arrivals; arrival {self.arrival!r} needs open")
-        if self.inputs is not None and self.input_file is not None:
-            raise ValueError("give inputs or input_file, not both")
+        given = [n for n in ("inputs", "input_file", "input_dir", "dataset")
+                 if getattr(self, n) is not None]  # fmt: skip
+        if len(given) > 1:
+            raise ValueError(f"give one of inputs, input_file, input_dir and dataset, not {given}")
         if self.mode == "closed" and self.concurrency < self.processes:
             raise ValueError(
                 f"concurrency ({self.concurrency}) is below processes ({self.processes})"

@@ -4,7 +4,8 @@ It serves one model ``echo`` (one FP32 input ``INPUT0`` [-1, 4], one output) ove
 (aiohttp) and/or gRPC (grpc.aio). Behaviour is injected: ``delay(now) -> seconds`` (e.g. a
 1-s stall), ``reject_every`` (answer 429 / RESOURCE_EXHAUSTED to every n-th request) and
 ``variant`` (returned as the ``headrace_variant`` response parameter) and ``reject_reason``
-(sent with each reject as headrace's reject-reason header / trailing metadata).
+(sent with each reject as headrace's reject-reason header / trailing metadata). ``seen`` and
+``headers``, when lists, collect what each inference request carried.
 
 ``python -m loadgen.testserver --http-port P [--grpc-port Q] [--raw]`` runs it standalone;
 ``--raw`` serves HTTP with a minimal asyncio protocol (fixed answer, no parsing), the
@@ -39,6 +40,8 @@ class Behaviour:
     variant: str | None = None
     models: tuple[str, ...] = (MODEL,)  # names served, all with the same signature
     chunked: bool = False  # HTTP: answer with Transfer-Encoding: chunked
+    seen: list[bytes] | None = None  # when a list: every request's body (gRPC: first input)
+    headers: list[dict[str, str]] | None = None  # when a list: every request's headers/metadata
     count: int = field(default=0)
 
     async def decide(self) -> bool:
@@ -74,7 +77,11 @@ def http_app(b: Behaviour):
         return web.json_response({**METADATA, "name": req.match_info["model"]})
 
     async def infer(req: web.Request) -> web.Response:
-        await req.read()
+        data = await req.read()
+        if b.seen is not None:
+            b.seen.append(data)
+        if b.headers is not None:
+            b.headers.append({k.lower(): v for k, v in req.headers.items()})
         if req.match_info["model"] not in b.models:
             return web.json_response({"error": "unknown model"}, status=404)
         if await b.decide():
@@ -121,6 +128,10 @@ def grpc_servicer(b: Behaviour):
             return r
 
         async def ModelInfer(self, request, context):  # noqa: N802
+            if b.seen is not None:
+                b.seen.append(bytes(request.raw_input_contents[0]))
+            if b.headers is not None:
+                b.headers.append({k: v for k, v in context.invocation_metadata()})
             if request.model_name not in b.models:
                 await context.abort(grpc.StatusCode.NOT_FOUND, "unknown model")
             if await b.decide():

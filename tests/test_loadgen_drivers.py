@@ -53,7 +53,7 @@ async def run_with_stall(mode: str) -> SpyRecorder:
     body = http_body(
         MODEL, synthesize(inputs, 1, np.random.default_rng(0)), parameters(None, None, True), True
     )
-    client = RawHttpClient("127.0.0.1", port, [body], connections=16, timeout_s=10.0)
+    client = RawHttpClient("127.0.0.1", port, [[body]], connections=16, timeout_s=10.0)
     rec = SpyRecorder()
     try:
         if mode == "open":

@@ -81,7 +81,7 @@ def test_requests_time_out_at_their_scheduled_send_plus_the_timeout_even_while_q
 
 def test_grpc_does_not_send_a_request_already_past_its_deadline() -> None:
     async def go() -> tuple[str, Any, Any]:
-        client = GrpcClient("127.0.0.1", free_port(), [b""], timeout_s=30.0)
+        client = GrpcClient("127.0.0.1", free_port(), [[b""]], timeout_s=30.0)
         try:
             return await client.infer(0, asyncio.get_running_loop().time() - 0.001)
         finally:
