@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,8 @@ FLAGS = {  # LoadSpec field -> CLI flag, for error messages
     "http_client": "--http-client",
     "slo_ms": "--slo-ms",
     "lag_warn_ms": "--lag-warn-ms",
+    "tls": "--ssl",
+    "model_keys": "--model-key",
 }
 
 
@@ -107,7 +110,8 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("target")
-    g.add_argument("--target", required=True, help="http://HOST:PORT or grpc://HOST:PORT")
+    g.add_argument("--target", required=True,
+                   help="http://HOST:PORT, https://HOST:PORT or grpc://HOST:PORT")  # fmt: skip
     g.add_argument("--model", default="", help="model name to address")
     g.add_argument("--mix", help="weighted models instead of --model, e.g. resnet50:3,bert:1")
 
@@ -164,6 +168,20 @@ def register(subparsers: Any) -> None:
     g.add_argument("--processes", type=int, default=1,
                    help="worker processes sharing the schedule (when one falls behind)")  # fmt: skip
 
+    g = p.add_argument_group("security (a gateway with TLS and API keys)")
+    g.add_argument("--ssl", action="store_true",
+                   help="speak TLS: HTTPS, or a secure gRPC channel (https:// targets imply it)")
+    g.add_argument("--ca-file", type=Path, help="PEM CA the server's certificate must chain to "
+                   "(default: the system's trust store)")
+    g.add_argument("--client-cert", type=Path, help="PEM client certificate, for mutual TLS")
+    g.add_argument("--client-key", type=Path, help="PEM key of --client-cert")
+    g.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY' (HTTP header, gRPC "
+                   "metadata); visible to other local users in the process list: prefer "
+                   "--api-key-env")
+    g.add_argument("--api-key-env", metavar="VAR", help="read the API key from this variable")
+    g.add_argument("--model-key", action="append", default=[], metavar="MODEL=VAR",
+                   help="a key per model or mix entry, read from variable VAR (repeatable)")  # fmt: skip
+
     g = p.add_argument_group("sweeps")
     g.add_argument("--rate-range", help="open-loop rates START:END[:STEP], one run each")
     g.add_argument("--find-max-rate", action="store_true",
@@ -188,7 +206,29 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=main)
 
 
+def _env(var: str, option: str) -> str:
+    value = os.environ.get(var)
+    if not value:
+        raise ValueError(f"{option} {var}: the variable is not set or empty")
+    return value.strip()
+
+
+def api_keys(a: argparse.Namespace) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """(--api-key or the value of --api-key-env, (model, key) from each --model-key)."""
+    if a.api_key and a.api_key_env:
+        raise ValueError("give --api-key or --api-key-env, not both")
+    key = _env(a.api_key_env, "--api-key-env") if a.api_key_env else a.api_key
+    pairs = []
+    for item in a.model_key:
+        model, sep, var = item.partition("=")
+        if not sep or not model or not var:
+            raise ValueError(f"--model-key {item!r}: want MODEL=VAR (VAR holds the key)")
+        pairs.append((model, _env(var, f"--model-key {model}=")))
+    return key, tuple(pairs)
+
+
 def spec_from_args(a: argparse.Namespace) -> LoadSpec:
+    api_key, model_keys = api_keys(a)
     fields: dict[str, Any] = dict(
         target=a.target, model=a.model, mix=a.mix, mode=a.mode, arrival=a.arrival, rate=a.rate,
         cv=a.cv, trace=a.trace,
@@ -201,7 +241,9 @@ def spec_from_args(a: argparse.Namespace) -> LoadSpec:
         input_file=a.input_file, input_dir=a.input_dir, dataset=a.dataset, batch=a.batch, protocol=a.protocol,
         http_client=a.http_client, concurrency=a.concurrency, connections=a.connections,
         processes=a.processes, seed=a.seed, request_timeout_s=a.request_timeout,
-        lag_warn_ms=a.lag_warn_ms, realtime=a.realtime,
+        lag_warn_ms=a.lag_warn_ms, realtime=a.realtime, tls=a.ssl, ca_file=a.ca_file,
+        client_cert=a.client_cert, client_key=a.client_key, api_key=api_key,
+        model_keys=model_keys,
     )  # fmt: skip
     if a.window is not None:
         fields["window_s"] = a.window

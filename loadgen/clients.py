@@ -459,27 +459,47 @@ class GrpcClient:
 # ---- probes -----------------------------------------------------------------------------------
 
 
-async def probe_http(host: str, port: int, models: tuple[str, ...], timeout_s: float = 5.0) -> dict:
+Keys = dict[str, tuple[tuple[str, str], ...]]  # model -> its auth header / metadata pairs
+
+
+async def probe_http(
+    host: str,
+    port: int,
+    models: tuple[str, ...],
+    timeout_s: float = 5.0,
+    ssl: Any = None,
+    keys: Keys | None = None,
+) -> dict:
     """Check the server is ready and return ``{model: metadata}``; raise LoadError if not."""
     import aiohttp
 
-    base = f"http://{host}:{port}"
+    base = f"{'https' if ssl is not None else 'http'}://{host}:{port}"
     out: dict[str, Any] = {}
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
+        async with aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+            connector=aiohttp.TCPConnector(ssl=ssl if ssl is not None else True),
+        ) as s:
             async with s.get(base + "/v2/health/ready") as r:
                 if r.status != 200:
+                    text = await r.text()
+                    why = f": {_err(text)}" if text else ""
                     raise LoadError(
-                        f"target {base} is not ready (GET /v2/health/ready: {r.status})"
+                        f"target {base} is not ready (GET /v2/health/ready: {r.status}{why})"
                     )
             for m in models:
-                async with s.get(f"{base}/v2/models/{m}") as r:
+                headers = dict((keys or {}).get(m, ()))
+                async with s.get(f"{base}/v2/models/{m}", headers=headers) as r:
                     text = await r.text()
                     if r.status != 200:
-                        raise LoadError(
-                            f"model {m!r} unavailable at {base} ({r.status}: {_err(text)})"
-                        )
+                        raise LoadError(f"model {m!r} unavailable at {base} ({r.status}: "
+                                        f"{_err(text)}){_hint(r.status, headers)}")  # fmt: skip
                     out[m] = json.loads(text) if text else {}
+    except aiohttp.ClientSSLError as e:
+        raise LoadError(f"TLS with {base} failed: {_tls_reason(e)}") from None
+    except aiohttp.ServerDisconnectedError:
+        why = " (a TLS server closes plain connections: --ssl?)" if ssl is None else ""
+        raise LoadError(f"cannot reach {base}: the server hung up{why}") from None
     except (aiohttp.ClientConnectionError, OSError) as e:
         raise LoadError(f"cannot reach {base}: {_reason(e)}") from None
     except TimeoutError:
@@ -487,7 +507,25 @@ async def probe_http(host: str, port: int, models: tuple[str, ...], timeout_s: f
     return out
 
 
-async def probe_grpc(host: str, port: int, models: tuple[str, ...], timeout_s: float = 5.0) -> dict:
+def _hint(status: int, headers: dict[str, str]) -> str:
+    if status != 401:
+        return ""
+    return "; the key was refused" if headers else "; the target wants an API key: --api-key"
+
+
+def _tls_reason(e: BaseException) -> str:
+    cause = getattr(e, "os_error", None) or getattr(e, "__cause__", None) or e
+    return getattr(cause, "verify_message", None) or getattr(cause, "reason", None) or str(cause)
+
+
+async def probe_grpc(
+    host: str,
+    port: int,
+    models: tuple[str, ...],
+    timeout_s: float = 5.0,
+    credentials: Any = None,
+    keys: Keys | None = None,
+) -> dict:
     import grpc
     from google.protobuf import json_format
     from tritonclient.grpc import service_pb2 as pb
@@ -495,7 +533,12 @@ async def probe_grpc(host: str, port: int, models: tuple[str, ...], timeout_s: f
 
     target = f"grpc://{host}:{port}"
     out: dict[str, Any] = {}
-    async with grpc.aio.insecure_channel(f"{host}:{port}") as ch:
+    channel = (
+        grpc.aio.secure_channel(f"{host}:{port}", credentials)
+        if credentials is not None
+        else grpc.aio.insecure_channel(f"{host}:{port}")
+    )
+    async with channel as ch:
         stub = pbg.GRPCInferenceServiceStub(ch)
         try:
             r = await stub.ServerReady(pb.ServerReadyRequest(), timeout=timeout_s)
@@ -505,10 +548,13 @@ async def probe_grpc(host: str, port: int, models: tuple[str, ...], timeout_s: f
         if not r.ready:
             raise LoadError(f"target {target} is not ready")
         for m in models:
+            metadata = (keys or {}).get(m, ())
             try:
-                md = await stub.ModelMetadata(pb.ModelMetadataRequest(name=m), timeout=timeout_s)
+                md = await stub.ModelMetadata(pb.ModelMetadataRequest(name=m), timeout=timeout_s,
+                                              metadata=metadata or None)  # fmt: skip
             except grpc.aio.AioRpcError as e:
-                raise LoadError(f"model {m!r} unavailable at {target} ({e.details()})") from None
+                hint = _hint(401, dict(metadata)) if e.code() == grpc.StatusCode.UNAUTHENTICATED else ""
+                raise LoadError(f"model {m!r} unavailable at {target} ({e.details()}){hint}") from None
             d = json_format.MessageToDict(md, preserving_proto_field_name=True)
             for t in d.get("inputs", []):
                 t["shape"] = [int(x) for x in t.get("shape", [])]

@@ -188,7 +188,14 @@ def parameters(slo_ms: float | None, priority: int | None, send_timeout: bool) -
     return p
 
 
-def http_body(model: str, tensors: list[Tensor], params: dict[str, int], binary: bool) -> HttpBody:
+def http_body(
+    model: str,
+    tensors: list[Tensor],
+    params: dict[str, int],
+    binary: bool,
+    extra_headers: tuple[tuple[str, str], ...] = (),
+) -> HttpBody:
+    """The v2 request; ``extra_headers`` (e.g. Authorization) go with it."""
     path = f"/v2/models/{model}/infer"
     if not binary:
         doc: dict[str, Any] = {
@@ -200,7 +207,7 @@ def http_body(model: str, tensors: list[Tensor], params: dict[str, int], binary:
         if params:
             doc["parameters"] = params
         body = json.dumps(doc, separators=(",", ":")).encode()
-        return HttpBody(path, body, (("Content-Type", "application/json"),))
+        return HttpBody(path, body, (("Content-Type", "application/json"), *extra_headers))
     raws = [t.raw() for t in tensors]
     doc = {
         "inputs": [
@@ -221,6 +228,7 @@ def http_body(model: str, tensors: list[Tensor], params: dict[str, int], binary:
         (
             ("Content-Type", "application/octet-stream"),
             ("Inference-Header-Content-Length", str(len(header))),
+            *extra_headers,
         ),
     )
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from loadgen import payload
+from loadgen import payload, tls
 from loadgen.arrivals import Schedule
 from loadgen.clients import (
     AiohttpClient,
@@ -76,8 +76,13 @@ async def prepare(spec: LoadSpec) -> Prepared:
     scheme, host, port = parse_target(spec.target)
     models = spec.models
     need_meta = spec.inputs is None and spec.input_file is None
-    probe = probe_http if scheme == "http" else probe_grpc
-    meta = await probe(host, port, models if need_meta else ())
+    keys = {m: tls.auth_pairs(spec.key_for(m)) for m in models}
+    if scheme == "http":
+        meta = await probe_http(host, port, models if need_meta else (), ssl=tls.ssl_context(spec),
+                                keys=keys)  # fmt: skip
+    else:
+        meta = await probe_grpc(host, port, models if need_meta else (),
+                                credentials=tls.grpc_credentials(spec), keys=keys)  # fmt: skip
     rng = np.random.default_rng(spec.seed)
     prep = Prepared(scheme, host, port, models)
     params = payload.parameters(spec.slo_ms, spec.priority, spec.send_timeout)
@@ -94,7 +99,8 @@ async def prepare(spec: LoadSpec) -> Prepared:
             requests = [payload.synthesize(declared, spec.batch, rng)]
         if scheme == "http":
             binary = spec.protocol == "binary"
-            prep.http.append([payload.http_body(m, t, params, binary) for t in requests])
+            auth = tuple((k.title(), v) for k, v in keys[m])
+            prep.http.append([payload.http_body(m, t, params, binary, auth) for t in requests])
         else:
             prep.grpc.append([payload.grpc_request(m, t, params) for t in requests])
     return prep
@@ -102,9 +108,12 @@ async def prepare(spec: LoadSpec) -> Prepared:
 
 def make_client(spec: LoadSpec, prep: Prepared) -> Client:
     if prep.scheme == "grpc":
-        return GrpcClient(prep.host, prep.port, prep.grpc, spec.request_timeout_s)
+        metadata = [tls.auth_pairs(spec.key_for(m)) for m in prep.models]
+        return GrpcClient(prep.host, prep.port, prep.grpc, spec.request_timeout_s,
+                          tls.grpc_credentials(spec), metadata)  # fmt: skip
     cls = RawHttpClient if spec.http_client == "raw" else AiohttpClient
-    return cls(prep.host, prep.port, prep.http, spec.connections, spec.request_timeout_s)
+    return cls(prep.host, prep.port, prep.http, spec.connections, spec.request_timeout_s,
+               tls.ssl_context(spec))  # fmt: skip
 
 
 def _picker(spec: LoadSpec, worker: int) -> Callable[[], int]:

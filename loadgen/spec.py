@@ -62,12 +62,15 @@ class InputSpec(BaseModel):
 
 
 def parse_target(url: str) -> tuple[str, str, int]:
-    """``http://host:port`` or ``grpc://host:port`` -> (scheme, host, port)."""
+    """``http://host:port``, ``https://host:port`` (HTTP over TLS) or ``grpc://host:port``
+    -> (scheme: http or grpc, host, port)."""
     if "://" not in url:
         raise ValueError(f"target {url!r} needs a scheme: http://host:port or grpc://host:port")
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "grpc"):
-        raise ValueError(f"target {url!r}: scheme must be http or grpc, not {parts.scheme!r}")
+    if parts.scheme not in ("http", "https", "grpc"):
+        raise ValueError(
+            f"target {url!r}: scheme must be http, https or grpc, not {parts.scheme!r}"
+        )
     try:
         port = parts.port
     except ValueError:
@@ -76,7 +79,8 @@ def parse_target(url: str) -> tuple[str, str, int]:
         raise ValueError(f"target {url!r}: missing host")
     if parts.path not in ("", "/"):
         raise ValueError(f"target {url!r}: give only scheme://host:port, no path")
-    return parts.scheme, parts.hostname, port or (8000 if parts.scheme == "http" else 8001)
+    default = {"http": 8000, "https": 443, "grpc": 8001}[parts.scheme]
+    return parts.scheme.replace("https", "http"), parts.hostname, port or default
 
 
 class LoadSpec(BaseModel):
@@ -155,6 +159,24 @@ class LoadSpec(BaseModel):
         "woken sender otherwise waits for a scheduler tick (ms of send lag)",
     )
     window_s: float = Field(default=1.0, gt=0, le=3600, description="timeline window")
+    tls: bool = Field(
+        default=False, description="speak TLS (HTTPS, or a secure gRPC channel); https:// implies it"
+    )
+    ca_file: Path | None = Field(
+        default=None, description="PEM CA bundle the server's certificate must chain to "
+        "(default: the system's trust store)",
+    )
+    client_cert: Path | None = Field(
+        default=None, description="PEM client certificate for mutual TLS (with client_key)"
+    )
+    client_key: Path | None = Field(default=None, description="PEM key of client_cert")
+    api_key: str | None = Field(
+        default=None, min_length=1, description="sent as 'Authorization: Bearer KEY' (HTTP "
+        "header, gRPC metadata) on every request",
+    )
+    model_keys: tuple[tuple[str, str], ...] = Field(
+        default=(), description="(model, key) pairs: a key per model or mix entry, over api_key"
+    )
     lag_warn_ms: float = Field(
         default=1.0, gt=0, le=60_000, description="warn when p99 send lag exceeds this"
     )
@@ -184,6 +206,13 @@ class LoadSpec(BaseModel):
                  if getattr(self, n) is not None]  # fmt: skip
         if len(given) > 1:
             raise ValueError(f"give one of inputs, input_file, input_dir and dataset, not {given}")
+        if (self.client_cert is None) != (self.client_key is None):
+            raise ValueError("mutual TLS needs both client_cert and client_key")
+        if (self.ca_file or self.client_cert) and not self.secure:
+            raise ValueError("ca_file and client_cert need tls (or an https:// target)")
+        unknown = sorted({m for m, _ in self.model_keys} - set(self.models))
+        if unknown:
+            raise ValueError(f"model_keys name {unknown}, not among the models {list(self.models)}")
         if self.mode == "closed" and self.concurrency < self.processes:
             raise ValueError(
                 f"concurrency ({self.concurrency}) is below processes ({self.processes})"
@@ -193,6 +222,15 @@ class LoadSpec(BaseModel):
     @property
     def scheme(self) -> str:
         return parse_target(self.target)[0]
+
+    @property
+    def secure(self) -> bool:
+        """TLS on, by the flag or an https:// target."""
+        return self.tls or self.target.startswith("https://")
+
+    def key_for(self, model: str) -> str | None:
+        """The API key requests for ``model`` carry: its own, else ``api_key``."""
+        return dict(self.model_keys).get(model, self.api_key)
 
     @property
     def models(self) -> tuple[str, ...]:
