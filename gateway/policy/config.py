@@ -61,16 +61,6 @@ class SchedulerConfig(BaseModel):
     no_replica_retry_after_s: float = Field(
         default=1.0, ge=0.0, le=600.0, description="Retry-After given when no healthy replica serves the model"
     )
-    variant_high_load: float = Field(
-        default=0.9, gt=0.0, le=10.0,
-        description="shift a model's traffic to its next cheaper variant when its arrival rate "
-        "exceeds this fraction of the preferred variant's capacity",
-    )
-    variant_low_load: float = Field(
-        default=0.7, gt=0.0, le=10.0,
-        description="shift back to the next more accurate variant when the arrival rate falls "
-        "below this fraction of its capacity (must be below variant_high_load: hysteresis)",
-    )
     variant_dwell_s: float = Field(
         default=2.0, ge=0.0, le=600.0, description="least seconds between two variant-level moves"
     )
@@ -112,13 +102,6 @@ class SchedulerConfig(BaseModel):
         description="triton policy only: reject requests queued longer than this "
         "(Triton's queue policy default_timeout_microseconds with REJECT); None keeps them",
     )
-
-    @model_validator(mode="after")
-    def _hysteresis(self) -> SchedulerConfig:
-        if self.variant_low_load >= self.variant_high_load:
-            raise ValueError(f"variant_low_load ({self.variant_low_load}) must be below "
-                             f"variant_high_load ({self.variant_high_load})")
-        return self
 
     @model_validator(mode="after")
     def _burst_within_rate_window(self) -> SchedulerConfig:

@@ -220,8 +220,7 @@ class EdfScheduler(SequenceScheduling):
         else:
             infos = self._variant_infos(model, live)
             level = next_level(model.level, infos, model.rate.rate(now), now,
-                               high=self.config.variant_high_load, low=self.config.variant_low_load,
-                               dwell=self.config.variant_dwell_s)
+                               window=self.config.rate_window_s, dwell=self.config.variant_dwell_s)
             if level.skip != model.level.skip:
                 if level.skip > model.level.skip:
                     model.downgrades += 1

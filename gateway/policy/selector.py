@@ -6,9 +6,13 @@ variant; the variants that honour every constraint are *allowed*, and no other e
 Among the allowed variants the request tries, in the order of its model's *objective*, each
 until one is predicted to meet its deadline given that variant's queue:
 
-- ``accuracy``: most accurate first. Under sustained overload the model's *level* moves down
-  to cheaper variants first, and moves back when load falls, with hysteresis (two thresholds
-  and a dwell time) so it does not flap.
+- ``accuracy``: most accurate first; what its queue cannot finish in time goes to the next
+  variant (admission spills over, and a queued request that turns late moves), so the
+  accurate variant runs full and the rest overflows. Only when the model's arrivals exceed
+  what all its variants together sustain does its *level* move down (cheaper variants first:
+  where variants share hardware, cheaper answers free it sooner), and it moves back when the
+  rate falls below that capacity by more than the rate estimate's own noise (three standard
+  deviations of a Poisson count over the estimator's window), at most once per dwell time.
 - ``cost``: cheapest per answer first (INFaaS's objective), so a floor is met at least cost.
 
 Best-effort requests always try the cheapest first, whatever the objective. A variant of
@@ -20,6 +24,7 @@ Pure functions; the level is state in, state out.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -75,17 +80,19 @@ def candidate_order(variants: Sequence[VariantInfo], floor: float | None, level:
 
 
 def next_level(level: Level, variants: Sequence[VariantInfo], rate: float, now: float, *,
-               high: float, low: float, dwell: float) -> Level:
-    """Move down one variant when the model's arrival rate exceeds ``high`` of the preferred
-    variant's capacity; move back up one when it falls below ``low`` of the capacity of the
-    next more accurate variant; at most one move per ``dwell`` seconds."""
+               window: float, dwell: float) -> Level:
+    """Move down one variant while the model's arrival ``rate`` (estimated over ``window``
+    seconds) exceeds the capacity of all its variants together; move back up one when it is
+    below that capacity by more than three standard deviations of a Poisson rate estimate;
+    at most one move per ``dwell`` seconds."""
     ordered = by_accuracy(variants)
     if len(ordered) < 2 or now - level.since < dwell:
         return level
     skip = min(level.skip, len(ordered) - 1)
-    if skip < len(ordered) - 1 and rate > high * ordered[skip].capacity and rate > 0:
+    total = sum(v.capacity for v in ordered)
+    if skip < len(ordered) - 1 and rate > total:
         return Level(skip + 1, now)
-    if skip > 0 and rate < low * ordered[skip - 1].capacity:
+    if skip > 0 and rate < total - 3.0 * math.sqrt(max(rate, 0.0) / window):
         return Level(skip - 1, now)
     return level
 
