@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from loadgen import report
 from loadgen.arrivals import TraceError
 from loadgen.clients import LoadError
+from loadgen.live import LiveWindow
 from loadgen.payload import PayloadError
 from loadgen.record import run_record
 from loadgen.run import LoadResult, run_load
@@ -48,7 +49,9 @@ examples:
   headrace load --target http://127.0.0.1:8000 --mix resnet50:3,bert:1 --rate 200 \\
       --slo-ms 150 --json out.json --csv out.csv --plot out
 
-  # replay the Azure Functions 2019 trace shape, one trace minute per second
+  # replay a per-minute trace in the Azure Functions 2019 format, a trace minute per second;
+  # the bundled azure_sample.csv is SYNTHETIC (loadgen/data/make_azure_sample.py: seeded
+  # diurnal shape, bursts, idle stretches), not the real data set: give the real CSV for that
   headrace load --target http://127.0.0.1:8000 --arrival trace \\
       --trace loadgen/data/azure_sample.csv --trace-models resnet50,bert --time-scale 60
 
@@ -122,8 +125,8 @@ def register(subparsers: Any) -> None:
     g.add_argument("--arrival", default="poisson",
                    choices=("constant", "poisson", "gamma", "trace", "timestamps"),
                    help="arrival process (default poisson)")  # fmt: skip
-    g.add_argument("--cv", type=float, default=1.0,
-                   help="gamma coefficient of variation; >1 is bursty (also used in trace minutes)")  # fmt: skip
+    g.add_argument("--cv", type=float, default=4.0,
+                   help="gamma coefficient of variation (default 4, as headrace sim; 1 is Poisson)")  # fmt: skip
     g.add_argument("--concurrency", type=int, default=8, help="closed loop: requests in flight")
     g.add_argument("--duration", type=float, default=10.0, help="measured seconds (default 10)")
     g.add_argument("--requests", type=int, help="measure this many requests instead of --duration")
@@ -131,7 +134,11 @@ def register(subparsers: Any) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed of arrivals and payloads")
 
     g = p.add_argument_group("traces")
-    g.add_argument("--trace", type=Path, help="Azure Functions 2019 per-minute CSV")
+    g.add_argument("--trace", type=Path,
+                   help="per-minute CSV in the Azure Functions 2019 format (the bundled "
+                        "loadgen/data/azure_sample.csv is synthetic, not the real trace)")
+    g.add_argument("--trace-cv", type=float, default=1.0,
+                   help="coefficient of variation within each trace minute (default 1: Poisson)")  # fmt: skip
     g.add_argument("--trace-models", default="", help="models the functions map to, comma list")
     g.add_argument("--time-scale", type=float, default=60.0,
                    help="trace minutes per second of replay (default 60: a minute per second)")  # fmt: skip
@@ -231,7 +238,7 @@ def spec_from_args(a: argparse.Namespace) -> LoadSpec:
     api_key, model_keys = api_keys(a)
     fields: dict[str, Any] = dict(
         target=a.target, model=a.model, mix=a.mix, mode=a.mode, arrival=a.arrival, rate=a.rate,
-        cv=a.cv, trace=a.trace,
+        cv=a.cv, trace_cv=a.trace_cv, trace=a.trace,
         trace_models=tuple(m for m in a.trace_models.split(",") if m),
         time_scale=a.time_scale, rate_scale=a.rate_scale,
         trace_start_minute=a.trace_start_minute, timestamps=a.timestamps,
@@ -351,17 +358,30 @@ async def _run(spec: LoadSpec, a: argparse.Namespace) -> int:
 
 
 async def _with_progress(spec: LoadSpec, err: Console, quiet: bool) -> LoadResult:
-    if quiet or not err.is_terminal:
+    """A progress bar with the live window on a terminal; elsewhere (a log) one line per
+    window; nothing with --quiet."""
+    if quiet:
         return await run_load(spec)
+    if not err.is_terminal:
+        shown: list[LiveWindow] = []
+
+        def log(sent: int, done: int, total: int | None, live: LiveWindow | None) -> None:
+            if live is not None and (not shown or live is not shown[-1]):
+                shown.append(live)
+                err.print(f"load {done}/{total or '?'} at {live.end_s:.0f} s: {live.line()}",
+                          markup=False, highlight=False)  # fmt: skip
+
+        return await run_load(spec, log)
     with Progress(
         TextColumn("[bold]load"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("sent {task.fields[sent]}"), TimeElapsedColumn(),
+        TextColumn("sent {task.fields[sent]}"), TimeElapsedColumn(), TextColumn("{task.fields[live]}"),
         console=err, transient=True, auto_refresh=False,
     ) as bar:  # fmt: skip
-        task = bar.add_task("load", total=None, sent=0)
+        task = bar.add_task("load", total=None, sent=0, live="")
 
-        def update(sent: int, done: int, total: int | None) -> None:
-            bar.update(task, completed=done, total=total, sent=sent)
+        def update(sent: int, done: int, total: int | None, live: LiveWindow | None) -> None:
+            bar.update(task, completed=done, total=total, sent=sent,
+                       live="" if live is None else live.line())  # fmt: skip
             bar.refresh()
 
         return await run_load(spec, update)

@@ -131,10 +131,10 @@ def table(s: dict[str, Any]) -> Table:
     slo = f"SLO {s['slo_ms']:g} ms" if s.get("slo_ms") else "no SLO (attainment n/a; goodput = OK answers)"
     pool = s.get("pool_wait_ms")
     waits = f"; pool wait p50 {pool['p50']:.3f} ms p99 {pool['p99']:.3f} ms" if pool else ""
-    t.caption = (
-        f"rates per second; latencies in ms {latency_origin(s)}; {slo}; "
-        f"send lag p50 {lag['p50'] or 0:.3f} ms p99 {lag['p99'] or 0:.3f} ms{waits}"
-    )
+    sends = "" if "sim" in s else (
+        f"; send lag p50 {lag['p50'] or 0:.3f} ms p99 {lag['p99'] or 0:.3f} ms{waits}"
+    )  # a simulator sends nothing
+    t.caption = f"rates per second; latencies in ms {latency_origin(s)}; {slo}{sends}"
     return t
 
 

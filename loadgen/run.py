@@ -36,11 +36,14 @@ from loadgen.clients import (
     probe_http,
 )
 from loadgen.drivers import CLOSED_LOOP_NOTE, Progress, closed_loop, open_loop
+from loadgen.live import LiveMeter, LiveWindow
 from loadgen.record import run_record
 from loadgen.spec import LoadSpec, parse_target
 from loadgen.stats import Recorder
 
-ProgressFn = Callable[[int, int, int | None], None]  # sent, done, total (None: unknown)
+# sent, done, total (None: unknown), the last closed live window (None before the first)
+ProgressFn = Callable[[int, int, "int | None", "LiveWindow | None"], None]
+LIVE_WINDOW_S = 1.0
 START_DELAY_S = 0.05  # between computing t0 and the first send (single process)
 WORKER_START_DELAY_S = 0.3
 
@@ -210,14 +213,16 @@ def quiet_gc() -> Iterator[None]:
 
 async def _single(spec, prep, sched, rec, duration, total, on_progress) -> float:
     loop = asyncio.get_running_loop()
-    prog = Progress()
+    prog = Progress(live=on_progress is not None)
     t0 = loop.time() + START_DELAY_S
+    meter = LiveMeter(LIVE_WINDOW_S, spec.slo_ms is not None, start=t0)
     ticker = None
     if on_progress is not None:
 
         async def tick() -> None:
             while True:
-                on_progress(prog.sent, prog.done, total)
+                meter.add(*prog.take())
+                on_progress(prog.sent, prog.done, total, meter.roll(loop.time()))
                 await asyncio.sleep(0.25)
 
         ticker = loop.create_task(tick())
@@ -226,7 +231,7 @@ async def _single(spec, prep, sched, rec, duration, total, on_progress) -> float
     finally:
         if ticker is not None:
             ticker.cancel()
-            on_progress(prog.sent, prog.done, total)
+            on_progress(prog.sent, prog.done, total, meter.last)
     return duration if spec.mode == "open" else closed
 
 
@@ -260,7 +265,7 @@ def worker_main() -> None:
         spec_json, prep, share, worker, workers = recv()
         spec = LoadSpec.model_validate_json(spec_json)
         rec = Recorder(spec.window_s)
-        prog = Progress()
+        prog = Progress(live=True)
 
         async def main() -> float:
             loop = asyncio.get_running_loop()
@@ -269,7 +274,7 @@ def worker_main() -> None:
 
             async def publish() -> None:
                 while True:
-                    send(b"P", (prog.sent, prog.done))
+                    send(b"P", (prog.sent, prog.done, prog.take()))
                     await asyncio.sleep(0.2)
 
             async def watch_parent() -> None:  # an orphaned worker stops at once
@@ -285,7 +290,7 @@ def worker_main() -> None:
             finally:
                 pub.cancel()
                 watch.cancel()
-                send(b"P", (prog.sent, prog.done))
+                send(b"P", (prog.sent, prog.done, prog.take()))
 
         measured = asyncio.run(main())
         send(b"D", (rec.encode(), measured))
@@ -302,10 +307,12 @@ async def _multi(spec, prep, sched, rec, duration, total, on_progress) -> float:
     n = spec.processes
     procs: list[asyncio.subprocess.Process] = []
     counts = [[0, 0] for _ in range(n)]
+    meter = LiveMeter(LIVE_WINDOW_S, spec.slo_ms is not None, start=float("inf"))
 
     def report() -> None:
         if on_progress is not None:
-            on_progress(sum(c[0] for c in counts), sum(c[1] for c in counts), total)
+            live = meter.roll(time.monotonic())
+            on_progress(sum(c[0] for c in counts), sum(c[1] for c in counts), total, live)
 
     async def next_frame(i: int, timeout: float | None = None) -> tuple[bytes, Any]:
         while True:
@@ -317,7 +324,8 @@ async def _multi(spec, prep, sched, rec, duration, total, on_progress) -> float:
             except TimeoutError:
                 raise LoadError(f"worker {i} did not answer within {timeout:g} s") from None
             if kind == b"P":
-                counts[i] = list(val)
+                counts[i] = list(val[:2])
+                meter.add(*val[2])
                 report()
                 continue
             if kind == b"E":
@@ -337,6 +345,7 @@ async def _multi(spec, prep, sched, rec, duration, total, on_progress) -> float:
         for i in range(n):
             await next_frame(i, 60.0)  # ready
         t0 = time.monotonic() + WORKER_START_DELAY_S
+        meter.start = t0  # windows count from the first send, not from the workers' start-up
         for p in procs:
             p.stdin.write(_to_worker(t0))
             await p.stdin.drain()
@@ -391,7 +400,7 @@ def _result(spec: LoadSpec, rec: Recorder, duration: float, elapsed: float) -> L
         {
             "target": spec.target,
             "mode": spec.mode,
-            "arrival": spec.arrival if spec.mode == "open" else None,
+            "arrival": _arrival(spec),
             "rate": spec.rate if spec.mode == "open" and spec.arrival not in ("trace",) else None,
             "concurrency": spec.concurrency if spec.mode == "closed" else None,
             "processes": spec.processes,
@@ -404,6 +413,17 @@ def _result(spec: LoadSpec, rec: Recorder, duration: float, elapsed: float) -> L
         }
     )
     return LoadResult(spec, summary, rec, duration, elapsed, warnings)
+
+
+def _arrival(spec: LoadSpec) -> str | None:
+    """The arrival process as reports name it (with its CV where it has one)."""
+    if spec.mode != "open":
+        return None
+    if spec.arrival == "gamma":
+        return f"gamma cv={spec.cv:g}"
+    if spec.arrival == "trace" and spec.trace_cv != 1.0:
+        return f"trace cv={spec.trace_cv:g}"
+    return spec.arrival
 
 
 POOL_WARN_FRACTION = 0.1  # of the SLO (or, without one, of the latency p99)

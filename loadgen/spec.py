@@ -99,8 +99,18 @@ class LoadSpec(BaseModel):
         default="poisson", description="arrival process of the open loop"
     )
     rate: float = Field(default=100.0, gt=0, le=1e7, description="mean requests per second")
-    cv: float = Field(default=1.0, gt=0, le=100, description="gamma coefficient of variation")
-    trace: Path | None = Field(default=None, description="Azure Functions 2019 per-minute CSV")
+    cv: float = Field(
+        default=4.0, gt=0, le=100,
+        description="gamma coefficient of variation (4: the bursty case headrace's benchmarks and "
+        "the simulator use; 1 would be Poisson)",
+    )
+    trace_cv: float = Field(
+        default=1.0, gt=0, le=100,
+        description="coefficient of variation of arrivals within each trace minute (1: Poisson)",
+    )
+    trace: Path | None = Field(
+        default=None, description="per-minute CSV in the Azure Functions 2019 format"
+    )
     trace_models: tuple[str, ...] = Field(
         default=(), description="models the trace's functions map onto, round-robin"
     )
@@ -254,7 +264,7 @@ class LoadSpec(BaseModel):
                 self.models,
                 time_scale=self.time_scale,
                 rate_scale=self.rate_scale,
-                cv=self.cv,
+                cv=self.trace_cv,
                 start_minute=self.trace_start_minute,
                 minutes=minutes,
             )
