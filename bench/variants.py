@@ -160,6 +160,73 @@ async def tritonclient_floor(url: str, rate: float, n: int, profs: dict[str, Pro
             "below_floor": below, "cost_per_1000": cost}
 
 
+STEP = ((0.5, 10.0), (4.0, 10.0), (0.5, 10.0))  # (x ViT capacity, seconds): the load step
+STEP_WINDOW_S = 1.0
+
+
+async def load_step(url: str, cap: float, profs: dict[str, Profile], phases=STEP) -> dict[str, Any]:
+    """Open-loop Poisson arrivals from tritonclient's asyncio HTTP client at each phase's rate,
+    latency counted from each request's scheduled send: per window, attainment (answered OK
+    within the SLO) and mean accuracy of the answers."""
+    client = aiohttpclient.InferenceServerClient(url, conn_limit=400)
+    md = await client.get_model_metadata("imagenet")
+    inp = md["inputs"][0]
+    shape = [1 if d == -1 else d for d in inp["shape"]]
+    x = aiohttpclient.InferInput(inp["name"], shape, inp["datatype"])
+    x.set_data_from_numpy(np.zeros(shape, np.float32))
+    rng = np.random.default_rng(11)
+    sched: list[float] = []
+    t0 = 0.0
+    for load, seconds in phases:
+        t = t0
+        while True:
+            t += rng.exponential(1 / (load * cap))
+            if t >= t0 + seconds:
+                break
+            sched.append(t)
+        t0 += seconds
+    results: list[tuple[float, bool, str | None, float]] = []  # (scheduled, on time, variant, send lag)
+
+    async def one(at: float, start: float) -> None:
+        lag = time.monotonic() - start - at  # the client's own delay before sending
+        try:
+            r = await client.infer("imagenet", [x])
+            variant = variant_of(r.get_response()["parameters"]["headrace_variant"])
+            results.append((at, time.monotonic() - start - at <= SLO_MS / 1e3, variant, lag))
+        except Exception:  # noqa: BLE001  (a refusal or error: answered, not on time)
+            results.append((at, False, None, lag))
+
+    start = time.monotonic()
+    tasks = []
+    for at in sched:
+        delay = start + at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(at, start)))
+    await asyncio.gather(*tasks)
+    await client.close()
+    windows = []
+    for w in range(int(t0 / STEP_WINDOW_S)):
+        rs = [r for r in results if w * STEP_WINDOW_S <= r[0] < (w + 1) * STEP_WINDOW_S]
+        served = [r[2] for r in rs if r[2] is not None]
+        lags = sorted(r[3] for r in rs)
+        windows.append({"t": w * STEP_WINDOW_S, "offered": len(rs),
+                        "send_lag_p99_ms": lags[int(0.99 * (len(lags) - 1))] * 1e3 if lags else None,
+                        "attainment": sum(r[1] for r in rs) / len(rs) if rs else None,
+                        "mean_accuracy": sum(profs[v].accuracy for v in served) / len(served) if served else None})
+    # a transition: up to two hysteresis windows (2 x the default dwell, 2 s) after each step
+    edges, t = [], 0.0
+    for _, seconds in phases[:-1]:
+        t += seconds
+        edges.append(t)
+    steady = [r for r in results if not any(e <= r[0] < e + 4.0 for e in edges)]
+    last = [r[2] for r in results if r[0] >= t0 - 3.0 and r[2] is not None]
+    return {"phases": [{"load": load, "seconds": sec} for load, sec in phases], "requests": len(results),
+            "windows": windows, "transition_s": 4.0,
+            "steady_attainment": sum(r[1] for r in steady) / len(steady) if steady else None,
+            "final_mean_accuracy": sum(profs[v].accuracy for v in last) / len(last) if last else None}
+
+
 async def run(duration: float, warmup: float, loads: tuple[float, ...]) -> dict[str, Any]:
     profs = profiles()
     cap = replica_capacity(profs[VIT], SLO_MS / 1e3, max_batch=MAX_BATCH)
@@ -204,6 +271,8 @@ async def run(duration: float, warmup: float, loads: tuple[float, ...]) -> dict[
             low = loads[0] * cap.rate
             out["tritonclient_floor"] = await tritonclient_floor(
                 f"127.0.0.1:{ports['headrace-cost']}", low, max(50, int(low * duration)), profs)
+            await wait_idle(triton.http_url)
+            out["load_step"] = await load_step(f"127.0.0.1:{ports['headrace-accuracy']}", cap.rate, profs)
         finally:
             for proc in procs:
                 stop_group(proc)
@@ -227,6 +296,13 @@ def targets(res: dict[str, Any]) -> dict[str, Any]:
                         "best_fixed_holding_slo": best_fixed,
                         "met": (hr["attainment"] or 0) >= 0.99 and (best_fixed is None or
                                                                    (hr["mean_accuracy"] or 0) >= best_fixed)}
+    step = res.get("load_step")
+    if step:
+        top = res["variants"][VIT]["accuracy"]
+        out["load_step"] = {"steady_attainment": step["steady_attainment"],
+                            "final_mean_accuracy": step["final_mean_accuracy"],
+                            "met": (step["steady_attainment"] or 0) >= 0.99
+                            and abs((step["final_mean_accuracy"] or 0) - top) < 1e-9}
     cost, top = _pt(pts, "headrace-cost", 0.5), _pt(pts, "fixed-vit-b16", 0.5)
     tc = res.get("tritonclient_floor")
     if cost and top and cost["cost_per_1000"] and top["cost_per_1000"]:
@@ -265,6 +341,16 @@ def markdown(res: dict[str, Any]) -> str:
                   f"`headrace_min_accuracy={res['floor']}`: {tc['answered']}/{tc['requests']} answered, "
                   f"{tc['errors']} errors, variants {tc['variants']}, {tc['below_floor']} below the floor, "
                   f"{tc['cost_per_1000']:.6f} $ per 1,000."]
+    st = res.get("load_step")
+    if st:
+        phases = " -> ".join(f"{p['load']:g}x for {p['seconds']:g} s" for p in st["phases"])
+        lines += ["", f"Load step on `headrace-accuracy` (tritonclient aio HTTP, open loop, latency from the "
+                  f"scheduled send): {phases}, {st['requests']} requests. Per {STEP_WINDOW_S:g} s window:", "",
+                  "| t (s) | offered | attainment | mean accuracy | client send lag p99 (ms) |",
+                  "|---|---|---|---|---|"]
+        for w in st["windows"]:
+            lines.append(f"| {w['t']:g} | {w['offered']} | {_f(w['attainment'], '.4f')} | "
+                         f"{_f(w['mean_accuracy'], '.4f')} | {_f(w['send_lag_p99_ms'], '.1f')} |")
     t = res.get("targets", {})
     lines += ["", "Targets:"]
     if "at_2x" in t:
@@ -272,6 +358,11 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append(f"- at 2x, `headrace-accuracy` attainment {_f(a['attainment'], '.4f')} (>= 0.99) and mean "
                      f"accuracy {_f(a['mean_accuracy'], '.4f')} >= the best fixed variant holding the SLO there "
                      f"({_f(a['best_fixed_holding_slo'], '.4f')}): **{'met' if a['met'] else 'not met'}**")
+    if "load_step" in t:
+        s2 = t["load_step"]
+        lines.append(f"- load step: attainment outside the {st['transition_s']:g} s after each step "
+                     f"{_f(s2['steady_attainment'], '.4f')} (>= 0.99), mean accuracy in the last 3 s "
+                     f"{_f(s2['final_mean_accuracy'], '.4f')} (back to ViT-B/16's): **{'met' if s2['met'] else 'not met'}**")
     if "at_half_cost" in t:
         c = t["at_half_cost"]
         lines.append(f"- at 0.5x, `headrace-cost` costs {c['ratio_to_always_most_accurate']:.2f}x of always the "
