@@ -556,45 +556,6 @@ class Driver(Fleet):
                 p.future.set_exception(err)
         self._poll()
 
-    # ------------------------------------------------------------------ health
-
-    def _set_health(self, rep: Replica, healthy: bool, now: float) -> None:
-        if rep.healthy == healthy or self.replicas.get(rep.id) is not rep:  # unchanged, or removed
-            return
-        rep.healthy = healthy
-        log.info("replica %s is %s", rep.id, "healthy" if healthy else "unhealthy")
-        self.metrics.of(self.metrics.healthy, rep.model, rep.id).set(int(healthy))
-        self.core.set_healthy(rep.id, healthy, now)
-
-    async def _lag_loop(self, period: float = 0.05) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            t = loop.time()
-            await asyncio.sleep(period)
-            self.metrics.loop_lag.observe(max(0.0, loop.time() - t - period))
-
-    async def _health_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.health_interval)
-            reps = list(self.replicas.values())
-            oks = await asyncio.gather(
-                *(r.client.ready(r.variant, timeout=min(1.0, self.health_interval * 2)) for r in reps),
-                return_exceptions=True,
-            )
-            changed = False
-            for r, ok in zip(reps, oks, strict=True):
-                ok = ok is True
-                if ok and not r.verified:
-                    ok = await self._verify(r)
-                if self.replicas.get(r.id) is not r:
-                    continue  # removed meanwhile
-                if ok != r.healthy:
-                    self._set_health(r, ok, self.clock())
-                    changed = True
-            if changed:
-                self._poll()
-
-
 
 def _check_rows(replica: str, outs: list[Tensor], rows: int) -> None:
     """A batch's answer must carry exactly its rows, else the whole batch fails."""

@@ -1,6 +1,6 @@
-"""The live fleet: which replicas serve each model, adding and removing them while serving
-(a mixin of the driver), the check that every variant has its model's signature, and the
-versions a served model answers to (those its replicas' Triton models report).
+"""The live fleet (a mixin of the driver): which replicas serve each model, adding and removing
+them while serving, their health (ready probes), the check that every variant has its model's
+signature, and the versions a served model answers to (those its replicas' Triton models report).
 
 A removal drains the replica (no new batch goes there), waits until nothing is in flight on
 it, then removes it; requests the core hands back are submitted again or answered.
@@ -123,8 +123,8 @@ class Fleet:
     _make: Callable[[str, str], Any]  # makes a replica client
     _tls: dict[tuple[str, str], Any]  # (protocol, url) -> BackendTls of servers spoken to over TLS
     _pending: dict[int, Any]  # request id -> its waiter (request, input, future)
+    health_interval: float
     _poll: Callable[[], None]
-    _set_health: Callable[[Replica, bool, float], None]
     _fail: Callable[[Any, GatewayError], None]
 
     def model(self, name: str, version: str = "") -> Model:
@@ -309,3 +309,41 @@ class Fleet:
         rep.versions = versions_of(info)
         self._sync_versions(rep.model)
         return True
+
+    # ------------------------------------------------------------------ health
+
+    def _set_health(self, rep: Replica, healthy: bool, now: float) -> None:
+        if rep.healthy == healthy or self.replicas.get(rep.id) is not rep:  # unchanged, or removed
+            return
+        rep.healthy = healthy
+        log.info("replica %s is %s", rep.id, "healthy" if healthy else "unhealthy")
+        self.metrics.of(self.metrics.healthy, rep.model, rep.id).set(int(healthy))
+        self.core.set_healthy(rep.id, healthy, now)
+
+    async def _lag_loop(self, period: float = 0.05) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t = loop.time()
+            await asyncio.sleep(period)
+            self.metrics.loop_lag.observe(max(0.0, loop.time() - t - period))
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval)
+            reps = list(self.replicas.values())
+            oks = await asyncio.gather(
+                *(r.client.ready(r.variant, timeout=min(1.0, self.health_interval * 2)) for r in reps),
+                return_exceptions=True,
+            )
+            changed = False
+            for r, ok in zip(reps, oks, strict=True):
+                ok = ok is True
+                if ok and not r.verified:
+                    ok = await self._verify(r)
+                if self.replicas.get(r.id) is not r:
+                    continue  # removed meanwhile
+                if ok != r.healthy:
+                    self._set_health(r, ok, self.clock())
+                    changed = True
+            if changed:
+                self._poll()
