@@ -134,7 +134,11 @@ def table(s: dict[str, Any]) -> Table:
     sends = "" if "sim" in s else (
         f"; send lag p50 {lag['p50'] or 0:.3f} ms p99 {lag['p99'] or 0:.3f} ms{waits}"
     )  # a simulator sends nothing
-    t.caption = f"rates per second; latencies in ms {latency_origin(s)}; {slo}{sends}"
+    mix = "".join(
+        f"; {m}: " + ", ".join(f"{v} {share:.0%}" for v, share in d["shares"].items())
+        + (f", mean accuracy {d['mean_accuracy']:.4f}" if d["mean_accuracy"] is not None else "")
+        for m, d in s.get("variants", {}).items() if len(d["shares"]) > 1 or d["mean_accuracy"] is not None)
+    t.caption = f"rates per second; latencies in ms {latency_origin(s)}; {slo}{sends}{mix}"
     return t
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from hdrh.histogram import HdrHistogram
 
 from gateway.policy.types import RejectReason
+from loadgen.accuracy import variant_mix
 
 OK = "ok"  # answered successfully
 REJECTED = "rejected"  # answered at once with 429 / RESOURCE_EXHAUSTED (admission control)
@@ -351,6 +352,7 @@ class Recorder:
             {"model": m, "variant": v, **summarize(s, duration_s, slo)}
             for (m, v), s in sorted(self.series.items())
         ]
+        out["variants"] = variant_mix(out["per_variant"])
         out["timeline"] = self.timeline(slo)
         return out
 
