@@ -158,3 +158,55 @@ def test_a_queued_request_its_variant_cannot_finish_in_time_moves_before_it_is_r
             now = d.wakeup if d.wakeup is not None else now + 0.001
     assert sorted(got) == [0, 1, 2, 3] and list(got.values()).count("r18") >= 1
     assert core.variant_moves("m")[2] >= 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 0.2), st.sampled_from([0.01, 0.03, 0.08, 0.3])), min_size=1, max_size=60),
+       st.lists(st.tuples(st.floats(0.0, 0.3), st.sampled_from(["r152-0", "r50-0", "r18-0"]), st.booleans()),
+                max_size=6),
+       st.sampled_from(["accuracy", "cost"]))
+def test_moves_between_variants_never_lose_or_duplicate_a_request(arrivals, flips, objective) -> None:
+    core = fleet(objective)
+    events = sorted([(t, "arrive", i, slo) for i, (t, slo) in enumerate(arrivals)]
+                    + [(t, "flip", rid, up) for t, rid, up in flips], key=lambda e: e[0])
+    answered: dict[int, int] = {}
+    inflight: list = []
+    now = 0.0
+
+    def drain(until: float) -> None:
+        nonlocal now
+        while True:
+            d = core.poll(now)
+            for rj in d.rejects:
+                answered[rj.request.id] = answered.get(rj.request.id, 0) + 1
+            inflight.extend(d.batches)
+            done = [b for b in inflight if b.predicted_finish <= until]
+            if not done and (d.wakeup is None or d.wakeup > until) and not d.batches:
+                break
+            if done:
+                b = min(done, key=lambda x: x.predicted_finish)
+                inflight.remove(b)
+                now = max(now, b.predicted_finish)
+                core.on_complete(b, now)
+                for r in b.requests:
+                    answered[r.id] = answered.get(r.id, 0) + 1
+            elif d.wakeup is not None and d.wakeup <= until:
+                now = max(now, d.wakeup)
+
+    submitted = set()
+    for t, kind, a, b in events:
+        drain(t)
+        now = max(now, t)
+        if kind == "arrive":
+            r = Request(a, "m", now, now + b)
+            submitted.add(a)
+            rj = core.submit(r, now)
+            if rj is not None:
+                answered[a] = answered.get(a, 0) + 1
+        else:
+            core.set_healthy(a, b, now)
+    for rid in ("r152-0", "r50-0", "r18-0"):
+        core.set_healthy(rid, True, now)
+    drain(now + 100.0)
+    assert core.pending == 0
+    assert answered == dict.fromkeys(submitted, 1)
