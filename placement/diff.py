@@ -209,9 +209,14 @@ def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory
     deficit = [replace(d, rate=(d.required - cap[d.model]) / d.headroom)
                for d in demands if d.required - cap[d.model] > 1e-6]
     used = {g.id for g in kept}
-    free = Inventory(tuple(
+    free = replace(inventory, classes=tuple(
         GpuClass(c.gpu, tuple(i for i in c.ids if i not in used), c.cost_per_hour, c.mig, c.mps)
-        for c in inventory.classes if any(i not in used for i in c.ids)), inventory.objective)
+        for c in inventory.classes if any(i not in used for i in c.ids)))
+    if inventory.accuracy_aware:
+        # the split of answers across variants, the budget and the floor are the whole plan's:
+        # a plan for the deficit alone cannot honour them
+        new = solve(demands, profiles, inventory, method, time_limit=time_limit, options=options)
+        return new, diff(old, new)
     try:
         extra = solve(deficit, profiles, free, method, time_limit=time_limit, options=options,
                       bound=False).gpus if deficit else ()

@@ -8,6 +8,7 @@ limits, variants allowed, and capacity >= demand x headroom per model. It raises
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -16,8 +17,9 @@ from profiles.catalogue import WHOLE, CatalogueError, Instance, gpu_model, overl
 from profiles.profile import Profile, ProfileError, ProfileSet
 
 API_VERSION = "headrace.dev/v1"
-Objective = Literal["gpus", "cost"]
+Objective = Literal["gpus", "cost", "accuracy"]
 EPS = 1e-9
+ACCURACY_EPS = 1e-6  # a mean accuracy this close to a floor meets it (the LP's tolerance)
 
 
 class PlanError(ValueError):
@@ -68,15 +70,61 @@ class GpuClass:
 
 @dataclass(frozen=True)
 class Inventory:
+    """The pool and what a plan on it optimises: the fewest GPUs, the least cost, or (``accuracy``)
+    the highest rate-weighted mean accuracy within ``max_gpus`` / ``max_cost_per_hour``."""
+
     classes: tuple[GpuClass, ...]
     objective: Objective = "gpus"
+    max_gpus: int | None = None  # accuracy: GPUs the plan may use (None: the pool)
+    max_cost_per_hour: float | None = None  # accuracy: cost per hour the plan may reach (None: the pool's)
+    mean_accuracy_floor: float | None = None  # every model's mean accuracy of answers >= this
 
     def by_id(self) -> dict[str, GpuClass]:
         return {i: c for c in self.classes for i in c.ids}
 
+    @property
+    def unit(self) -> Literal["gpus", "cost"]:
+        """What a GPU spends: GPUs, or cost under ``cost`` (and under ``accuracy`` when the
+        budget is a cost alone); the solver minimises it, second to accuracy under ``accuracy``."""
+        if self.objective == "cost" or (self.objective == "accuracy" and self.max_cost_per_hour is not None
+                                        and self.max_gpus is None):
+            return "cost"
+        return "gpus"
+
+    @property
+    def accuracy_aware(self) -> bool:
+        """The plan's split of answers across variants matters (objective or floor)."""
+        return self.objective == "accuracy" or self.mean_accuracy_floor is not None
+
     def weight(self, c: GpuClass) -> float:
-        """What one GPU of class ``c`` costs under the objective."""
-        return 1.0 if self.objective == "gpus" else c.cost_per_hour
+        """What one GPU of class ``c`` costs in the pool's :attr:`unit`."""
+        return 1.0 if self.unit == "gpus" else c.cost_per_hour
+
+
+def fill_split(rate: float, variants: Sequence[tuple[str, float | None, float]]) -> dict[str, float]:
+    """Requests per second each variant answers, ``(name, accuracy, capacity)`` in: the gateway's
+    ``accuracy`` objective fills the most accurate variant to its capacity and overflows the rest
+    to the next (unknown accuracy last). For fixed replicas no split is more accurate."""
+    out: dict[str, float] = {}
+    left = rate
+    for name, _acc, cap in sorted(variants, key=lambda t: (t[1] is None, -(t[1] or 0.0), t[0])):
+        out[name] = max(0.0, min(cap, left))
+        left -= out[name]
+    return out
+
+
+def mean_accuracy(split: dict[str, float], accuracy: dict[str, float | None]) -> float | None:
+    """Rate-weighted mean accuracy of a split (unknown accuracy counts 0); None if nothing is served."""
+    total = sum(split.values())
+    if total <= 0:
+        return None
+    return sum(r * (accuracy.get(v) or 0.0) for v, r in split.items()) / total
+
+
+def has_known_accuracy(d: Demand, profiles: ProfileSet) -> bool:
+    """Some allowed variant of ``d`` has a known accuracy; a model with none is exempt from the
+    mean-accuracy floor and from the accuracy objective (its answers' accuracy is unknown)."""
+    return any(p.accuracy is not None and d.allows(p) for p in profiles)
 
 
 @dataclass(frozen=True)
@@ -124,6 +172,7 @@ class Plan:
     solve_seconds: float = 0.0
     profiles: ProfileSet = field(default_factory=ProfileSet, compare=False, repr=False)
     proven_bound: float = 0.0  # the MILP's branch-and-bound lower bound; 0 if none
+    accuracy_bound: float = 0.0  # objective accuracy: the MILP's upper bound on the mean accuracy; 0 if none
 
     # ------------------------------------------------------------------ summaries
     def used(self) -> tuple[GpuPlan, ...]:
@@ -140,12 +189,22 @@ class Plan:
 
     @property
     def objective(self) -> float:
-        return self.gpu_count if self.inventory.objective == "gpus" else self.cost_per_hour
+        """What the plan spends in the pool's unit: GPUs or cost per hour."""
+        return self.gpu_count if self.inventory.unit == "gpus" else self.cost_per_hour
 
     @property
     def gap(self) -> float:
-        """Relative distance to the best lower bound, LP or branch-and-bound (0 = provably
-        optimal; inf if no bound is known)."""
+        """Relative distance to the best bound (0 = provably optimal; inf if no bound is known):
+        under ``accuracy`` from the MILP's upper bound on the mean accuracy down to the plan's,
+        otherwise from the spend down to the best lower bound, LP or branch-and-bound."""
+        if self.inventory.objective == "accuracy":
+            mean = self.mean_accuracy()
+            if mean is None:
+                return 0.0
+            if self.accuracy_bound <= 0 or mean <= 0:
+                return float("inf")
+            gap = self.accuracy_bound / mean - 1.0
+            return gap if gap > ACCURACY_EPS else 0.0
         lb = max(self.lower_bound, self.proven_bound)
         if lb <= 0:
             return 0.0 if self.objective == 0 else float("inf")
@@ -161,6 +220,40 @@ class Plan:
         d = next(d for d in self.demands if d.model == model)
         return self.capacity(model) / d.rate if d.rate > 0 else float("inf")
 
+    def _accuracy_of(self) -> dict[str, float | None]:
+        return {p.variant: p.accuracy for p in self.profiles}
+
+    def splits(self) -> dict[str, dict[str, float]]:
+        """Per model, requests per second each of its planned variants answers at the expected
+        rate, as the gateway fills them (:func:`fill_split`)."""
+        acc = self._accuracy_of()
+        cap: dict[str, dict[str, float]] = {d.model: {} for d in self.demands}
+        for _, _, r in self.replicas():
+            if r.model in cap:
+                cap[r.model][r.variant] = cap[r.model].get(r.variant, 0.0) + r.capacity
+        return {d.model: fill_split(d.rate, [(v, acc.get(v), c) for v, c in cap[d.model].items()])
+                for d in self.demands}
+
+    def split(self, model: str) -> dict[str, float]:
+        return self.splits()[model]
+
+    def mean_accuracies(self) -> dict[str, float | None]:
+        """Per model, the predicted rate-weighted mean accuracy of its answers (unknown accuracy
+        counts 0); None for a model with no allowed variant of known accuracy or no answers."""
+        acc, splits = self._accuracy_of(), self.splits()
+        return {d.model: mean_accuracy(splits[d.model], acc) if has_known_accuracy(d, self.profiles) else None
+                for d in self.demands}
+
+    def mean_accuracy(self, model: str | None = None) -> float | None:
+        """One model's :meth:`mean_accuracies`, or (no model) the mean over every answer of the
+        models that have one."""
+        means = self.mean_accuracies()
+        if model is not None:
+            return means[model]
+        rates = {d.model: d.rate for d in self.demands}
+        den = sum(rates[m] for m, v in means.items() if v is not None)
+        return sum(v * rates[m] for m, v in means.items() if v is not None) / den if den > 0 else None
+
     # ------------------------------------------------------------------ verification
     def violations(self) -> list[PlanError]:
         """Every rule the plan breaks, checked from the catalogue and profiles alone."""
@@ -170,6 +263,7 @@ class Plan:
         demands = {d.model: d for d in self.demands}
         served: dict[str, float] = {m: 0.0 for m in demands}
         where: dict[str, list[str]] = {m: [] for m in demands}
+        variant_caps: dict[str, dict[str, float]] = {m: {} for m in demands}
         for g in self.gpus:
             out += self._check_gpu(g, by_id, seen)
             try:
@@ -178,7 +272,9 @@ class Plan:
                 out.append(PlanError("inventory", f"GPU {g.id}: {e}"))
                 continue
             for s in g.slices:
-                out += self._check_slice(g, s, gm, demands, served, where)
+                out += self._check_slice(g, s, gm, demands, served, where, variant_caps)
+        out += self._check_budget()
+        out += self._check_floor(variant_caps)
         for m, d in demands.items():
             if served[m] + EPS < d.required:
                 on = ", ".join(where[m]) or "no replicas"
@@ -225,8 +321,35 @@ class Plan:
             out.append(PlanError("placement", f"GPU {g.id} ({g.gpu}): slices {g.layout}: {reason}"))
         return out
 
+    def _check_budget(self) -> list[PlanError]:
+        inv, out = self.inventory, []
+        if inv.max_gpus is not None and self.gpu_count > inv.max_gpus:
+            out.append(PlanError("budget", f"plan uses {self.gpu_count} GPUs, more than max_gpus {inv.max_gpus}"))
+        if inv.max_cost_per_hour is not None and self.cost_per_hour > inv.max_cost_per_hour + EPS:
+            out.append(PlanError("budget", f"plan costs {self.cost_per_hour:g} per hour, more than "
+                                           f"max_cost_per_hour {inv.max_cost_per_hour:g}"))
+        return out
+
+    def _check_floor(self, variant_caps: dict[str, dict[str, float]]) -> list[PlanError]:
+        """Each model's mean accuracy, from capacities re-derived from the profiles, meets the floor."""
+        floor, out = self.inventory.mean_accuracy_floor, []
+        if floor is None:
+            return out
+        for d in self.demands:
+            if d.rate <= 0 or not has_known_accuracy(d, self.profiles):
+                continue
+            acc = self._accuracy_of()
+            split = fill_split(d.rate, [(v, acc.get(v), c) for v, c in variant_caps.get(d.model, {}).items()])
+            mean = mean_accuracy(split, acc) or 0.0
+            if mean + ACCURACY_EPS < floor:
+                shown = ", ".join(f"{v} {r:.0f} req/s" for v, r in split.items() if r > 0) or "nothing served"
+                out.append(PlanError("accuracy", f"model {d.model}: predicted mean accuracy {mean:.4f} "
+                                                 f"({shown}) < mean_accuracy_floor {floor:g}"))
+        return out
+
     def _check_slice(self, g: GpuPlan, s: SlicePlan, gm, demands: dict[str, Demand],
-                     served: dict[str, float], where: dict[str, list[str]]) -> list[PlanError]:
+                     served: dict[str, float], where: dict[str, list[str]],
+                     variant_caps: dict[str, dict[str, float]]) -> list[PlanError]:
         out = []
         at = f"GPU {g.id} slice {s.label}"
         try:
@@ -268,6 +391,8 @@ class Plan:
             cap = replica_capacity(p, d.slo, r.share, r.max_batch)
             if cap is not None:
                 served[r.model] += cap.rate
+                caps = variant_caps[r.model]
+                caps[r.variant] = caps.get(r.variant, 0.0) + cap.rate
                 where[r.model].append(f"{g.id} {s.label} {cap.rate:.0f} req/s")
             else:
                 where[r.model].append(f"{g.id} {s.label} cannot meet the SLO")
@@ -277,6 +402,7 @@ class Plan:
 
     # ------------------------------------------------------------------ output
     def to_dict(self) -> dict:
+        means, splits = self.mean_accuracies(), self.splits()
         return {
             "apiVersion": API_VERSION,
             "kind": "Plan",
@@ -293,12 +419,26 @@ class Plan:
                 "gpus": self.gpu_count,
                 "cost_per_hour": round(self.cost_per_hour, 4),
                 "objective": self.inventory.objective,
+                **({"max_gpus": self.inventory.max_gpus} if self.inventory.max_gpus is not None else {}),
+                **({"max_cost_per_hour": self.inventory.max_cost_per_hour}
+                   if self.inventory.max_cost_per_hour is not None else {}),
+                **({"mean_accuracy_floor": self.inventory.mean_accuracy_floor}
+                   if self.inventory.mean_accuracy_floor is not None else {}),
+                "mean_accuracy": _round(self.mean_accuracy()),
+                **({"accuracy_bound": round(self.accuracy_bound, 6)} if self.accuracy_bound > 0 else {}),
                 "lower_bound": round(self.lower_bound, 4),
                 "proven_bound": round(self.proven_bound, 4),
                 "gap": None if self.gap == float("inf") else round(self.gap, 4),
                 "solve_seconds": round(self.solve_seconds, 3),
                 "models": [{"model": d.model, "rate": d.rate, "slo_ms": d.slo * 1e3,
                             "capacity_rps": round(self.capacity(d.model), 1),
-                            "headroom": round(self.headroom(d.model), 3)} for d in self.demands],
+                            "headroom": round(self.headroom(d.model), 3),
+                            "mean_accuracy": _round(means[d.model]),
+                            "split_rps": {v: round(r, 1) for v, r in splits[d.model].items()}}
+                           for d in self.demands],
             },
         }
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)

@@ -24,7 +24,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -370,7 +370,7 @@ def lower_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
     if lagrangian:
         best = max(best, _lagrangian_bound(demands, inv, cands, p, duals))
     # with the GPU count as objective the optimum is an integer
-    return float(math.ceil(best - 1e-6)) if inv.objective == "gpus" else float(best)
+    return float(math.ceil(best - 1e-6)) if inv.unit == "gpus" else float(best)
 
 
 def _solve_lp(p: _Program) -> tuple[float, np.ndarray] | None:
@@ -523,7 +523,7 @@ def _lagrangian_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Can
             break
         top, pi = m  # no price vector gives more than the master's optimum
         if top - best <= 1e-6 * max(1.0, abs(top)) or (
-                inv.objective == "gpus" and math.ceil(best - 1e-6) >= math.ceil(top - 1e-6)):
+                inv.unit == "gpus" and math.ceil(best - 1e-6) >= math.ceil(top - 1e-6)):
             break
         value, covers = evaluate(pi)
         best = max(best, value)
@@ -553,8 +553,8 @@ def _chunked_milp(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventor
     out: list[GpuPlan] = []
     for chunk in chunks:
         free = ((c, tuple(i for i in c.ids if i not in used)) for c in inv.classes)
-        left = Inventory(tuple(GpuClass(c.gpu, ids, c.cost_per_hour, c.mig, c.mps) for c, ids in free if ids),
-                         inv.objective)
+        left = replace(inv, classes=tuple(GpuClass(c.gpu, ids, c.cost_per_hour, c.mig, c.mps)
+                                          for c, ids in free if ids))
         cands = candidates(chunk, profiles, left, opts)
         gpus = greedy_gpus(chunk, left, cands, opts)
         try:
@@ -587,6 +587,10 @@ def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
     from placement.greedy import greedy_gpus  # noqa: PLC0415  (greedy builds on this module)
 
     label = method if options == DEFAULT else f"{method}[mig={int(options.mig)},mps={int(options.mps)}]"
+    if inventory.accuracy_aware:
+        from placement.accuracy import solve_accuracy  # noqa: PLC0415  (builds on this module)
+
+        return solve_accuracy(demands, profiles, inventory, cands, method, label, options, time_limit, clock, t0, bound)
     if method == "greedy":
         gpus, proven = greedy_gpus(demands, inventory, cands, options), 0.0
     elif len(demands) > MILP_CHUNK:
