@@ -7,6 +7,7 @@ import sys
 import time
 
 import yaml
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -18,7 +19,7 @@ from profiles.catalogue import CatalogueError
 from profiles.derive import with_derived
 from profiles.digits import MEASURED_DIR
 from profiles.profile import ProfileError, ProfileSet
-from profiles.schema import load_documents
+from profiles.schema import GpuPool, format_error, load_documents
 
 HELP = """Plan MIG layouts, MPS shares and replicas for the models in -f files on the GPU pool
 in -f files, from the reference profiles (plus derived ones for unprofiled slices), the
@@ -27,6 +28,8 @@ digits family's measured profiles and the profile files the deployments' variant
 examples:
   headrace plan -f placement/examples/pool.yaml -f placement/examples/models.yaml
   headrace plan -f pool.yaml -f models.yaml --method milp --time-limit 5
+  headrace plan -f pool.yaml -f models.yaml --objective accuracy --max-gpus 2 --method milp
+  headrace plan -f pool.yaml -f models.yaml --mean-accuracy-floor 0.79 --method milp
   headrace plan -f pool.yaml -f models.yaml --apply --executor dry-run
   headrace plan -f placement/examples/emulated-pool.yaml -f placement/examples/emulated-models.yaml \\
       --apply --executor emulated --hold 60
@@ -40,6 +43,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="GpuPool / ModelDeployment YAML (repeatable)")
     p.add_argument("--method", choices=METHODS, default="greedy", help="solver (default greedy)")
     p.add_argument("--time-limit", type=float, default=10.0, help="MILP time limit, seconds")
+    p.add_argument("--objective", choices=("gpus", "cost", "accuracy"), default=None,
+                   help="override the GpuPool's objective: the fewest GPUs, the least cost, or the most "
+                        "accurate answers within --max-gpus / --max-cost-per-hour")
+    p.add_argument("--max-gpus", type=int, default=None, metavar="N",
+                   help="objective accuracy: GPUs the plan may use (overrides the pool's max_gpus)")
+    p.add_argument("--max-cost-per-hour", type=float, default=None, metavar="X",
+                   help="objective accuracy: cost per hour the plan may reach (overrides max_cost_per_hour)")
+    p.add_argument("--mean-accuracy-floor", type=float, default=None, metavar="F",
+                   help="every model's predicted mean accuracy of answers >= F (overrides mean_accuracy_floor)")
     p.add_argument("--profiles", action="append", default=[], metavar="PATH",
                    help="extra profile YAML files or folders (added to the reference set)")
     p.add_argument("--output", choices=("table", "yaml", "both"), default="both")
@@ -59,8 +71,13 @@ def load_profile_set(extra: list[str]) -> ProfileSet:
 
 
 def render(plan: Plan, console: Console) -> None:
-    t = Table(title=f"plan ({plan.method}): {plan.gpu_count} GPUs, ${plan.cost_per_hour:.2f}/h, "
-                    f"lower bound {plan.lower_bound:g}, gap {plan.gap:.1%}, {plan.solve_seconds:.2f} s")
+    inv = plan.inventory
+    budget = "".join([f", max {inv.max_gpus} GPUs" if inv.max_gpus is not None else "",
+                      f", max ${inv.max_cost_per_hour:g}/h" if inv.max_cost_per_hour is not None else "",
+                      f", mean accuracy floor {inv.mean_accuracy_floor:g}" if inv.mean_accuracy_floor is not None else ""])
+    t = Table(title=f"plan ({plan.method}, objective {inv.objective}{budget}): {plan.gpu_count} GPUs, "
+                    f"${plan.cost_per_hour:.2f}/h, lower bound {plan.lower_bound:g}, gap {plan.gap:.1%}, "
+                    f"{plan.solve_seconds:.2f} s")
     for col in ("GPU", "model", "slice", "MPS share", "variant", "max batch", "req/s"):
         t.add_column(col, justify="right" if col in ("MPS share", "max batch", "req/s") else "left")
     for g in plan.used():
@@ -71,20 +88,42 @@ def render(plan: Plan, console: Console) -> None:
                           f"{r.share:.0%}" if s.mps else "-", r.variant, str(r.max_batch), f"{r.capacity:.0f}")
                 first = False
     console.print(t)
-    m = Table(title="models")
-    for col in ("model", "rate", "SLO ms", "priority", "capacity", "headroom"):
-        m.add_column(col, justify="left" if col in ("model", "priority") else "right")
+    mean = plan.mean_accuracy()
+    m = Table(title="models" + ("" if mean is None else f": mean accuracy {mean:.4f}"))
+    for col in ("model", "rate", "SLO ms", "priority", "capacity", "headroom", "mean accuracy", "req/s by variant"):
+        m.add_column(col, justify="left" if col in ("model", "priority", "req/s by variant") else "right")
+    means, splits = plan.mean_accuracies(), plan.splits()
     for d in plan.demands:
+        acc = "unknown" if means[d.model] is None else f"{means[d.model]:.4f}"
+        split = ", ".join(f"{v} {r:.0f}" for v, r in splits[d.model].items() if r > 0.05) or "-"
         m.add_row(d.model, f"{d.rate:g}", f"{d.slo * 1e3:g}", d.priority,
-                  f"{plan.capacity(d.model):.0f}", f"{plan.headroom(d.model):.2f}x")
+                  f"{plan.capacity(d.model):.0f}", f"{plan.headroom(d.model):.2f}x", acc, split)
     console.print(m)
 
 
-def load(files: list[str], extra_profiles: list[str]) -> tuple[Inventory, list[Demand], ProfileSet]:
-    """Pool, demands and checked profiles from -f files; every input error is a SpecError
-    (or ProfileError / CatalogueError) naming where it is."""
+OVERRIDES = ("objective", "max_gpus", "max_cost_per_hour", "mean_accuracy_floor")
+
+
+def with_overrides(pool: GpuPool, args: argparse.Namespace | None) -> GpuPool:
+    """The pool with the objective, budget and floor flags given on the command line, validated
+    as the document's fields are (a bad value is one line naming the flag)."""
+    given = {k: getattr(args, k) for k in OVERRIDES if args is not None and getattr(args, k, None) is not None}
+    if not given:
+        return pool
+    try:
+        return GpuPool.model_validate({**pool.model_dump(), "spec": {**pool.spec.model_dump(), **given}})
+    except ValidationError as e:
+        flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
+        raise SpecError(format_error(e, f"{flags} on GpuPool {pool.metadata.name}")) from None
+
+
+def load(files: list[str], extra_profiles: list[str], args: argparse.Namespace | None = None,
+         ) -> tuple[Inventory, list[Demand], ProfileSet]:
+    """Pool, demands and checked profiles from -f files (the pool's objective, budget and floor
+    overridden by ``args``' flags); every input error is a SpecError (or ProfileError /
+    CatalogueError) naming where it is."""
     docs = load_documents(*files)
-    pool = single_pool(docs, files)
+    pool = with_overrides(single_pool(docs, files), args)
     profiles = profiles_for(docs, load_profile_set(extra_profiles + [str(MEASURED_DIR)]))
     check_profiles(docs, profiles)
     return inventory(pool), [demand(d) for d in docs.deployments], profiles
@@ -101,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     try:
-        inv, demands, profiles = load(args.file, args.profiles)
+        inv, demands, profiles = load(args.file, args.profiles, args)
         plan = solve(demands, profiles, inv, args.method, time_limit=args.time_limit)
         plan.verify()
     except (SpecError, SolverError, ProfileError, PlanError, CatalogueError) as e:

@@ -30,6 +30,9 @@ def inventory(pool: GpuPool) -> Inventory:
     return Inventory(
         tuple(GpuClass(m, tuple(ids), cost, mig, mps) for (m, cost, mig, mps), ids in classes.items()),
         pool.spec.objective,
+        pool.spec.max_gpus,
+        pool.spec.max_cost_per_hour,
+        pool.spec.mean_accuracy_floor,
     )
 
 

@@ -75,7 +75,20 @@ class Node(_Strict):
 
 class GpuPoolSpec(_Strict):
     nodes: list[Node] = Field(min_length=1, max_length=10_000, description="nodes and their GPUs")
-    objective: Literal["gpus", "cost"] = Field(default="gpus", description="minimise GPUs or cost")
+    objective: Literal["gpus", "cost", "accuracy"] = Field(
+        default="gpus", description="what the planner optimises, every model's rate served at its SLO: "
+        "gpus = the fewest GPUs; cost = the least cost per hour; accuracy = the highest rate-weighted "
+        "mean accuracy of the answers (as the gateway splits them across variants) within max_gpus / "
+        "max_cost_per_hour, then the fewest GPUs")
+    max_gpus: int | None = Field(default=None, ge=1, le=1_000_000,
+                                 description="objective accuracy: GPUs the plan may use (default: the pool)")
+    max_cost_per_hour: float | None = Field(default=None, gt=0, le=1e9,
+                                            description="objective accuracy: cost per hour the plan may "
+                                            "reach (default: the pool's)")
+    mean_accuracy_floor: float | None = Field(
+        default=None, ge=0, le=1, description="every model's predicted rate-weighted mean accuracy of "
+        "answers is at least this (unknown accuracy counts 0; a model with no variant of known "
+        "accuracy is exempt); with gpus or cost: the fewest GPUs or least cost that meet it")
     emulate: bool = Field(default=False, description="serve on emulated GPUs (no hardware)")
 
     @model_validator(mode="after")
@@ -84,6 +97,18 @@ class GpuPoolSpec(_Strict):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"node names must be unique, got {dup} more than once")
+        return self
+
+    @model_validator(mode="after")
+    def _budget(self) -> GpuPoolSpec:
+        if self.objective != "accuracy":
+            for name in ("max_gpus", "max_cost_per_hour"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} ({getattr(self, name):g}) is a budget for objective accuracy, "
+                                     f"not {self.objective!r}")
+        total = sum(g.count for n in self.nodes for g in n.gpus)
+        if self.max_gpus is not None and self.max_gpus > total:
+            raise ValueError(f"max_gpus ({self.max_gpus}) exceeds the pool's {total} GPUs")
         return self
 
 
