@@ -2,9 +2,11 @@
 
 :class:`Gateway` owns them all: ``start()`` starts the driver (replica channels, health
 probes), then the gRPC and HTTP listeners (over TLS when ``tls:`` is set; ``/metrics`` on its
-own listener when ``metrics_listen:`` is); ``stop()`` drains and stops them in reverse. Its
-certificates and tenants' keys are read when it is made, so a bad one is a
-:class:`~gateway.config.ConfigError` before any port is opened.
+own listener when ``metrics_listen:`` is); ``stop()`` drains and stops them in reverse, then
+writes what the access log holds and exports the last spans. Its certificates and tenants'
+keys are read when it is made, so a bad one is a :class:`~gateway.config.ConfigError` before
+any port is opened; so is tracing turned on without OpenTelemetry installed, and an access
+log file that cannot be opened is an :class:`OSError` naming ``access_log.path``.
 :class:`GatewayThread` runs a gateway on a background event loop (tests, benchmarks, embedding).
 """
 
@@ -17,20 +19,24 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import grpc
 
+from gateway.accesslog import AccessLog
 from gateway.config import GatewayConfig, ServedModel, ServedReplica, resolve, scheduler_config
 from gateway.driver import Driver
 from gateway.grpc_server import create_server
 from gateway.http import HttpFrontDoor, metrics_door
 from gateway.httpserver import HttpServer
 from gateway.metrics import GatewayMetrics
+from gateway.observe import Observer
 from gateway.policy.scheduler import EdfScheduler
 from gateway.policy.types import SchedulerCore
 from gateway.security import load_security
 from gateway.stats import ServerInfo
+from gateway.tracing import Tracing, make_tracing
 from profiles.schema import LimitsSpec
 
 log = logging.getLogger("headrace.gateway")
@@ -41,6 +47,14 @@ _METRICS_LIMITS = LimitsSpec(max_connections=256, probe_connections=16, max_buff
 def make_core(cfg: GatewayConfig) -> SchedulerCore:
     """The policy core of ``cfg``; :class:`ConfigError` names a bad ``scheduler.<key>``."""
     return EdfScheduler(scheduler_config(cfg.scheduler))
+
+
+def access_log(cfg: GatewayConfig) -> AccessLog | None:
+    """The access log ``cfg`` asks for (None: off), a relative path read from its YAML's folder."""
+    spec = cfg.access_log
+    if spec.path is not None and cfg.base_dir is not None and not Path(spec.path).is_absolute():
+        spec = spec.model_copy(update={"path": str(cfg.base_dir / spec.path)})
+    return AccessLog.from_settings(spec)
 
 
 def check_bindable(what: str, host: str, port: int) -> None:
@@ -77,11 +91,16 @@ class Gateway:
             health_interval=cfg.health_interval_s, max_message_bytes=cfg.max_message_bytes,
             expose_replicas=cfg.expose_replicas, replica_factory=replica_factory,
         )
+        self.tracing: Tracing | None = make_tracing(cfg.tracing)
+        self.driver.tracing = self.tracing
+        # None when the access log and tracing are both off: the front doors then see nothing
+        self.observer = Observer.of(access_log(cfg), self.tracing, clock)
         self.info = ServerInfo([m.name for m in models], clock=clock, default_version=self.driver.default_version,
                                stats=self.driver.stats)
         tls = self.security.tls
         door = HttpFrontDoor(self.driver, self.info, cfg.max_message_bytes, cfg.limits.max_json_depth,
-                             self.security.tenants, serve_metrics=cfg.metrics_listen is None)
+                             self.security.tenants, serve_metrics=cfg.metrics_listen is None,
+                             observer=self.observer)
         self._http = HttpServer(door, cfg.max_message_bytes, clock, limits=cfg.limits,
                                 ssl_context=None if tls is None else tls.ssl_context())
         self._metrics = None if cfg.metrics_listen is None else HttpServer(
@@ -115,7 +134,8 @@ class Gateway:
             check_bindable("metrics", mlisten.host, mlisten.port)
         await self.driver.start(self.cfg.startup_timeout_s)
         try:
-            self._grpc = create_server(self.driver, self.info, self.cfg.max_message_bytes, self.security.tenants)
+            self._grpc = create_server(self.driver, self.info, self.cfg.max_message_bytes, self.security.tenants,
+                                       self.observer)
             addr, tls = f"{host}:{listen.grpc_port}", self.security.tls
             try:
                 self.grpc_port = (self._grpc.add_insecure_port(addr) if tls is None
@@ -179,6 +199,8 @@ class Gateway:
         if self._grpc is not None:
             grpc_server, self._grpc = self._grpc, None
             await grpc_server.stop(grace=1.0)
+        if self.observer is not None:  # every answer is given: its line and spans go out
+            self.observer.close()
 
 
 class GatewayThread:

@@ -306,6 +306,8 @@ class Driver(Fleet):
             raise rejection(reject.message, reject.reason, reject.retry_after)
         fut = self._loop.create_future()  # type: ignore[union-attr]
         self._pending[req.id] = _Pending(req, inp, fut, fwd, trace=trace)
+        if trace is not None:
+            trace.admitted()  # its queue span starts before a poll can send it
         fut.add_done_callback(partial(self._gone, req.id))
         if not self._poll_scheduled and self._queued is not None and self._queued() == 1:
             self._poll()  # a lone arrival: dispatch it now rather than one loop turn later

@@ -10,6 +10,10 @@ With tenants configured (:mod:`gateway.security`), every RPC but ServerLive and 
 needs an API key in the call's metadata (``authorization: Bearer KEY`` or ``x-api-key: KEY``),
 else UNAUTHENTICATED; a tenant's inferences take its priority class and spend its quota
 (RESOURCE_EXHAUSTED, reason ``quota``), and every answer is counted by tenant and code name.
+
+With an access log or tracing on (``observer``, :mod:`gateway.observe`), ModelInfer is served
+by a handler that sees each call from arrival to answer, refusals included (it is chosen when
+the server is made: off, the RPCs run as they are).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from gateway.contract import choice_headers
 from gateway.driver import SLO_HEADER, Driver
 from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected, Unauthenticated
 from gateway.metrics import GatewayMetrics
+from gateway.observe import Observer, Seen
 from gateway.security import OPEN_GRPC_METHODS, Tenant, Tenants, grpc_key
 from gateway.stats import (
     SERVER_NAME,
@@ -62,32 +67,46 @@ async def _abort(context: grpc.aio.ServicerContext, e: GatewayError) -> None:
     await context.abort(e.grpc_code, str(e))
 
 
-class InferenceServicer:
-    """The RPCs; ``tenants``: who may call (None: everyone)."""
+def _reason(e: GatewayError) -> str:
+    """What an access log line says of a refusal: the reject reason, else the message."""
+    return e.reason if isinstance(e, Rejected) else str(e)
 
-    def __init__(self, driver: Driver, info: ServerInfo, tenants: Tenants | None = None) -> None:
+
+class InferenceServicer:
+    """The RPCs; ``tenants``: who may call (None: everyone); ``observer``: the access log and
+    tracing (None: both off)."""
+
+    def __init__(self, driver: Driver, info: ServerInfo, tenants: Tenants | None = None,
+                 observer: Observer | None = None) -> None:
         self.driver = driver
         self.info = info
         self.tenants = tenants
+        self.observer = observer
 
     async def _infer(self, req: pb.ModelInferRequest, slo: str | None,
                      deadline: float | None = None, tenant: Tenant | None = None,
-                     hints: dict[str, str] | None = None) -> pb.ModelInferResponse:
+                     hints: dict[str, str] | None = None, seen: Seen | None = None) -> pb.ModelInferResponse:
         """``deadline``: seconds the client still waits (its gRPC deadline), a cap on the SLO;
-        ``tenant``: whose request it is (its quota is spent, its priority class applies)."""
+        ``tenant``: whose request it is (its quota is spent, its priority class applies);
+        ``seen``: the access log's and tracing's view of it, answered here when it is served."""
         name = req.model_name
         model = self.driver.model(name, req.model_version)
         if tenant is not None:
             self.tenants.admit(tenant)  # type: ignore[union-attr]
         inp = parse_grpc_infer(req)
+        if seen is not None:
+            seen.parsed(inp, model.info is not None and model.info.signature.batched)
         start = self.info.clock()
         try:
             res = await self.driver.infer(name, inp, slo, version=req.model_version, deadline=deadline,
-                                          priority=None if tenant is None else tenant.priority, hints=hints)
+                                          priority=None if tenant is None else tenant.priority, hints=hints,
+                                          trace=None if seen is None else seen.trace)
         except GatewayError:
             self.info.record(name, start, ok=False)
             raise
         self.info.record(name, start, ok=True)
+        if seen is not None:
+            seen.answered("OK", variant=res.variant, queue_s=res.queue_s)
         return encode_grpc_response(name, req.model_version or model.default_version, inp, res.outputs,
                                     res.parameters())
 
@@ -105,14 +124,25 @@ class InferenceServicer:
         tasks: set[asyncio.Task] = set()
 
         async def one(raw: bytes) -> None:
-            rid, code = "", "OK"
+            rid, code, seen = "", "OK", None
             try:
                 req = _parse(pb.ModelInferRequest, raw)
                 rid = req.id
-                msg = pb.ModelStreamInferResponse(infer_response=await self._infer(req, slo, tenant=tenant, hints=hints))
+                if self.observer is not None:
+                    seen = self.observer.grpc_request(req.model_name, req.model_version, context.invocation_metadata())
+                    seen.tenant = None if tenant is None else tenant.name
+                msg = pb.ModelStreamInferResponse(infer_response=await self._infer(req, slo, tenant=tenant, hints=hints,
+                                                                                   seen=seen))
             except GatewayError as e:
                 code = e.grpc_code.name
+                if self.observer is not None:
+                    seen = seen or self.observer.grpc_request(None, "", context.invocation_metadata())
+                    seen.answered(code, reason=_reason(e))
                 msg = pb.ModelStreamInferResponse(error_message=str(e), infer_response=pb.ModelInferResponse(id=rid))
+            except asyncio.CancelledError:
+                if seen is not None:
+                    seen.cancelled()
+                raise
             if tenant is not None:
                 _count(self.driver.metrics, tenant.name, code)
             await out.put(msg)
@@ -227,6 +257,46 @@ def _stream_as_tenant(servicer: InferenceServicer) -> grpc.RpcMethodHandler:
     return grpc.stream_stream_rpc_method_handler(handler, response_serializer=_serialize)
 
 
+def _observed_infer(servicer: InferenceServicer, observer: Observer) -> grpc.RpcMethodHandler:
+    """ModelInfer with every call seen by the access log and tracing, refusals included (an
+    unknown key, a malformed message, a refusal by the scheduler, a call the client cancels);
+    with tenants, it identifies the caller as :func:`_unary_as_tenant` does."""
+    tenants, metrics = servicer.tenants, servicer.driver.metrics
+
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        md = context.invocation_metadata()
+        tenant, seen = None, None
+        try:
+            if tenants is not None:
+                try:
+                    tenant = tenants.identify(grpc_key(md))
+                except Unauthenticated as e:
+                    _count(metrics, UNAUTHENTICATED, e.grpc_code.name)
+                    raise
+            req = _parse(pb.ModelInferRequest, raw)
+            seen = observer.grpc_request(req.model_name, req.model_version, md)
+            seen.tenant = None if tenant is None else tenant.name
+            resp = await servicer._infer(req, _slo_header(context), context.time_remaining(), tenant,
+                                         choice_headers(md or ()), seen)
+        except GatewayError as e:
+            if seen is None:  # refused before its model was known
+                seen = observer.grpc_request(None, "", md)
+                seen.tenant = None if tenant is None else tenant.name
+            seen.answered(e.grpc_code.name, reason=_reason(e))
+            if tenant is not None:
+                _count(metrics, tenant.name, e.grpc_code.name)
+            await _abort(context, e)
+        except asyncio.CancelledError:
+            if seen is not None:
+                seen.cancelled()
+            raise
+        if tenant is not None:
+            _count(metrics, tenant.name, "OK")
+        return resp
+
+    return grpc.unary_unary_rpc_method_handler(handler, response_serializer=_serialize)
+
+
 def _serialize(msg: Any) -> bytes:
     return msg.SerializeToString()
 
@@ -244,15 +314,17 @@ def generic_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
                     else _unary_as_tenant(getattr(servicer, n), servicer, takes_tenant=n == "ModelInfer")
                     for n in names}
         handlers["ModelStreamInfer"] = _stream_as_tenant(servicer)
+    if servicer.observer is not None:
+        handlers["ModelInfer"] = _observed_infer(servicer, servicer.observer)
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 
 def create_server(driver: Driver, info: ServerInfo, max_message_bytes: int = 64 << 20,
-                  tenants: Tenants | None = None) -> grpc.aio.Server:
+                  tenants: Tenants | None = None, observer: Observer | None = None) -> grpc.aio.Server:
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", 0),
     ])
-    server.add_generic_rpc_handlers((generic_handler(InferenceServicer(driver, info, tenants)),))
+    server.add_generic_rpc_handlers((generic_handler(InferenceServicer(driver, info, tenants, observer)),))
     return server

@@ -12,6 +12,9 @@ is 401 with ``WWW-Authenticate: Bearer``. A tenant's inferences take its priorit
 spend its quota (429, reason ``quota``), and every answer is counted by tenant and status in
 ``headrace_tenant_requests_total``. With a separate metrics listener, ``/metrics`` is served
 there (:func:`metrics_door`) and not here.
+
+With an access log or tracing on (``observer``, :mod:`gateway.observe`), every inference
+request is seen from arrival to answer, refusals included; off, the door checks it once.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from gateway.driver import SLO_HEADER, Driver, InferResult
 from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected, Unauthenticated
 from gateway.fleet import Model
 from gateway.httpserver import Handler, HttpRequest, HttpResponse, Later, error_response
+from gateway.observe import Observer, Seen
 from gateway.security import OPEN_HTTP_PATHS, Tenant, Tenants, bearer_key
 from gateway.stats import ServerInfo, model_config_dict, model_metadata_dict
 from profiles.schema import UNAUTHENTICATED
@@ -70,36 +74,70 @@ def decoded_body(req: HttpRequest, max_bytes: int) -> bytes:
 
 class HttpFrontDoor:
     """The gateway's HTTP handler: ``door(request)`` -> a response now, or :class:`Later`.
-    ``tenants``: who may call (None: everyone); ``serve_metrics``: answer ``/metrics`` here."""
+    ``tenants``: who may call (None: everyone); ``serve_metrics``: answer ``/metrics`` here;
+    ``observer``: the access log and tracing (None: both off)."""
 
     def __init__(self, driver: Driver, info: ServerInfo, max_body_bytes: int, max_json_depth: int = 64,
-                 tenants: Tenants | None = None, serve_metrics: bool = True) -> None:
+                 tenants: Tenants | None = None, serve_metrics: bool = True,
+                 observer: Observer | None = None) -> None:
         self.driver = driver
         self.info = info
         self.max_body = max_body_bytes
         self.max_depth = max_json_depth
         self.tenants = tenants
         self.serve_metrics = serve_metrics
+        self.observer = observer
 
     def __call__(self, req: HttpRequest) -> HttpResponse | Later:
         """The answer now, or (an admitted inference) later, when the driver's future is done:
         no task per request, and a refusal is written in the loop turn that read the request."""
+        if self.observer is not None:
+            return self._observed(req, self.observer)
+        return self._answer(req, None)
+
+    def _answer(self, req: HttpRequest, seen: Seen | None) -> HttpResponse | Later:
         if self.tenants is not None and req.path not in OPEN_HTTP_PATHS:
-            return self._as_tenant(req, self.tenants)
+            return self._as_tenant(req, self.tenants, seen)
         try:
-            return self._route(req, None)
+            return self._route(req, None, seen)
         except GatewayError as e:
             return _error(e)
 
-    def _as_tenant(self, req: HttpRequest, tenants: Tenants) -> HttpResponse | Later:
+    def _observed(self, req: HttpRequest, observer: Observer) -> HttpResponse | Later:
+        """The answer, and for an inference its access log line and spans once it is known
+        (a client that hangs up first: 499)."""
+        seen = observer.http_request(req.path, req.headers, req.received)
+        answer = self._answer(req, seen)
+        if seen is None:
+            return answer
+        if isinstance(answer, HttpResponse):
+            seen.http_answered(answer)
+            return answer
+        fut, make = answer.future, answer.make
+        fut.add_done_callback(lambda f: f.cancelled() and seen.cancelled())
+
+        def made(f: asyncio.Future) -> HttpResponse:
+            try:
+                resp = make(f)
+            except Exception as e:
+                seen.answered(500, reason=f"internal error: {type(e).__name__}: {e}")
+                raise
+            seen.http_answered(resp, None if f.exception() is not None else f.result())
+            return resp
+
+        return Later(fut, made)
+
+    def _as_tenant(self, req: HttpRequest, tenants: Tenants, seen: Seen | None = None) -> HttpResponse | Later:
         """``req`` answered for the tenant its key names (401 without one), and counted."""
         h = req.headers
         try:
             tenant = tenants.identify(bearer_key(h.get("authorization"), h.get("x-api-key")))
         except Unauthenticated as e:
             return self._counted(UNAUTHENTICATED, _error(e))
+        if seen is not None:
+            seen.tenant = tenant.name
         try:
-            answer = self._route(req, tenant)
+            answer = self._route(req, tenant, seen)
         except GatewayError as e:
             answer = _error(e)
         if isinstance(answer, HttpResponse):
@@ -112,10 +150,10 @@ class HttpFrontDoor:
         m.of(m.tenant_requests, tenant, str(resp.status)).inc()
         return resp
 
-    def _route(self, req: HttpRequest, tenant: Tenant | None) -> HttpResponse | Later:
+    def _route(self, req: HttpRequest, tenant: Tenant | None, seen: Seen | None = None) -> HttpResponse | Later:
         parts = [unquote(p) for p in req.path.strip("/").split("/")]
         if len(parts) >= 3 and parts[0] == "v2" and parts[1] == "models" and parts[2] != "stats":
-            return self._model_route(req, parts[2], parts[3:], tenant)
+            return self._model_route(req, parts[2], parts[3:], tenant, seen)
         route = _ROUTES.get(tuple(parts))
         if route is None:
             raise _NotFound(f"no route for {req.method} {req.path}")
@@ -124,7 +162,7 @@ class HttpFrontDoor:
         return fn(self, req)
 
     def _model_route(self, req: HttpRequest, name: str, rest: list[str],
-                     tenant: Tenant | None) -> HttpResponse | Later:
+                     tenant: Tenant | None, seen: Seen | None = None) -> HttpResponse | Later:
         version = ""  # the model's default
         if len(rest) >= 2 and rest[0] == "versions":
             version, rest = rest[1], rest[2:]
@@ -133,7 +171,7 @@ class HttpFrontDoor:
         action = rest[0] if len(rest) == 1 else "" if not rest else None
         if action == "infer":
             _allow(req, "POST")
-            return self._infer(req, name, version, tenant)
+            return self._infer(req, name, version, tenant, seen)
         handler = _MODEL_ROUTES.get(action)  # type: ignore[arg-type]
         if handler is None:
             raise _NotFound(f"no route for {req.method} {req.path}")
@@ -176,7 +214,8 @@ class HttpFrontDoor:
         self.driver.model(name, version)
         return _json(json_format.MessageToDict(self.info.statistics(name, version), preserving_proto_field_name=True))
 
-    def _infer(self, req: HttpRequest, name: str, version: str, tenant: Tenant | None) -> HttpResponse | Later:
+    def _infer(self, req: HttpRequest, name: str, version: str, tenant: Tenant | None,
+               seen: Seen | None = None) -> HttpResponse | Later:
         driver, info = self.driver, self.info
         model = driver.model(name)  # unknown model or version: 404 before decoding the body
         if version:
@@ -184,11 +223,13 @@ class HttpFrontDoor:
         if tenant is not None:
             self.tenants.admit(tenant)  # type: ignore[union-attr]  (over quota: 429 before decoding)
         inp = parse_http_infer(decoded_body(req, self.max_body), req.headers.get(HEADER_LEN), max_depth=self.max_depth)
+        if seen is not None:
+            seen.parsed(inp, model.info is not None and model.info.signature.batched)
         start = info.clock()
         try:
             result = driver.submit(name, inp, req.headers.get(SLO_HEADER), req.received, version=version,
                                    priority=None if tenant is None else tenant.priority,
-                                   hints=choice_headers(req.headers))
+                                   hints=choice_headers(req.headers), trace=None if seen is None else seen.trace)
         except GatewayError:
             info.record(name, start, ok=False)
             raise

@@ -318,6 +318,37 @@ class ListenAddress(_Strict):
     port: int = Field(ge=0, le=65535, description="port (0: any free)")
 
 
+class AccessLogSpec(_Strict):
+    """Structured access logs: one JSON line per inference request answered or refused
+    (time, tenant, protocol, model, version, variant, status, queue_ms, total_ms, rows, reason,
+    request_id)."""
+
+    enabled: bool = Field(default=False, description="write access logs (off: they cost nothing)")
+    sample: float = Field(default=1.0, ge=0, le=1, description="fraction of successful answers logged, "
+                          "each drawn at random; refusals and errors are all logged unless sample_failures")
+    sample_failures: bool = Field(default=False, description="sample refusals and errors by `sample` too "
+                                  "(bounds the log under a heavy overload); off: every one is logged")
+    path: str | None = Field(default=None, min_length=1, description="file the lines are appended to "
+                             "(headrace serve reads a relative path from its config's folder); absent: stderr")
+
+
+class TracingSpec(_Strict):
+    """OpenTelemetry spans of requests (admission, queue), batches and Triton calls, with the
+    W3C traceparent carried to Triton. Needs the tracing extra: pip install 'headrace[tracing]'."""
+
+    enabled: bool = Field(default=False, description="trace requests (off: no OpenTelemetry is loaded)")
+    exporter: Literal["otlp", "console", "memory"] = Field(
+        default="otlp", description="where spans go: 'otlp' (OTLP/gRPC to endpoint), 'console' (stdout), "
+        "'memory' (kept in the process: tests and embedding)")
+    endpoint: str = Field(default="http://localhost:4317", min_length=1, max_length=2048,
+                          description="OTLP/gRPC collector address (http:// plain text, https:// TLS)")
+    service_name: str = Field(default="headrace-gateway", min_length=1, max_length=255,
+                              description="service.name of the gateway's spans")
+    sample_ratio: float = Field(default=1.0, ge=0, le=1, description="fraction of requests without a "
+                                "client's traceparent that start a recorded trace; a client's sampled "
+                                "traceparent is always followed, an unsampled one never")
+
+
 class GatewaySettings(_Strict):
     """What the gateway is configured with besides its models (``headrace serve`` YAML's top level)."""
 
@@ -340,6 +371,10 @@ class GatewaySettings(_Strict):
     metrics_listen: ListenAddress | None = Field(default=None, description="serve /metrics (and the health "
                                                  "probes) on this plain-HTTP address without a key, and not "
                                                  "on the main port")
+    access_log: AccessLogSpec = Field(default_factory=AccessLogSpec,
+                                      description="structured access logs (JSON lines; off by default)")
+    tracing: TracingSpec = Field(default_factory=TracingSpec,
+                                 description="OpenTelemetry tracing (off by default)")
 
     @model_validator(mode="after")
     def _tenants(self) -> GatewaySettings:

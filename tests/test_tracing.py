@@ -1,11 +1,14 @@
 """Tracing: a request's spans (server, admission, queue) sit in the client's trace; a batch
 span parents under its first request and links the others; the Triton call carries a
-traceparent of the client's trace. Off, nothing imports OpenTelemetry; on without the extra
-installed, one line says what to install."""
+traceparent of the client's trace. Through the gateway, over HTTP and gRPC, to an in-process
+fake Triton reached by either protocol: the spans nest under the client's span and Triton
+receives a traceparent of the client's trace. Off, nothing imports OpenTelemetry; on without
+the extra installed, one line says what to install."""
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import subprocess
 import sys
@@ -19,9 +22,11 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pbg
 
+from gateway.app import GatewayThread
 from gateway.codec import InferInput, Tensor
-from gateway.config import ServedModel, ServedReplica
+from gateway.config import ServedModel, ServedReplica, parse_config
 from gateway.driver import Driver
 from gateway.httpserver import HttpRequest, HttpResponse, HttpServer
 from gateway.policy.config import SchedulerConfig
@@ -315,6 +320,87 @@ def test_the_replica_clients_carry_the_trace_context_to_triton(triton, backend) 
     (sent,) = triton.traceparents[n:]
     (call,) = [s for s in tracing.finished_spans() if s.name == "triton infer"]
     assert sent == f"00-{CLIENT_TRACE}-{hexid(call.context.span_id)}-01"
+
+
+# --------------------------------------------------------------------------- through the gateway
+
+
+@pytest.fixture(scope="module", params=["http", "grpc"])
+def traced(triton, request):
+    """A gateway tracing into memory, reaching the fake Triton by either protocol."""
+    pytest.importorskip("opentelemetry.sdk")
+    doc = {"listen": {"http_port": 0, "grpc_port": 0}, "tracing": {"enabled": True, "exporter": "memory"},
+           "models": [{"name": "m", "slo_ms": 2000, "max_batch": 8, "replicas": [
+               {"url": triton.url(request.param), "protocol": request.param, "variant": "m", "profile": PROFILE}]}]}
+    with GatewayThread(parse_config(doc)) as gw:
+        yield gw
+
+
+def http_call(gw, headers: dict[str, str]) -> int:  # noqa: ANN001
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}).encode()
+    conn = http.client.HTTPConnection(gw.http_url, timeout=10)
+    try:
+        conn.request("POST", "/v2/models/m/infer", body, headers)
+        r = conn.getresponse()
+        r.read()
+        return r.status
+    finally:
+        conn.close()
+
+
+def grpc_call(gw, metadata: tuple) -> None:  # noqa: ANN001
+    req = pb.ModelInferRequest(model_name="m")
+    req.inputs.add(name="x", datatype="FP32", shape=[1, 2])
+    req.raw_input_contents.append(np.ones((1, 2), np.float32).tobytes())
+    with grpc.insecure_channel(gw.grpc_url) as ch:
+        pbg.GRPCInferenceServiceStub(ch).ModelInfer(req, timeout=10, metadata=metadata)
+
+
+@pytest.mark.parametrize("client", ["http", "grpc"])
+def test_a_request_through_the_gateway_is_traced_in_the_clients_trace_down_to_triton(traced, triton, client) -> None:
+    n_spans, n_calls = len(traced.tracing.finished_spans()), len(triton.traceparents)
+    if client == "http":
+        assert http_call(traced, {"traceparent": TRACEPARENT}) == 200
+    else:
+        grpc_call(traced, (("traceparent", TRACEPARENT),))
+    # NOTE: every span has ended by the time the client has its answer
+    spans = traced.tracing.finished_spans()[n_spans:]
+    mine = by_name(s for s in spans if hexid(s.context.trace_id, 32) == CLIENT_TRACE)
+    server_name = "POST /v2/models/m/infer" if client == "http" else "inference.GRPCInferenceService/ModelInfer"
+    (server,) = mine[server_name]
+    (admission,), (queue,), (batch,), (call,) = mine["admission"], mine["queue"], mine["batch"], mine["triton infer"]
+    assert hexid(server.parent.span_id) == "b7ad6b7169203331"
+    for child in (admission, queue, batch):
+        assert child.parent.span_id == server.context.span_id
+    assert call.parent.span_id == batch.context.span_id
+    assert admission.end_time <= queue.start_time and queue.end_time <= batch.start_time
+    assert batch.attributes["headrace.batch.rows"] == 1 and batch.attributes["headrace.variant"] == "m"
+    (sent,) = triton.traceparents[n_calls:]
+    assert sent == f"00-{CLIENT_TRACE}-{hexid(call.context.span_id)}-01"
+
+
+def test_a_request_without_a_traceparent_starts_a_trace_that_reaches_triton(traced, triton) -> None:
+    n_spans, n_calls = len(traced.tracing.finished_spans()), len(triton.traceparents)
+    assert http_call(traced, {}) == 200
+    (server,) = [s for s in traced.tracing.finished_spans()[n_spans:] if s.name.startswith("POST")]
+    assert server.parent is None
+    (sent,) = triton.traceparents[n_calls:]
+    assert sent.split("-")[1] == hexid(server.context.trace_id, 32)
+
+
+def test_a_refusal_is_a_span_that_says_why(traced) -> None:
+    n_spans = len(traced.tracing.finished_spans())
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}],
+                       "parameters": {"timeout": 1}}).encode()
+    conn = http.client.HTTPConnection(traced.http_url, timeout=10)
+    conn.request("POST", "/v2/models/m/infer", body, {"traceparent": TRACEPARENT})
+    assert conn.getresponse().status == 429
+    conn.close()
+    spans = by_name(traced.tracing.finished_spans()[n_spans:])
+    (server,), (admission,) = spans["POST /v2/models/m/infer"], spans["admission"]
+    assert server.attributes["headrace.reject_reason"] == "infeasible"
+    assert admission.attributes["headrace.admitted"] is False
+    assert "batch" not in spans and "queue" not in spans
 
 
 def python(code: str) -> subprocess.CompletedProcess:
