@@ -103,6 +103,8 @@ class Gateway:
                              observer=self.observer)
         self._http = HttpServer(door, cfg.max_message_bytes, clock, limits=cfg.limits,
                                 ssl_context=None if tls is None else tls.ssl_context())
+        if self.observer is not None:
+            self._http.on_refusal = self.observer.http_refused
         self._metrics = None if cfg.metrics_listen is None else HttpServer(
             metrics_door(self.driver), _METRICS_MAX_BODY, clock, limits=_METRICS_LIMITS)
         self._grpc: grpc.aio.Server | None = None

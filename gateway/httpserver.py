@@ -429,6 +429,9 @@ class _Connection(asyncio.Protocol):
         self._release(self.msg)
         self.msg.body = []
         self.phase = _NONE
+        if self.server.on_refusal is not None:
+            m = self.msg
+            self.server.on_refusal(bytes(m.url).split(b"?", 1)[0].decode("latin-1"), m.headers, m.received, resp)
         self.queue.append(_Pending(None, False, resp))
         self.transport.pause_reading()  # type: ignore[union-attr]
         if not self.busy:
@@ -480,6 +483,9 @@ class HttpServer:
         self._conns: set[_Connection] = set()
         self._tasks: set[asyncio.Future] = set()  # answers still to come
         self._warned_full = False
+        # told of each request refused here, before a handler saw it (a limit, malformed HTTP):
+        # its path and headers as far as they were read, when it was read, the answer
+        self.on_refusal: Callable[[str, dict[str, str], float, HttpResponse], None] | None = None
 
     async def start(self, host: str, port: int) -> int:
         self.loop = asyncio.get_running_loop()

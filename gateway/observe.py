@@ -64,6 +64,13 @@ class Observer:
             version = unquote(parts[4])
         return self.request("http", unquote(parts[2]), version, headers, received)
 
+    def http_refused(self, path: str, headers: Mapping[str, str], received: float, resp: HttpResponse) -> None:
+        """A request the HTTP server refused before the door saw it (a limit, malformed HTTP):
+        logged when its path, as far as it was read, is an inference."""
+        seen = self.http_request(path, headers, received or None)
+        if seen is not None:
+            seen.http_answered(resp)
+
     def grpc_request(self, model: str | None, version: str, metadata: Iterable[tuple[str, Any]] | None) -> Seen:
         """The :class:`Seen` of a gRPC ModelInfer (``model`` None: its message did not parse)."""
         carrier = {k: v for k, v in metadata or () if isinstance(v, str)}

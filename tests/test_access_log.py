@@ -14,6 +14,7 @@ import io
 import json
 import random
 import re
+import socket
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -189,6 +190,14 @@ def grpc_infer(gw: Any, model: str = "m", key: str | None = KEY, timeout_us: int
     return "OK"
 
 
+def too_large(gw: Any) -> int:
+    """An infer request declaring a 1 GB body: refused on its headers."""
+    host, port = gw.http_url.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST /v2/models/m/infer?x=1 HTTP/1.1\r\nHost: gw\r\nContent-Length: 1000000000\r\n\r\n")
+        return int(s.recv(4096).split()[1])
+
+
 def test_every_inference_answer_is_one_line_and_nothing_else_is(tmp_path: Path) -> None:
     path = tmp_path / "access.jsonl"
     cfg = parse_config(gateway_doc(path))
@@ -202,6 +211,7 @@ def test_every_inference_answer_is_one_line_and_nothing_else_is(tmp_path: Path) 
         assert grpc_infer(gw, timeout_us=1) == "RESOURCE_EXHAUSTED"
         assert grpc_infer(gw, model="nope") == "NOT_FOUND"
         assert grpc_infer(gw, key="wrong") == "UNAUTHENTICATED"
+        assert too_large(gw) == 413  # refused by the HTTP server itself, before the door
         conn = http.client.HTTPConnection(gw.http_url, timeout=10)  # not an inference: no line
         conn.request("GET", "/v2/models/m", headers={"authorization": f"Bearer {KEY}"})
         assert conn.getresponse().status == 200
@@ -209,7 +219,8 @@ def test_every_inference_answer_is_one_line_and_nothing_else_is(tmp_path: Path) 
     recs = [json.loads(x) for x in path.read_text().splitlines()]  # written by the time it stopped
     assert [(r["protocol"], r["status"]) for r in recs] == [
         ("http", 200), ("http", 429), ("http", 404), ("http", 400), ("http", 401),
-        ("grpc", "OK"), ("grpc", "RESOURCE_EXHAUSTED"), ("grpc", "NOT_FOUND"), ("grpc", "UNAUTHENTICATED")]
+        ("grpc", "OK"), ("grpc", "RESOURCE_EXHAUSTED"), ("grpc", "NOT_FOUND"), ("grpc", "UNAUTHENTICATED"),
+        ("http", 413)]
     served_http, refused_http, served_grpc = recs[0], recs[1], recs[5]
     assert {k: served_http[k] for k in ("tenant", "model", "variant", "rows", "reason", "request_id")} == {
         "tenant": "team-a", "model": "m", "variant": "v", "rows": 2, "reason": None, "request_id": "req-1"}
@@ -219,6 +230,7 @@ def test_every_inference_answer_is_one_line_and_nothing_else_is(tmp_path: Path) 
     assert refused_http["queue_ms"] is None and refused_http["tenant"] == "team-a"
     assert recs[2]["model"] == "nope" and "unknown model" in recs[2]["reason"]
     assert recs[4]["tenant"] is None and recs[8]["tenant"] is None  # no valid key: nobody's
+    assert recs[9]["model"] == "m" and "exceeds" in recs[9]["reason"]
 
 
 def test_sampled_at_zero_only_refusals_are_logged(tmp_path: Path) -> None:
