@@ -44,8 +44,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--method", choices=METHODS, default="greedy", help="solver (default greedy)")
     p.add_argument("--time-limit", type=float, default=10.0, help="MILP time limit, seconds")
     p.add_argument("--objective", choices=("gpus", "cost", "accuracy"), default=None,
-                   help="override the GpuPool's objective: the fewest GPUs, the least cost, or the most "
-                        "accurate answers within --max-gpus / --max-cost-per-hour")
+                   help="override the GpuPool's objective: the fewest GPUs, the least cost (either drops "
+                        "the document's budget), or the most accurate answers within --max-gpus / "
+                        "--max-cost-per-hour")
     p.add_argument("--max-gpus", type=int, default=None, metavar="N",
                    help="objective accuracy: GPUs the plan may use (overrides the pool's max_gpus)")
     p.add_argument("--max-cost-per-hour", type=float, default=None, metavar="X",
@@ -110,10 +111,13 @@ def with_overrides(pool: GpuPool, args: argparse.Namespace | None) -> GpuPool:
     given = {k: getattr(args, k) for k in OVERRIDES if args is not None and getattr(args, k, None) is not None}
     if not given:
         return pool
+    flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
+    if given.get("objective", "accuracy") != "accuracy":
+        # another objective drops the document's budget (a budget flag with it is still an error)
+        given = {"max_gpus": None, "max_cost_per_hour": None, **given}
     try:
         return GpuPool.model_validate({**pool.model_dump(), "spec": {**pool.spec.model_dump(), **given}})
     except ValidationError as e:
-        flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
         raise SpecError(format_error(e, f"{flags} on GpuPool {pool.metadata.name}")) from None
 
 
