@@ -13,13 +13,14 @@ handler returns the new events it causes.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
-from gateway.policy.types import Batch, Priority, ReplicaInfo, Request, SchedulerCore
+from gateway.policy.types import Batch, Decision, Priority, ReplicaInfo, Request, SchedulerCore
 from loadgen.stats import OK, QUEUED_REASONS, Recorder, refusal
 from profiles.profile import Quantile
 from profiles.sharing import ActiveJob, SharingMode, progress_rates
@@ -54,8 +55,18 @@ class Fault:
     down_for: float
 
 
-@dataclass(frozen=True, slots=True)
-class RequestRecord:
+@dataclass(frozen=True)
+class Slow:
+    """Replica ``replica`` runs every batch it starts from ``at`` ``factor`` times as long as
+    its profile says, until ``until`` (None: to the end)."""
+
+    replica: str
+    at: float
+    factor: float
+    until: float | None = None
+
+
+class RequestRecord(NamedTuple):
     id: int
     model: str
     variant: str  # "" when never dispatched
@@ -143,11 +154,6 @@ def make_requests(
 
 
 @dataclass(frozen=True, slots=True)
-class _Arrival:
-    request: Request
-
-
-@dataclass(frozen=True, slots=True)
 class _Wake:
     pass
 
@@ -179,24 +185,40 @@ class _Up:
     replica: str
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
+class _Pace:  # a replica's batches start taking ``factor`` times their service time
+    replica: str
+    factor: float
+
+
 class _Job:
-    batch: Batch
-    remaining: float  # solo seconds of work left
+    __slots__ = ("batch", "remaining")
+
+    def __init__(self, batch: Batch, remaining: float) -> None:
+        self.batch = batch
+        self.remaining = remaining  # solo seconds of work left
 
 
 @dataclass
 class _Slice:
+    members: tuple[str, ...]  # replica ids on the slice, in fleet order
+    solo_rate: float | None  # the one member's progress rate (None: shared by several)
     jobs: dict[str, _Job] = field(default_factory=dict)  # running job per replica
     updated: float = 0.0
     version: int = 0
 
 
-Event = _Arrival | _Wake | _Finish | _Deliver | _Done | _Down | _Up
+Event = _Wake | _Finish | _Deliver | _Done | _Down | _Up | _Pace
+# one answer: (request, variant or "", end, outcome, reject reason or "", batch rows)
+Sink = Callable[[Request, str, float, str, str, int], None]
 
 
 class Simulator:
-    """Runs one :class:`SchedulerCore` against simulated replicas in virtual time."""
+    """Runs one :class:`SchedulerCore` against simulated replicas in virtual time.
+
+    Arrivals are read lazily from a time-ordered feed and merged with the event heap in the
+    heap's own order (an arrival goes after finishes and faults at its instant, before
+    wake-ups), so a run holds only the requests in flight, whatever its length."""
 
     def __init__(
         self,
@@ -204,7 +226,7 @@ class Simulator:
         replicas: Sequence[SimReplica],
         *,
         service: Quantile = "p50",
-        faults: Sequence[Fault] = (),
+        faults: Sequence[Fault | Slow] = (),
         overhead: float = 0.0,
         jitter: float = 0.0,
         transit: float = 0.0,
@@ -230,37 +252,84 @@ class Simulator:
                 )
         self._heap: list[tuple[float, int, int, Event]] = []
         self._seq = 0
-        self._slices: dict[str, _Slice] = {}
-        self._backlog: dict[str, list[Batch]] = {r: [] for r in ids}  # dispatched, not started
+        members: dict[str, list[str]] = {}
+        for r in replicas:
+            members.setdefault(r.slice_key, []).append(r.info.id)
+        self._slices = {key: _Slice(tuple(m), self._solo_rate(key, m)) for key, m in members.items()}
+        self._slice_of = {rid: self._slices[r.slice_key] for rid, r in self.replicas.items()}
+        self._backlog: dict[str, deque[Batch]] = {r: deque() for r in ids}  # dispatched, not started
+        self._pace = dict.fromkeys(ids, 1.0)  # service-time factor per replica (slow faults)
+        self._service_s: dict[str, list[float]] = {}  # profile seconds by rows, per replica
         self._wakes: set[float] = set()
-        self._records: dict[int, RequestRecord] = {}
         self._batch_rows: list[int] = []
-        self._requests: dict[int, Request] = {}
+        self._open: dict[int, int] = {}  # request id -> its index in the run, until answered
+        self._sink: Sink = lambda *a: None
+        self._handlers: dict[type, Callable[[Any, float], list[tuple[float, int, Event]]]] = {
+            _Wake: self._wake, _Finish: self._finish, _Deliver: self._deliver, _Done: self._done,
+            _Down: self._down, _Up: self._up, _Pace: self._paced,
+        }
 
     # ------------------------------------------------------------------ public
 
     def run(self, requests: Sequence[Request], until: float | None = None) -> SimResult:
+        """Simulate ``requests`` (any order; ties in arrival keep their order) and return a
+        record per request, in the order given."""
+        order = sorted(range(len(requests)), key=lambda i: requests[i].arrival)
+        records: list[RequestRecord | None] = [None] * len(requests)
+
+        def keep(req: Request, variant: str, end: float, outcome: str, reason: str, rows: int) -> None:
+            records[self._open.pop(req.id)] = RequestRecord(
+                req.id, req.model, variant, int(req.priority), req.arrival, req.deadline, end,
+                outcome, reason, rows)  # type: ignore[arg-type]
+
+        self.feed(((i, requests[i]) for i in order), keep, until)
+        arrivals = [r.arrival for r in requests]
+        span = max(arrivals, default=0.0) - min(arrivals, default=0.0)
+        done = [r for r in records if r is not None]
+        return SimResult(done, span if span > 0 else 1.0, self._batch_rows, len(requests) - len(done))
+
+    def feed(self, arrivals: Iterable[tuple[int, Request]], sink: Sink, until: float | None = None) -> int:
+        """Simulate ``arrivals`` ((index, request) pairs in arrival order) and hand every
+        answer to ``sink`` as it happens, after which the request is forgotten (``sink`` may
+        use ``open_index`` to find its index). Returns how many requests were left unanswered."""
+        self._sink = sink
+        heap, push, pop, core = self._heap, self._push, heapq.heappop, self.core
+        handlers, open_, apply = self._handlers, self._open, self._apply
         for info in (r.info for r in self.replicas.values()):
-            self.core.add_replica(info, 0.0)
-        for req in requests:
-            self._requests[req.id] = req
-            self._push(req.arrival, P_ARRIVAL, _Arrival(req))
+            core.add_replica(info, 0.0)
         for f in self.faults:
-            self._push(f.at, P_FAULT, _Down(f))
-        now = 0.0
-        while self._heap:
-            now, _, _, ev = heapq.heappop(self._heap)
-            if until is not None and now > until:
+            if isinstance(f, Slow):
+                push(f.at, P_FAULT, _Pace(f.replica, f.factor))
+                if f.until is not None:
+                    push(f.until, P_FAULT, _Pace(f.replica, 1.0))
+            else:
+                push(f.at, P_FAULT, _Down(f))
+        it = iter(arrivals)
+        nxt = next(it, None)
+        while True:
+            if nxt is not None and (not heap or nxt[1].arrival < heap[0][0]
+                                    or (nxt[1].arrival == heap[0][0] and heap[0][1] > P_ARRIVAL)):
+                now = nxt[1].arrival
+                if until is not None and now > until:
+                    break
+                idx, req = nxt
+                nxt = next(it, None)
+                open_[req.id] = idx
+                rej = core.submit(req, now)
+                if rej is not None:
+                    self._answer_reject(rej.request, rej.reason, now)
+            elif heap:
+                now, _, _, ev = pop(heap)
+                if until is not None and now > until:
+                    break
+                for t, prio, new in handlers[type(ev)](ev, now):
+                    push(t, prio, new)
+            else:
                 break
-            for t, prio, new in self._handle(ev, now):
-                self._push(t, prio, new)
-            self._apply(self.core.poll(now), now)
-        span = max((r.arrival for r in requests), default=0.0) - min(
-            (r.arrival for r in requests), default=0.0
-        )
-        duration = span if span > 0 else 1.0
-        records = [self._records[r.id] for r in requests if r.id in self._records]
-        return SimResult(records, duration, self._batch_rows, len(requests) - len(records))
+            d = core.poll(now)
+            if d.batches or d.rejects or d.wakeup is not None:
+                apply(d, now)
+        return len(open_)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -268,46 +337,42 @@ class Simulator:
         heapq.heappush(self._heap, (t, prio, self._seq, ev))
         self._seq += 1
 
-    def _handle(self, ev: Event, now: float) -> list[tuple[float, int, Event]]:
-        if isinstance(ev, _Arrival):
-            rej = self.core.submit(ev.request, now)
-            if rej is not None:
-                self._answer_reject(rej.request, rej.reason, now)
-            return []
-        if isinstance(ev, _Wake):
-            self._wakes.discard(now)
-            return []
-        if isinstance(ev, _Finish):
-            return self._finish(ev, now)
-        if isinstance(ev, _Deliver):
-            if ev.batch.replica in self._down_now:
-                self.core.on_complete(ev.batch, now, retry=ev.batch.requests)
-                return []
-            self._backlog[ev.batch.replica].append(ev.batch)
-            return self._reschedule(self.replicas[ev.batch.replica].slice_key, now)
-        if isinstance(ev, _Done):
-            self.core.on_complete(ev.batch, now)
-            self._answer_batch(ev.batch, now)
-            return []
-        if isinstance(ev, _Down):
-            return self._down(ev.fault, now)
-        if isinstance(ev, _Up):
-            self._down_now.discard(ev.replica)
-            self.core.set_healthy(ev.replica, True, now)
-            return []
-        raise TypeError(f"unknown event {ev!r}")
+    def _wake(self, ev: _Wake, now: float) -> list[tuple[float, int, Event]]:
+        self._wakes.discard(now)
+        return []
 
-    def _apply(self, decision, now: float) -> None:
+    def _deliver(self, ev: _Deliver, now: float) -> list[tuple[float, int, Event]]:
+        if ev.batch.replica in self._down_now:
+            self.core.on_complete(ev.batch, now, retry=ev.batch.requests)
+            return []
+        self._backlog[ev.batch.replica].append(ev.batch)
+        return self._reschedule(self.replicas[ev.batch.replica].slice_key, now)
+
+    def _done(self, ev: _Done, now: float) -> list[tuple[float, int, Event]]:
+        self.core.on_complete(ev.batch, now)
+        self._answer_batch(ev.batch, now)
+        return []
+
+    def _up(self, ev: _Up, now: float) -> list[tuple[float, int, Event]]:
+        self._down_now.discard(ev.replica)
+        self.core.set_healthy(ev.replica, True, now)
+        return []
+
+    def _paced(self, ev: _Pace, now: float) -> list[tuple[float, int, Event]]:
+        self._pace[ev.replica] = ev.factor
+        return []
+
+    def _apply(self, decision: Decision, now: float) -> None:
         for rej in decision.rejects:
             self._answer_reject(rej.request, rej.reason, now)
-        touched: set[str] = set()
+        touched: dict[str, None] = {}  # slice keys in dispatch order (a set's order varies by run)
         for batch in decision.batches:
             self._batch_rows.append(batch.rows)
             if self.transit > 0:
                 self._push(now + self.transit, P_FINISH, _Deliver(batch))
                 continue
             self._backlog[batch.replica].append(batch)
-            touched.add(self.replicas[batch.replica].slice_key)
+            touched[self.replicas[batch.replica].slice_key] = None
         for key in touched:
             for t, prio, ev in self._reschedule(key, now):
                 self._push(t, prio, ev)
@@ -320,85 +385,88 @@ class Simulator:
             self._push(decision.wakeup, P_WAKE, _Wake())
 
     def _answer_reject(self, req: Request, reason: str, now: float) -> None:
-        if req.id in self._records:
-            raise RuntimeError(
-                f"request {req.id} answered twice (reject {reason!r} after "
-                f"{self._records[req.id].outcome!r})"
-            )
-        outcome: Outcome = "failed" if reason == "failed" else "rejected"
-        self._records[req.id] = RequestRecord(
-            req.id,
-            req.model,
-            "",
-            int(req.priority),
-            req.arrival,
-            req.deadline,
-            now,
-            outcome,
-            reason,
-        )
+        if req.id not in self._open:
+            raise RuntimeError(f"request {req.id} answered twice (reject {reason!r} after an answer)")
+        self._sink(req, "", now, "failed" if reason == "failed" else "rejected", reason, 0)
+        self._open.pop(req.id, None)
 
     def _answer_batch(self, batch: Batch, now: float) -> None:
+        rows = batch.rows
+        open_, sink = self._open, self._sink
         for req in batch.requests:
-            if req.id in self._records:
+            if req.id not in open_:
                 raise RuntimeError(f"request {req.id} answered twice")
-            outcome: Outcome = "ok" if now <= req.deadline + 1e-12 else "late"
-            self._records[req.id] = RequestRecord(
-                req.id,
-                req.model,
-                batch.variant,
-                int(req.priority),
-                req.arrival,
-                req.deadline,
-                now,
-                outcome,
-                "",
-                batch.rows,
-            )
+            sink(req, batch.variant, now, "ok" if now <= req.deadline + 1e-12 else "late", "", rows)
+            open_.pop(req.id, None)
 
     # ------------------------------------------------------------------ execution
 
-    def _slice(self, key: str) -> _Slice:
-        if key not in self._slices:
-            self._slices[key] = _Slice()
-        return self._slices[key]
+    def _solo_rate(self, key: str, members: list[str]) -> float | None:
+        if len(members) != 1:
+            return None
+        return self._rates(key, members)[members[0]]
 
-    def _rates(self, key: str, sl: _Slice) -> dict[str, float]:
-        ids = list(sl.jobs)
+    def _rates(self, key: str, ids: Iterable[str]) -> dict[str, float]:
+        ids = list(ids)
         jobs = []
         for rid in ids:
             rep = self.replicas[rid]
             jobs.append(ActiveJob(key, rid, rep.mode, rep.share, rep.info.profile.mps_interference))
         return dict(zip(ids, progress_rates(jobs), strict=True))
 
-    def _reschedule(self, key: str, now: float) -> list[tuple[float, int, Event]]:
-        """Advance the slice's running jobs to ``now``, start backlog on idle replicas of the
-        slice, and schedule each running job's finish at the current sharing rates."""
-        sl = self._slice(key)
-        rates = self._rates(key, sl)
+    def _service(self, rid: str, rows: int) -> float:
+        """Seconds a batch of ``rows`` takes alone on replica ``rid`` (profile, pace, overhead,
+        jitter)."""
+        table = self._service_s.get(rid)
+        if table is None:
+            info = self.replicas[rid].info
+            table = self._service_s[rid] = [0.0] + [info.profile.latency(b, self.service)
+                                                     for b in range(1, info.profile.max_batch + 1)]
+        base = table[rows] if rows < len(table) else self.replicas[rid].info.profile.latency(rows, self.service)
+        pace = self._pace[rid]
+        if pace != 1.0:
+            base *= pace
+        return base + (self.overhead + (self._rng.exponential(self.jitter) if self.jitter > 0 else 0.0))
+
+    def _advance(self, key: str, sl: _Slice, now: float) -> dict[str, float] | None:
+        """Run the slice's jobs up to ``now`` at their current rates (returned; None: solo)."""
+        if sl.solo_rate is not None:
+            rate = sl.solo_rate
+            for job in sl.jobs.values():
+                job.remaining = max(0.0, job.remaining - rate * (now - sl.updated))
+            sl.updated = now
+            return None
+        rates = self._rates(key, sl.jobs)
         for rid, job in sl.jobs.items():
             job.remaining = max(0.0, job.remaining - rates[rid] * (now - sl.updated))
         sl.updated = now
-        for rid, rep in self.replicas.items():
-            if rep.slice_key == key and rid not in sl.jobs and self._backlog[rid]:
-                b = self._backlog[rid].pop(0)
-                extra = self.overhead + (self._rng.exponential(self.jitter) if self.jitter > 0 else 0.0)
-                sl.jobs[rid] = _Job(b, rep.info.profile.latency(b.rows, self.service) + extra)
+        return rates
+
+    def _reschedule(self, key: str, now: float) -> list[tuple[float, int, Event]]:
+        """Advance the slice's running jobs to ``now``, start backlog on idle replicas of the
+        slice, and schedule each running job's finish at the current sharing rates."""
+        sl = self._slices[key]
+        self._advance(key, sl, now)
+        for rid in sl.members:
+            if rid not in sl.jobs and self._backlog[rid]:
+                b = self._backlog[rid].popleft()
+                sl.jobs[rid] = _Job(b, self._service(rid, b.rows))
         sl.version += 1
-        rates = self._rates(key, sl)
+        if sl.solo_rate is not None:
+            rate = sl.solo_rate
+            return [(now + job.remaining / rate, P_FINISH, _Finish(key, rid, sl.version))
+                    for rid, job in sl.jobs.items()]
+        rates = self._rates(key, sl.jobs)
         return [
             (now + job.remaining / rates[rid], P_FINISH, _Finish(key, rid, sl.version))
             for rid, job in sl.jobs.items()
         ]
 
     def _finish(self, ev: _Finish, now: float) -> list[tuple[float, int, Event]]:
-        sl = self._slice(ev.slice_key)
+        sl = self._slices[ev.slice_key]
         if ev.version != sl.version or ev.replica not in sl.jobs:
             return []
-        rates = self._rates(ev.slice_key, sl)
-        for rid, job in sl.jobs.items():
-            job.remaining = max(0.0, job.remaining - rates[rid] * (now - sl.updated))
-        sl.updated = now
+        self._advance(ev.slice_key, sl, now)
         job = sl.jobs.pop(ev.replica)
         if self.transit > 0:
             return [*self._reschedule(ev.slice_key, now), (now + self.transit, P_FINISH, _Done(job.batch))]
@@ -406,16 +474,14 @@ class Simulator:
         self._answer_batch(job.batch, now)
         return self._reschedule(ev.slice_key, now)
 
-    def _down(self, f: Fault, now: float) -> list[tuple[float, int, Event]]:
+    def _down(self, ev: _Down, now: float) -> list[tuple[float, int, Event]]:
+        f = ev.fault
         key = self.replicas[f.replica].slice_key
-        sl = self._slice(key)
+        sl = self._slices[key]
         failed = list(self._backlog[f.replica])
         self._backlog[f.replica].clear()
         if f.replica in sl.jobs:
-            rates = self._rates(key, sl)
-            for rid, job in sl.jobs.items():
-                job.remaining = max(0.0, job.remaining - rates[rid] * (now - sl.updated))
-            sl.updated = now
+            self._advance(key, sl, now)
             failed.insert(0, sl.jobs.pop(f.replica).batch)
         self.core.set_healthy(f.replica, False, now)
         self._down_now.add(f.replica)
