@@ -27,6 +27,14 @@ def predict_finish(lanes: Sequence[Lane], rows_ahead: int, size: int) -> float:
     usable = [i for i, ln in enumerate(lanes) if ln.max_batch >= size]
     if not usable:
         return float("inf")
+    if len(usable) == 1:  # one replica: the same steps without the heap
+        lane = lanes[usable[0]]
+        s, rem = lane.start, rows_ahead
+        while rem + size > lane.max_batch:
+            chunk = min(lane.max_batch, rem)
+            rem -= chunk
+            s = s + lane.latency(chunk)
+        return s + lane.latency(rem + size)
     heap = [(lanes[i].start, i) for i in usable]
     heapq.heapify(heap)
     rem = rows_ahead

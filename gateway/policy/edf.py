@@ -40,6 +40,8 @@ class EdfQueue:
 
     def rows_before(self, deadline: float) -> int:
         """Rows of queued requests whose deadline is at or before ``deadline``."""
+        if self.rows == len(self._items):  # every request is one row
+            return self.index_after(deadline)
         return sum(r.size for r in self._items[: self.index_after(deadline)])
 
     def remove_indices(self, indices: Iterable[int]) -> list[Request]:

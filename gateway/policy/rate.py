@@ -21,6 +21,9 @@ class RateEstimator:
     def observe(self, now: float, rows: int = 1) -> None:
         if self._first is None:
             self._first = now
+        if rows == 1:
+            self._times.append(now)
+            return
         for _ in range(rows):
             self._times.append(now)
 

@@ -80,6 +80,8 @@ class Replica:
             return now
         if self.info.max_inflight > 1:
             return max(now, max(self.ends))
+        if len(self.inflight) == 1:
+            return max(now, self.inflight[0].predicted_finish)
         return max(now, max(b.predicted_finish for b in self.inflight))
 
     def has_slot(self) -> bool:

@@ -208,7 +208,8 @@ class EdfScheduler(SequenceScheduling):
         model.rate.observe(now, request.size)
         allowed = request.replicas
         live = {v: h for v, g in model.groups.items()
-                if (h := [x for x in self._healthy(g) if allowed is None or x.info.id in allowed])}
+                if (h := self._healthy(g) if allowed is None else
+                    [x for x in self._healthy(g) if x.info.id in allowed])}
         if not live:
             which = "" if allowed is None else f" (of replicas {sorted(allowed)})"
             return self._reject(request, RejectReason.NO_REPLICA, self.config.no_replica_retry_after_s,
@@ -231,7 +232,9 @@ class EdfScheduler(SequenceScheduling):
         if not order:
             return self._reject(request, RejectReason.INFEASIBLE, self.config.no_replica_retry_after_s,
                                 f"no variant of model {request.model!r} meets {describe_constraints(request)}")
-        fits = [v for v in order if request.size <= max(r.info.max_batch for r in live[v])]
+        # every replica takes a batch of one row (max_batch >= 1)
+        fits = order if request.size == 1 else [
+            v for v in order if request.size <= max(r.info.max_batch for r in live[v])]
         if not fits:
             return self._reject(
                 request, RejectReason.INFEASIBLE, self.config.min_retry_after_s,
@@ -332,7 +335,8 @@ class EdfScheduler(SequenceScheduling):
                 if not group.queued:
                     continue  # nothing to dispatch, expire or wake up for (the common case)
                 rejects += self._expire(group, healthy, now, model)
-                for rep in sorted(healthy, key=lambda r: r.base[1]):
+                sent = len(batches)
+                for rep in sorted(healthy, key=lambda r: r.base[1]) if len(healthy) > 1 else healthy:
                     while rep.has_slot() and group.queued:
                         if rep.inflight:  # pipelined: form the next batch just before it can start
                             ready_at = rep.start(now) - self.config.pipeline_lead_s
@@ -347,7 +351,8 @@ class EdfScheduler(SequenceScheduling):
                         rep.dispatch(batch)
                         batches.append(batch)
                 if group.queued:
-                    rejects += self._expire(group, healthy, now, model)
+                    if len(batches) > sent:  # NOTE: unchanged queues and replicas expire nothing new
+                        rejects += self._expire(group, healthy, now, model)
                     wake = min(wake, self._next_expiry(group, healthy, now))
         if self._moved:  # a request moved to a variant this poll had passed: look again now
             self._moved = False
@@ -552,6 +557,8 @@ class EdfScheduler(SequenceScheduling):
             if not len(q):
                 continue
             bound = finish(q.max_size)  # requests with later deadlines are surely feasible
+            if q[0].deadline >= bound:
+                continue
             gone = []
             for i, r in enumerate(q):
                 if r.deadline >= bound:
