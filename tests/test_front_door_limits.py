@@ -476,8 +476,10 @@ def test_probes_answer_with_2000_idle_connections_held_at_the_default_limits(gat
     held: list[socket.socket] = []
     try:
         held = [socket.create_connection(("127.0.0.1", port)) for _ in range(2000)]
-        end = time.monotonic() + 5.0  # all accepted: the gateway holds a socket for each
-        while len(os.listdir(f"/proc/{proc.pid}/fd")) < fds + 2000:
+        # all accepted: the gateway holds a socket for each (give or take the few descriptors its
+        # own replica connections open and close meanwhile)
+        end = time.monotonic() + 15.0
+        while len(os.listdir(f"/proc/{proc.pid}/fd")) < fds + 2000 - 4:
             assert time.monotonic() < end, f"{len(os.listdir(f'/proc/{proc.pid}/fd')) - fds} of 2000 accepted"
             time.sleep(0.05)
         took = probe_latencies(port)
