@@ -240,11 +240,19 @@ def profile_to_dict(p: Profile) -> dict:
     return {"apiVersion": API_VERSION, "kind": "Profile", "metadata": {"name": p.name}, "spec": spec}
 
 
+# libyaml's C loader when PyYAML was built with it: a fleet's profile files parse ~10x faster
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 class ProfileSet:
-    """Profiles keyed by (variant, gpu, slice). Loading raises on duplicates."""
+    """Profiles keyed by (variant, gpu, slice), indexed by model and by variant (a fleet's
+    tens of thousands of profiles are searched by key, not scanned). Loading raises on
+    duplicates."""
 
     def __init__(self, profiles: Iterable[Profile] = ()) -> None:
         self._by_key: dict[tuple[str, str, str], Profile] = {}
+        self._by_model: dict[str, list[Profile]] = {}
+        self._by_variant: dict[str, list[Profile]] = {}
         for p in profiles:
             self.add(p)
 
@@ -255,6 +263,8 @@ class ProfileSet:
         if p.key in self._by_key:
             raise ProfileError(f"duplicate profile {p.name}")
         self._by_key[p.key] = p
+        self._by_model.setdefault(p.model, []).append(p)
+        self._by_variant.setdefault(p.variant, []).append(p)
 
     def __contains__(self, key: tuple[str, str, str]) -> bool:
         """Whether a profile is stored under ``(variant, gpu, slice)``."""
@@ -269,8 +279,15 @@ class ProfileSet:
 
     def find(self, *, model: str | None = None, variant: str | None = None, gpu: str | None = None,
              slice: str | None = None) -> list[Profile]:
+        """The profiles matching every filter given, in the order they were added."""
+        if variant is not None and gpu is not None and slice is not None:
+            p = self._by_key.get((variant, gpu, slice))
+            return [p] if p is not None and (model is None or p.model == model) else []
+        pool: Iterable[Profile] = (self._by_variant.get(variant, []) if variant is not None
+                                   else self._by_model.get(model, []) if model is not None
+                                   else self._by_key.values())
         return [
-            p for p in self._by_key.values()
+            p for p in pool
             if (model is None or p.model == model) and (variant is None or p.variant == variant)
             and (gpu is None or p.gpu == gpu) and (slice is None or p.slice == slice)
         ]
@@ -300,7 +317,7 @@ class ProfileSet:
 def load_profiles(path: str | Path) -> list[Profile]:
     path = Path(path)
     try:
-        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        docs = [d for d in yaml.load_all(path.read_text(), Loader=_YAML_LOADER) if d is not None]
     except yaml.YAMLError as e:
         raise ProfileError(f"{path}: not valid YAML: {e}") from None
     except OSError as e:

@@ -63,3 +63,19 @@ def test_malformed_yaml_names_the_field_and_the_value(tmp_path):
 def test_unknown_profile_lists_known_ones():
     with pytest.raises(ProfileError, match="known:.*resnet50@A100-80GB/1g.10gb"):
         ProfileSet.reference().get("resnet51", "A100-80GB", "1g.10gb")
+
+
+def test_find_by_index_equals_a_scan_for_every_filter():
+    ps = ProfileSet.reference()
+    every = list(ps)
+    models = sorted({p.model for p in every}) + ["nope", None]
+    variants = sorted({p.variant for p in every})[:4] + ["nope", None]
+    gpus = sorted({p.gpu for p in every}) + [None]
+    slices = sorted({p.slice for p in every})[:3] + [None]
+    for m in models:
+        for v in variants:
+            for g in gpus:
+                for s in slices:
+                    scan = [p for p in every if (m is None or p.model == m) and (v is None or p.variant == v)
+                            and (g is None or p.gpu == g) and (s is None or p.slice == s)]
+                    assert ps.find(model=m, variant=v, gpu=g, slice=s) == scan, (m, v, g, s)
