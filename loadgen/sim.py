@@ -271,6 +271,11 @@ class Simulator:
 
     # ------------------------------------------------------------------ public
 
+    @property
+    def batch_rows(self) -> list[int]:
+        """Rows of every batch dispatched so far, in dispatch order."""
+        return self._batch_rows
+
     def run(self, requests: Sequence[Request], until: float | None = None) -> SimResult:
         """Simulate ``requests`` (any order; ties in arrival keep their order) and return a
         record per request, in the order given."""
