@@ -608,11 +608,15 @@ class EdfScheduler(SequenceScheduling):
             if not len(queue):
                 continue
             longest = max(rep.table[min(queue.max_size, rep.info.max_batch)] for rep in healthy)
+            one = healthy[0] if len(healthy) == 1 else None  # the common case, without generators
             for r in queue:
                 if r.deadline - longest >= best:
                     break  # later deadlines cannot turn infeasible sooner
-                last_start = max((r.deadline - rep.table[r.size] for rep in healthy
-                                  if rep.info.max_batch >= r.size), default=now)
+                if one is not None:
+                    last_start = r.deadline - one.table[r.size] if one.info.max_batch >= r.size else now
+                else:
+                    last_start = max((r.deadline - rep.table[r.size] for rep in healthy
+                                      if rep.info.max_batch >= r.size), default=now)
                 if last_start >= now:
                     best = min(best, last_start + _EPS)
         return best
