@@ -198,9 +198,16 @@ class TritonServer:
                 pass
 
     def stop(self, grace: float = 10.0) -> None:
+        """Stop its process group, then remove its working directory (its backends, and its
+        log unless ``log_path`` was given elsewhere)."""
         proc, self.proc = self.proc, None
         if proc is not None:
             stop_group(proc, grace=grace)
+        workdir, self._workdir = self._workdir, None
+        if workdir is not None:
+            if self.log_path is not None and workdir in self.log_path.parents:
+                self.log_path = None  # it goes with the directory
+            shutil.rmtree(workdir, ignore_errors=True)
 
     def restart(self) -> TritonServer:
         """Start again on the same ports (a replica coming back after a crash)."""
@@ -212,5 +219,3 @@ class TritonServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-        if self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
