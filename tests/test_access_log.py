@@ -2,8 +2,8 @@
 by default, successes sampled by the configured fraction while refusals and errors are all
 kept (unless they are sampled too), buffered off the request path and flushed on close.
 Through the gateway, over HTTP and gRPC: served, refused by the scheduler, refused at the front
-door (unknown model, bad body, no key) each get their line with the caller's tenant; other
-routes none."""
+door (unknown model, bad body, no key, a body too large for the HTTP server) and given up by
+the client (499 / CANCELLED) each get their line with the caller's tenant; other routes none."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import json
 import random
 import re
 import socket
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -264,3 +265,54 @@ def test_a_gateway_document_carries_both_settings_to_the_gateway(tmp_path: Path)
     assert cfg.access_log.sample == 0.5 and cfg.access_log.path == "/var/log/headrace/access.jsonl"
     assert cfg.tracing.endpoint == "https://collector:4317" and cfg.tracing.sample_ratio == 0.1
     assert not parse_config({"models": gateway_doc(tmp_path)["models"]}).access_log.enabled  # off by default
+
+
+class Held(FakeReplica):
+    """A replica that takes each batch and never answers: ``arrived`` is set when one comes,
+    ``gone`` when the gateway cancels it (its waiter gave up)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.arrived, self.gone = threading.Event(), threading.Event()
+
+    async def infer(self, variant: str, inputs: list[Tensor], timeout: float | None, *args: Any,
+                    **kwargs: Any) -> list[Tensor]:
+        self.arrived.set()
+        try:
+            await asyncio.get_running_loop().create_future()  # until cancelled
+        finally:
+            self.gone.set()
+        raise AssertionError("not reached")
+
+
+def test_a_client_that_gives_up_is_logged_as_cancelled(tmp_path: Path) -> None:
+    path = tmp_path / "access.jsonl"
+    doc = gateway_doc(path)
+    del doc["tenants"]
+    held: list[Held] = []
+
+    def factory(protocol: str, url: str) -> Held:
+        held.append(Held(url))
+        return held[-1]
+
+    with GatewayThread(parse_config(doc), replica_factory=factory) as gw:
+        (replica,) = held
+        host, port = gw.http_url.rsplit(":", 1)
+        body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]})
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(f"POST /v2/models/m/infer HTTP/1.1\r\nHost: gw\r\nContent-Length: {len(body)}\r\n\r\n"
+                      f"{body}".encode())
+            assert replica.arrived.wait(10)
+        assert replica.gone.wait(10)  # the gateway saw the client go
+        replica.arrived.clear()
+        replica.gone.clear()
+        req = pb.ModelInferRequest(model_name="m")
+        req.inputs.add(name="x", datatype="FP32", shape=[1, 2])
+        req.raw_input_contents.append(np.ones((1, 2), np.float32).tobytes())
+        with grpc.insecure_channel(gw.grpc_url) as ch:
+            call = pbg.GRPCInferenceServiceStub(ch).ModelInfer.future(req, timeout=30)
+            assert replica.arrived.wait(10)
+            call.cancel()
+            assert replica.gone.wait(10)
+    statuses = sorted(str(json.loads(x)["status"]) for x in path.read_text().splitlines())
+    assert statuses == ["499", "CANCELLED"]
