@@ -162,6 +162,7 @@ async def tritonclient_floor(url: str, rate: float, n: int, profs: dict[str, Pro
 
 STEP = ((0.5, 10.0), (4.0, 10.0), (0.5, 10.0))  # (x ViT capacity, seconds): the load step
 STEP_WINDOW_S = 1.0
+CLIENT_LAG_S = 0.010  # a request the client sent later than this after its schedule: the client stalled
 
 
 async def load_step(url: str, cap: float, profs: dict[str, Profile], phases=STEP) -> dict[str, Any]:
@@ -220,10 +221,14 @@ async def load_step(url: str, cap: float, profs: dict[str, Profile], phases=STEP
         t += seconds
         edges.append(t)
     steady = [r for r in results if not any(e <= r[0] < e + 4.0 for e in edges)]
+    # requests the client itself sent late (it stalled: the machine's floor, not the gateway's)
+    prompt = [r for r in steady if r[3] <= CLIENT_LAG_S]
     last = [r[2] for r in results if r[0] >= t0 - 3.0 and r[2] is not None]
     return {"phases": [{"load": load, "seconds": sec} for load, sec in phases], "requests": len(results),
             "windows": windows, "transition_s": 4.0,
             "steady_attainment": sum(r[1] for r in steady) / len(steady) if steady else None,
+            "client_late": len(steady) - len(prompt), "client_lag_limit_ms": CLIENT_LAG_S * 1e3,
+            "steady_attainment_sent_on_time": sum(r[1] for r in prompt) / len(prompt) if prompt else None,
             "final_mean_accuracy": sum(profs[v].accuracy for v in last) / len(last) if last else None}
 
 
@@ -300,6 +305,7 @@ def targets(res: dict[str, Any]) -> dict[str, Any]:
     if step:
         top = res["variants"][VIT]["accuracy"]
         out["load_step"] = {"steady_attainment": step["steady_attainment"],
+                            "steady_attainment_sent_on_time": step["steady_attainment_sent_on_time"],
                             "final_mean_accuracy": step["final_mean_accuracy"],
                             "met": (step["steady_attainment"] or 0) >= 0.99
                             and abs((step["final_mean_accuracy"] or 0) - top) < 1e-9}
@@ -361,7 +367,10 @@ def markdown(res: dict[str, Any]) -> str:
     if "load_step" in t:
         s2 = t["load_step"]
         lines.append(f"- load step: attainment outside the {st['transition_s']:g} s after each step "
-                     f"{_f(s2['steady_attainment'], '.4f')} (>= 0.99), mean accuracy in the last 3 s "
+                     f"{_f(s2['steady_attainment'], '.4f')} (>= 0.99; "
+                     f"{_f(s2['steady_attainment_sent_on_time'], '.4f')} over the requests the client itself sent "
+                     f"within {st['client_lag_limit_ms']:g} ms of their schedule, {st['client_late']} were not), "
+                     f"mean accuracy in the last 3 s "
                      f"{_f(s2['final_mean_accuracy'], '.4f')} (back to ViT-B/16's): **{'met' if s2['met'] else 'not met'}**")
     if "at_half_cost" in t:
         c = t["at_half_cost"]
