@@ -123,15 +123,20 @@ async def point(target: str, rate: float, duration: float, warmup: float, seed: 
             "offered": s["offered"], "ok": s["ok"], "per_variant": s["per_variant"]}
 
 
+async def one_row(client: aiohttpclient.InferenceServerClient) -> aiohttpclient.InferInput:
+    """One row of zeros for the ``imagenet`` model's input, shaped as its metadata says."""
+    inp = (await client.get_model_metadata("imagenet"))["inputs"][0]
+    shape = [1 if d == -1 else d for d in inp["shape"]]
+    x = aiohttpclient.InferInput(inp["name"], shape, inp["datatype"])
+    x.set_data_from_numpy(np.zeros(shape, np.float32))
+    return x
+
+
 async def tritonclient_floor(url: str, rate: float, n: int, profs: dict[str, Profile]) -> dict[str, Any]:
     """``n`` requests at ``rate`` (Poisson) from tritonclient's asyncio HTTP client, each with
     ``headrace_min_accuracy``: which variants answered, and whether each met the floor."""
     client = aiohttpclient.InferenceServerClient(url)
-    md = await client.get_model_metadata("imagenet")
-    inp = md["inputs"][0]
-    shape = [1 if d == -1 else d for d in inp["shape"]]
-    x = aiohttpclient.InferInput(inp["name"], shape, inp["datatype"])
-    x.set_data_from_numpy(np.zeros(shape, np.float32))
+    x = await one_row(client)
     rng = np.random.default_rng(3)
     variants: dict[str, int] = {}
     errors = 0
@@ -170,11 +175,7 @@ async def load_step(url: str, cap: float, profs: dict[str, Profile], phases=STEP
     latency counted from each request's scheduled send: per window, attainment (answered OK
     within the SLO) and mean accuracy of the answers."""
     client = aiohttpclient.InferenceServerClient(url, conn_limit=400)
-    md = await client.get_model_metadata("imagenet")
-    inp = md["inputs"][0]
-    shape = [1 if d == -1 else d for d in inp["shape"]]
-    x = aiohttpclient.InferInput(inp["name"], shape, inp["datatype"])
-    x.set_data_from_numpy(np.zeros(shape, np.float32))
+    x = await one_row(client)
     rng = np.random.default_rng(11)
     sched: list[float] = []
     t0 = 0.0
