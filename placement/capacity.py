@@ -130,3 +130,21 @@ def legal_shares(gpu: GpuModel, slice_name: str, mps: bool) -> tuple[float, ...]
         return (1.0,)
     limit = gpu.mps_client_limit(slice_name)
     return tuple(s for s in SHARES if round(1.0 / s) <= limit)
+
+
+class CurveCapacity:
+    """:func:`replica_capacity` at a profile's own max batch, memoised by the identity of its
+    latency points (then, on a miss, by their value): profiles derived from one curve share
+    their points, so a fleet of copies builds each table once and looks it up by ``id``."""
+
+    def __init__(self) -> None:
+        self._tables: dict[tuple, tuple[object, _Table]] = {}
+
+    def capacity(self, profile: Profile, slo: float, share: float = 1.0) -> Capacity | None:
+        key = (id(profile.points), profile.mps_interference, share, profile.max_batch)
+        hit = self._tables.get(key)
+        if hit is None or hit[0] is not profile.points:
+            if not 0.0 < share <= 1.0:
+                raise ValueError(f"MPS share ({share}) must be in (0, 1]")
+            hit = self._tables[key] = (profile.points, _table(profile, share, profile.max_batch))
+        return hit[1].query(slo)

@@ -19,7 +19,7 @@ from profiles.catalogue import CatalogueError
 from profiles.derive import with_derived
 from profiles.digits import MEASURED_DIR
 from profiles.profile import ProfileError, ProfileSet
-from profiles.schema import GpuPool, format_error, load_documents
+from profiles.schema import Documents, GpuPool, format_error, load_documents
 
 HELP = """Plan MIG layouts, MPS shares and replicas for the models in -f files on the GPU pool
 in -f files, from the reference profiles (plus derived ones for unprofiled slices), the
@@ -63,12 +63,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def load_profile_set(extra: list[str]) -> ProfileSet:
+def load_profile_set(extra: list[str], derive: bool = True) -> ProfileSet:
+    """The reference profiles plus ``extra`` files or folders, and (``derive``) a derived
+    profile for every variant on every catalogue slice that lacks one."""
     ps = ProfileSet.reference()
     for path in extra:
         for prof in ProfileSet.load(path):
             ps.add(prof)
-    return with_derived(ps)
+    return with_derived(ps) if derive else ps
+
+
+def derive_for(docs: Documents, inv: Inventory, profiles: ProfileSet) -> ProfileSet:
+    """``profiles`` plus derived ones only where the plan can use them: the variants the
+    deployments allow, on the GPU models of the pool."""
+    variants = set()
+    for md in docs.deployments:
+        allowed = set(md.spec.variant_names())
+        variants |= {p.variant for p in profiles.find(model=md.spec.model) if not allowed or p.variant in allowed}
+    return with_derived(profiles, gpus=tuple(sorted({c.gpu for c in inv.classes})), variants=variants)
 
 
 def render(plan: Plan, console: Console) -> None:
@@ -93,12 +105,12 @@ def render(plan: Plan, console: Console) -> None:
     m = Table(title="models" + ("" if mean is None else f": mean accuracy {mean:.4f}"))
     for col in ("model", "rate", "SLO ms", "priority", "capacity", "headroom", "mean accuracy", "req/s by variant"):
         m.add_column(col, justify="left" if col in ("model", "priority", "req/s by variant") else "right")
-    means, splits = plan.mean_accuracies(), plan.splits()
+    means, splits, caps = plan.mean_accuracies(), plan.splits(), plan.capacities()
     for d in plan.demands:
         acc = "unknown" if means[d.model] is None else f"{means[d.model]:.4f}"
         split = ", ".join(f"{v} {r:.0f}" for v, r in splits[d.model].items() if r > 0.05) or "-"
         m.add_row(d.model, f"{d.rate:g}", f"{d.slo * 1e3:g}", d.priority,
-                  f"{plan.capacity(d.model):.0f}", f"{plan.headroom(d.model):.2f}x", acc, split)
+                  f"{caps[d.model]:.0f}", f"{caps[d.model] / d.rate if d.rate > 0 else float('inf'):.2f}x", acc, split)
     console.print(m)
 
 
@@ -128,9 +140,10 @@ def load(files: list[str], extra_profiles: list[str], args: argparse.Namespace |
     CatalogueError) naming where it is."""
     docs = load_documents(*files)
     pool = with_overrides(single_pool(docs, files), args)
-    profiles = profiles_for(docs, load_profile_set(extra_profiles + [str(MEASURED_DIR)]))
+    profiles = profiles_for(docs, load_profile_set(extra_profiles + [str(MEASURED_DIR)], derive=False))
     check_profiles(docs, profiles)
-    return inventory(pool), [demand(d) for d in docs.deployments], profiles
+    inv = inventory(pool)
+    return inv, [demand(d) for d in docs.deployments], derive_for(docs, inv, profiles)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,8 +16,15 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from placement.candidates import (
+    Candidate,
+    LayoutOption,
+    Options,
+    SolverError,
+    Start,
+    layout_options,
+)
 from placement.plan import Demand, GpuPlan, Inventory, Replica, SlicePlan
-from placement.solver import Candidate, LayoutOption, Options, SolverError, layout_options
 from profiles.catalogue import WHOLE, Instance
 
 FIT_EFFICIENCY = 0.85  # take opened room if at least this efficient relative to a new GPU
@@ -40,6 +47,14 @@ class _Gpu:
 
 def greedy_gpus(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate],
                 opts: Options) -> tuple[GpuPlan, ...]:
+    return greedy_choice(demands, inv, cands, opts)[0]
+
+
+def greedy_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate],
+                  opts: Options) -> tuple[tuple[GpuPlan, ...], Start]:
+    """The greedy's GPUs, and the same plan as the program's values (the MILP's start)."""
+    index = {id(c): j for j, c in enumerate(cands)}
+    chosen: dict[int, int] = defaultdict(int)
     by_model: dict[int, list[Candidate]] = defaultdict(list)
     for c in cands:
         by_model[c.model].append(c)
@@ -60,6 +75,7 @@ def greedy_gpus(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
         return best
 
     def place(c: Candidate, slot: _Slot) -> None:
+        chosen[index[id(c)]] += 1
         slot.free -= c.share
         slot.replicas.append(Replica(demands[c.model].model, c.profile.variant, c.share, c.cap.max_batch, c.cap.rate))
         if slot.free <= 1e-9:
@@ -128,13 +144,16 @@ def greedy_gpus(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
             place(c, s)
             r -= c.cap.rate
     out = []
-    for gi, g in enumerate(gpus):
+    layouts: dict[int, list[LayoutOption]] = defaultdict(list)
+    opened: dict[int, int] = defaultdict(int)  # GPUs of each class taken so far: the next id
+    for g in gpus:
         cls = inv.classes[g.cls]
         slices = tuple(
             SlicePlan(s.inst.profile, None if s.inst.profile == WHOLE else s.inst.start,
                       len(s.replicas) > 1 or s.replicas[0].share < 1.0, tuple(s.replicas))
             for s in sorted(g.slots, key=lambda s: s.inst.start) if s.replicas)
         if slices:
-            out.append(GpuPlan(cls.ids[sum(1 for h in gpus[:gi] if h.cls == g.cls)], cls.gpu,
-                               bool(g.layout.layout), slices))
-    return tuple(out)
+            out.append(GpuPlan(cls.ids[opened[g.cls]], cls.gpu, bool(g.layout.layout), slices))
+            layouts[g.cls].append(g.layout)
+        opened[g.cls] += 1
+    return tuple(out), Start(dict(chosen), dict(layouts))

@@ -124,7 +124,7 @@ def mean_accuracy(split: dict[str, float], accuracy: dict[str, float | None]) ->
 def has_known_accuracy(d: Demand, profiles: ProfileSet) -> bool:
     """Some allowed variant of ``d`` has a known accuracy; a model with none is exempt from the
     mean-accuracy floor and from the accuracy objective (its answers' accuracy is unknown)."""
-    return any(p.accuracy is not None and d.allows(p) for p in profiles)
+    return any(p.accuracy is not None and d.allows(p) for p in profiles.find(model=d.model))
 
 
 @dataclass(frozen=True)
@@ -213,6 +213,13 @@ class Plan:
     def replicas(self) -> list[tuple[GpuPlan, SlicePlan, Replica]]:
         return [(g, s, r) for g in self.gpus for s in g.slices for r in s.replicas]
 
+    def capacities(self) -> dict[str, float]:
+        """Planned requests per second of every model (0 for a model without replicas)."""
+        out = {d.model: 0.0 for d in self.demands}
+        for _, _, r in self.replicas():
+            out[r.model] = out.get(r.model, 0.0) + r.capacity
+        return out
+
     def capacity(self, model: str) -> float:
         return sum(r.capacity for _, _, r in self.replicas() if r.model == model)
 
@@ -221,7 +228,7 @@ class Plan:
         return self.capacity(model) / d.rate if d.rate > 0 else float("inf")
 
     def _accuracy_of(self) -> dict[str, float | None]:
-        return {p.variant: p.accuracy for p in self.profiles}
+        return {p.variant: p.accuracy for d in self.demands for p in self.profiles.find(model=d.model)}
 
     def splits(self) -> dict[str, dict[str, float]]:
         """Per model, requests per second each of its planned variants answers at the expected
@@ -402,7 +409,7 @@ class Plan:
 
     # ------------------------------------------------------------------ output
     def to_dict(self) -> dict:
-        means, splits = self.mean_accuracies(), self.splits()
+        means, splits, caps = self.mean_accuracies(), self.splits(), self.capacities()
         return {
             "apiVersion": API_VERSION,
             "kind": "Plan",
@@ -431,8 +438,8 @@ class Plan:
                 "gap": None if self.gap == float("inf") else round(self.gap, 4),
                 "solve_seconds": round(self.solve_seconds, 3),
                 "models": [{"model": d.model, "rate": d.rate, "slo_ms": d.slo * 1e3,
-                            "capacity_rps": round(self.capacity(d.model), 1),
-                            "headroom": round(self.headroom(d.model), 3),
+                            "capacity_rps": round(caps[d.model], 1),
+                            "headroom": round(caps[d.model] / d.rate if d.rate > 0 else float("inf"), 3),
                             "mean_accuracy": _round(means[d.model]),
                             "split_rps": {v: round(r, 1) for v, r in splits[d.model].items()}}
                            for d in self.demands],

@@ -87,7 +87,7 @@ def check_profiles(docs: Documents, profiles: ProfileSet) -> None:
             raise SpecError(f"profile {p.name}: {bad}")
     for md in docs.deployments:
         s = md.spec
-        mine = [p for p in profiles if p.model == s.model]
+        mine = profiles.find(model=s.model)
         where = docs.origin(md)
         if not mine:
             known = sorted({p.model for p in profiles})

@@ -18,6 +18,7 @@ Memory, max batch, accuracy and MPS interference are kept from the source.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 
 from profiles.catalogue import GPUS, HOST, WHOLE, GpuModel, gpu_model
@@ -36,9 +37,8 @@ def efficiency(gpu: GpuModel, slice_name: str) -> float:
     return p.compute * bonus
 
 
-def _fixed_part(src: Profile) -> tuple[float, float]:
+def _fixed_part(pts: tuple[LatencyPoint, ...]) -> tuple[float, float]:
     """(fixed p50 seconds, fixed p99 seconds): intercepts of the last segment, clamped."""
-    pts = src.points
     if len(pts) == 1:
         return 0.0, 0.0
     lo, hi = pts[-2], pts[-1]
@@ -50,20 +50,37 @@ def _fixed_part(src: Profile) -> tuple[float, float]:
     return out[0], out[1]
 
 
-def scale(src: Profile, gpu: str, slice_name: str, r: float, how: str) -> Profile:
-    """``src`` with its per-sample latency multiplied by ``r``, labelled (gpu, slice)."""
-    a50, a99 = _fixed_part(src)
-    f50, f99 = (src.points[0].p50, src.points[0].p99) if r < 1 else (0.0, 0.0)
-    pts = []
-    for p in src.points:
+_SCALED: dict[tuple[int, float], tuple[tuple[LatencyPoint, ...], tuple[LatencyPoint, ...]]] = {}
+_SCALED_MAX = 1 << 16
+
+
+def _scaled_points(points: tuple[LatencyPoint, ...], r: float) -> tuple[LatencyPoint, ...]:
+    """``points`` with the per-sample part times ``r`` (memoised by the tuple's identity, so
+    profiles derived from one curve share their points: a fleet's copies of a family do)."""
+    hit = _SCALED.get((id(points), r))
+    if hit is not None and hit[0] is points:
+        return hit[1]
+    a50, a99 = _fixed_part(points)
+    f50, f99 = (points[0].p50, points[0].p99) if r < 1 else (0.0, 0.0)
+    out = []
+    for p in points:
         p50 = max(f50, a50 + (p.p50 - a50) * r)
         p99 = max(f99, a99 + (p.p99 - a99) * r, p50)
-        pts.append(LatencyPoint(p.batch, p50, p99))
+        out.append(LatencyPoint(p.batch, p50, p99))
+    if len(_SCALED) >= _SCALED_MAX:
+        _SCALED.clear()
+    _SCALED[(id(points), r)] = (points, tuple(out))
+    return _SCALED[(id(points), r)][1]
+
+
+def scale(src: Profile, gpu: str, slice_name: str, r: float, how: str) -> Profile:
+    """``src`` with its per-sample latency multiplied by ``r``, labelled (gpu, slice)."""
+    a50, _ = _fixed_part(src.points)
     notes = (f"{how}; per-sample latency x{r:.4f}, fixed part {a50 * 1e3:.3g} ms kept"
-             + (f", floor {f50 * 1e3:.3g} ms kept" if r < 1 else ""))
+             + (f", floor {src.points[0].p50 * 1e3:.3g} ms kept" if r < 1 else ""))
     origin = src.provenance.source if src.provenance.kind != "derived" else src.provenance.notes
     return replace(
-        src, gpu=gpu, slice=slice_name, points=tuple(pts),
+        src, gpu=gpu, slice=slice_name, points=_scaled_points(src.points, r),
         provenance=Provenance(source=f"derived from {src.name} ({origin})", kind="derived", notes=notes,
                               accuracy_source=src.provenance.accuracy_source),
     )
@@ -111,12 +128,20 @@ def _closest(candidates: list[Profile], gpu: GpuModel, slice_name: str) -> Profi
 
 def derive_one(known: ProfileSet, variant: str, gpu: str, slice_name: str) -> Profile:
     """A profile of ``variant`` on (gpu, slice): derived from the closest known one."""
+    return _derive([p for p in known.find(variant=variant) if p.provenance.kind != "derived"],
+                   variant, gpu, slice_name, {})
+
+
+def _derive(measured: list[Profile], variant: str, gpu: str, slice_name: str,
+            sources: dict[tuple[str, str], Profile]) -> Profile:
+    """:func:`derive_one` from ``variant``'s measured profiles; ``sources`` memoises the
+    profile carried over to each target GPU (one per (gpu, source slice), whatever the target
+    slice)."""
     g = gpu_model(gpu)
-    same_gpu = [p for p in known.find(variant=variant, gpu=gpu) if p.provenance.kind != "derived"]
+    same_gpu = [p for p in measured if p.gpu == gpu]
     if same_gpu:
         return to_slice(_closest(same_gpu, g, slice_name), slice_name)
-    others = [p for p in known.find(variant=variant)
-              if p.gpu in GPUS and p.gpu != HOST and p.provenance.kind != "derived"]
+    others = [p for p in measured if p.gpu in GPUS and p.gpu != HOST]
     if not others:
         raise ValueError(f"no profile of {variant} to derive {variant}@{gpu}/{slice_name} from")
     # prefer a source GPU with the target's geometry, then the most SMs alike
@@ -124,23 +149,39 @@ def derive_one(known: ProfileSet, variant: str, gpu: str, slice_name: str) -> Pr
                   key=lambda n: (GPUS[n].compute_slices != g.compute_slices, abs(GPUS[n].sms - g.sms), n))
     sg = gpu_model(src_gpu)
     src_slice = matching_slice(sg, g, slice_name)
-    base = [p for p in others if p.gpu == src_gpu]
-    exact = [p for p in base if p.slice == src_slice]
-    src = exact[0] if exact else to_slice(_closest(base, sg, src_slice), src_slice)
-    out = to_gpu(src, gpu)
+    out = sources.get((gpu, src_slice))
+    if out is None:
+        base = [p for p in others if p.gpu == src_gpu]
+        exact = [p for p in base if p.slice == src_slice]
+        src = exact[0] if exact else to_slice(_closest(base, sg, src_slice), src_slice)
+        out = sources[(gpu, src_slice)] = to_gpu(src, gpu)
     return out if out.slice == slice_name else to_slice(out, slice_name)
 
 
-def with_derived(known: ProfileSet, gpus: tuple[str, ...] | None = None) -> ProfileSet:
-    """``known`` plus a derived profile for every (variant, GPU, slice kind) it lacks."""
+def with_derived(known: ProfileSet, gpus: tuple[str, ...] | None = None,
+                 variants: Iterable[str] | None = None) -> ProfileSet:
+    """``known`` plus a derived profile for every (variant, GPU, slice kind) it lacks: of every
+    catalogue GPU, or only of ``gpus``; for every variant, or only ``variants`` (a plan derives
+    just what its demand may use on its pool's GPUs)."""
     out = ProfileSet(known)
     # host profiles measure a CPU: nothing is derived from them, nor onto the host
-    variants = sorted({p.variant for p in known if p.gpu != HOST})
-    for gname in gpus or tuple(g for g in GPUS if g != HOST):
-        if gname == HOST:
+    names = (sorted({p.variant for p in known if p.gpu != HOST}) if variants is None
+             else sorted(set(variants)))
+    targets = [(n, gpu_model(n).slice_names()) for n in (gpus or tuple(GPUS)) if n != HOST]
+    canon: dict[tuple[LatencyPoint, ...], tuple[LatencyPoint, ...]] = {}
+    for v in names:
+        mine = [p for p in known.find(variant=v) if p.gpu != HOST]
+        measured = [p for p in mine if p.provenance.kind != "derived"]
+        if not measured:
             continue
-        for sname in gpu_model(gname).slice_names():
-            for v in variants:
-                if not known.find(variant=v, gpu=gname, slice=sname):
-                    out.add(derive_one(known, v, gname, sname))
+        # equal curves (a fleet's copies of one family) share one points tuple, and so
+        # everything derived from them
+        measured = [p if canon.setdefault(p.points, p.points) is p.points else replace(p, points=canon[p.points])
+                    for p in measured]
+        have = {(p.gpu, p.slice) for p in mine}
+        sources: dict[tuple[str, str], Profile] = {}
+        for gname, slices in targets:
+            for sname in slices:
+                if (gname, sname) not in have:
+                    out.add(_derive(measured, v, gname, sname, sources))
     return out

@@ -1,0 +1,109 @@
+"""The integer program solved by HiGHS (through ``highspy``), started from the greedy's plan.
+
+Stage 1 minimises GPUs (or cost) under the rounding cuts, from the greedy's replica counts and
+layouts as its first incumbent: whatever the time limit, the answer is never worse than the
+greedy's, and HiGHS spends its time improving it and proving the bound, not looking for a
+first solution (a 1,000-model fleet is one program, not a sequence of chunks). Stage 2 holds
+that spend and prefers the most accurate variants and the least share (no idle replicas).
+``scipy.optimize.milp`` wraps the same HiGHS but takes no starting solution.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+import highspy
+import numpy as np
+from scipy.sparse import csc_matrix, vstack
+
+from placement.bound import _Program, _program
+from placement.candidates import Candidate, LayoutOption, MilpTimeout, Options, SolverError, Start
+from placement.plan import Demand, Inventory
+
+STAGE1_SHARE = 0.8  # of the time limit; stage 2 gets what is left
+STAGE2_MIN_SECONDS = 0.5
+
+
+def _vector(p: _Program, start: Start) -> np.ndarray:
+    x = np.zeros(len(p.c))
+    for j, n in start.chosen.items():
+        x[j] = n
+    col = {(ci, lo.counts): p.n_x + yi for yi, (ci, lo) in enumerate(p.y_index)}
+    for ci, los in start.layouts.items():
+        for lo in los:
+            x[col[(ci, lo.counts)]] += 1
+    return x
+
+
+def _run(c: np.ndarray, a, lo: np.ndarray, hi: np.ndarray, ub: np.ndarray, time_limit: float, gap: float,
+         start: np.ndarray | None) -> tuple[np.ndarray | None, float, str]:
+    """(solution or None, proven dual bound, status) of one integer program."""
+    m = csc_matrix(a)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = m.shape[1], m.shape[0]
+    lp.col_cost_ = np.asarray(c, dtype=float)
+    lp.col_lower_, lp.col_upper_ = np.zeros(len(c)), np.asarray(ub, dtype=float)
+    inf = highspy.kHighsInf
+    lp.row_lower_ = np.where(np.isfinite(lo), lo, -inf)
+    lp.row_upper_ = np.where(np.isfinite(hi), hi, inf)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = m.indptr, m.indices, m.data
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = m.shape[1], m.shape[0]
+    lp.integrality_ = [highspy.HighsVarType.kInteger] * len(c)
+    # NOTE: the bare core class: highspy.Highs() prints a banner on stdout, which a plan's
+    # YAML output must not carry
+    h = highspy._Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", max(0.1, float(time_limit)))
+    h.setOptionValue("mip_rel_gap", gap)
+    h.setOptionValue("threads", 1)
+    h.passModel(lp)
+    if start is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = list(start)
+        sol.value_valid = True
+        h.setSolution(sol)
+    h.run()
+    status = h.modelStatusToString(h.getModelStatus())
+    info = h.getInfo()
+    if info.primal_solution_status < 2:  # no feasible point
+        return None, 0.0, status
+    return np.asarray(h.getSolution().col_value), float(info.mip_dual_bound), status
+
+
+def milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
+                time_limit: float, clock: Callable[[], float] = time.perf_counter, start: Start | None = None,
+                ) -> tuple[dict[int, int], dict[int, list[LayoutOption]], float]:
+    """Replica counts, layouts per class and the proven lower bound, within ``time_limit``
+    seconds of ``clock``. Raises :class:`MilpTimeout` if no integer plan is known by then
+    (never when ``start`` is given)."""
+    t0 = clock()
+    p = _program(demands, inv, cands, opts, tie_break=False, cuts=True)
+    x0 = _vector(p, start) if start is not None else None
+    left = time_limit - (clock() - t0)
+    x, proven, status = _run(p.c, p.a, p.lo, p.hi, p.ub, STAGE1_SHARE * left, 1e-6, x0)
+    if x is None:
+        if "limit" in status.lower():
+            raise MilpTimeout(f"MILP found no feasible plan within {time_limit:g} s")
+        raise SolverError(f"MILP found no feasible plan ({status})")
+    best = np.round(x)
+    if x0 is not None and float(p.c @ x0) < float(p.c @ best) - 1e-9:
+        best = x0  # NOTE: HiGHS keeps the start as incumbent; this only guards against rounding
+    left = time_limit - (clock() - t0)
+    if left > STAGE2_MIN_SECONDS:
+        tie = _program(demands, inv, cands, opts, tie_break=True).c
+        tie[p.n_x:] = 0.0
+        a2 = vstack([p.a, p.c.reshape(1, -1)]).tocsr()
+        lo2 = np.r_[p.lo, -np.inf]
+        hi2 = np.r_[p.hi, float(p.c @ best) + 1e-6]
+        x2, _, _ = _run(tie, a2, lo2, hi2, p.ub, left, 1e-3, best)
+        if x2 is not None:
+            best = np.round(x2)
+    x = best.astype(int)
+    chosen = {j: int(x[j]) for j in range(p.n_x) if x[j] > 0}
+    lay: dict[int, list[LayoutOption]] = defaultdict(list)
+    for yi, (ci, lo) in enumerate(p.y_index):
+        lay[ci] += [lo] * int(x[p.n_x + yi])
+    return chosen, dict(lay), proven
