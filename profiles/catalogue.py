@@ -1,7 +1,9 @@
 """The GPU catalogue: MIG profiles, their legal placements, valid layouts and MPS limits.
 
-Numbers come from the NVIDIA MIG user guide as summarised in ``shared/reference/gpu-facts.md``.
-Placements are in memory slices (``nvidia-smi mig -lgipp`` prints ``{starts}:size``): 1/8 of
+Every GPU model names its public source (:attr:`GpuModel.source`); a profile whose GiB or SMs
+are not in that source says so (:attr:`MigProfile.derived`) and is computed from the GPU's
+memory and the H100/A100 geometry. Profile names change with drivers (3g.39gb on some 535/545
+drivers); the NVML profile constant is the stable key. Placements are in memory slices (``nvidia-smi mig -lgipp`` prints ``{starts}:size``): 1/8 of
 memory on A100/H100/H200 and 1/4 on A30. A layout is a set of (profile, start) instances whose
 memory ranges do not overlap and whose compute slices fit the GPU.
 
@@ -49,6 +51,7 @@ class GpuModel:
     compute_slices: int
     mem_slices: int
     profiles: tuple[MigProfile, ...]
+    source: str = ""  # the public document or page the profile table comes from
 
     def profile(self, name: str) -> MigProfile:
         for p in self.profiles:
@@ -95,7 +98,7 @@ _EVEN = (0, 2, 4, 6)
 
 
 def _seven_slice_gpu(name: str, gb: float, sms: int, sizes: dict[str, tuple[str, float, int]],
-                     derived: frozenset[str] = frozenset()) -> GpuModel:
+                     derived: frozenset[str] = frozenset(), source: str = "") -> GpuModel:
     """A100/H100/H200 geometry: 7 compute slices, 8 memory slices, same placement table.
     ``sizes`` maps a geometry key to (profile name, GiB, SMs)."""
     geo = {  # key: (compute, mem slices, max count, starts, NVML constant)
@@ -110,33 +113,52 @@ def _seven_slice_gpu(name: str, gb: float, sms: int, sizes: dict[str, tuple[str,
         _p(sizes[k][0], g, mem, sizes[k][1], count, starts, sizes[k][2], nvml, k in derived)
         for k, (g, mem, count, starts, nvml) in geo.items()
     )
-    return GpuModel(name, gb, sms, 7, 8, profiles)
+    return GpuModel(name, gb, sms, 7, 8, profiles, source)
 
+
+MIG_GUIDE = "NVIDIA MIG User Guide, Supported MIG Profiles (docs.nvidia.com/datacenter/tesla/mig-user-guide/supported-mig-profiles.html)"
+ALL = frozenset({"1g", "1g2", "2g", "3g", "4g", "7g"})
 
 GPUS: dict[str, GpuModel] = {
     g.name: g
     for g in (
         _seven_slice_gpu("A100-40GB", 40.0, 108, {
             "1g": ("1g.5gb", 4.75, 14), "1g2": ("1g.10gb", 9.75, 14), "2g": ("2g.10gb", 9.75, 28),
-            "3g": ("3g.20gb", 19.62, 42), "4g": ("4g.20gb", 19.62, 56), "7g": ("7g.40gb", 39.38, 98)}),
+            "3g": ("3g.20gb", 19.62, 42), "4g": ("4g.20gb", 19.62, 56), "7g": ("7g.40gb", 39.38, 98)},
+            source=MIG_GUIDE + ", A100-SXM4-40GB table"),
         _seven_slice_gpu("A100-80GB", 80.0, 108, {
-            "1g": ("1g.10gb", 9.75, 14), "1g2": ("1g.20gb", 19.5, 14), "2g": ("2g.20gb", 19.5, 28),
+            "1g": ("1g.10gb", 9.5, 14), "1g2": ("1g.20gb", 19.5, 14), "2g": ("2g.20gb", 19.5, 28),
             "3g": ("3g.40gb", 39.25, 42), "4g": ("4g.40gb", 39.25, 56), "7g": ("7g.80gb", 78.75, 98)},
-            derived=frozenset({"1g", "1g2", "2g", "3g", "4g", "7g"})),  # GiB doubled from 40GB
+            derived=frozenset({"1g2", "2g", "3g", "4g", "7g"}),  # GiB doubled from 40GB
+            source=MIG_GUIDE + " (A100-SXM4-80GB names); 1g.10gb 9.50 GiB from public `nvidia-smi mig -lgip` output"),
         _seven_slice_gpu("H100-80GB", 80.0, 132, {
             "1g": ("1g.10gb", 9.75, 16), "1g2": ("1g.20gb", 19.62, 26), "2g": ("2g.20gb", 19.62, 32),
-            "3g": ("3g.40gb", 39.5, 60), "4g": ("4g.40gb", 39.5, 64), "7g": ("7g.80gb", 79.25, 132)}),
+            "3g": ("3g.40gb", 39.5, 60), "4g": ("4g.40gb", 39.5, 64), "7g": ("7g.80gb", 79.25, 132)},
+            source=MIG_GUIDE + ", H100-SXM5-80GB table"),
+        _seven_slice_gpu("H100-NVL", 94.0, 132, {
+            "1g": ("1g.12gb", 10.75, 16), "1g2": ("1g.24gb", 21.62, 26), "2g": ("2g.24gb", 21.62, 32),
+            "3g": ("3g.47gb", 46.38, 60), "4g": ("4g.47gb", 46.38, 64), "7g": ("7g.94gb", 93.0, 132)},
+            derived=frozenset({"3g", "4g", "7g"}),  # GiB: 4/8 and 8/8 of memory; SMs as on H100 SXM
+            source="`nvidia-smi mig -lgip` on H100 NVL, NVIDIA/gpu-operator pull request #903 "
+                   "(github.com/NVIDIA/gpu-operator/pull/903); profile names: " + MIG_GUIDE),
         _seven_slice_gpu("H200-141GB", 141.0, 132, {
-            "1g": ("1g.18gb", 16.0, 16), "1g2": ("1g.35gb", 32.5, 26), "2g": ("2g.35gb", 32.5, 32),
-            "3g": ("3g.71gb", 66.0, 60), "4g": ("4g.71gb", 66.0, 64), "7g": ("7g.141gb", 140.0, 132)},
-            derived=frozenset({"1g2", "3g", "4g"})),  # unpublished: GiB/SMs as on H100 geometry
+            "1g": ("1g.18gb", 16.0, 16), "1g2": ("1g.35gb", 32.25, 26), "2g": ("2g.35gb", 32.25, 32),
+            "3g": ("3g.71gb", 69.5, 60), "4g": ("4g.71gb", 69.5, 64), "7g": ("7g.141gb", 140.0, 132)},
+            source="`nvidia-smi mig -lgip` on H200, NVIDIA/mig-parted issue #120 "
+                   "(github.com/NVIDIA/mig-parted/issues/120)"),
+        _seven_slice_gpu("B200", 180.0, 148, {
+            "1g": ("1g.23gb", 22.5, 21), "1g2": ("1g.45gb", 45.0, 21), "2g": ("2g.45gb", 45.0, 42),
+            "3g": ("3g.90gb", 90.0, 63), "4g": ("4g.90gb", 90.0, 84), "7g": ("7g.180gb", 180.0, 148)},
+            derived=ALL,  # names published; GiB = name's memory fraction of 180 GB, SMs floor(148 x g / 7)
+            source=MIG_GUIDE + " (B200, 180GB, 7 instances); profile names as the GPU operator's "
+                   "mig-parted configs list them (1g.23gb ... 7g.180gb)"),
         GpuModel("A30-24GB", 24.0, 56, 4, 4, (
             _p("1g.6gb", 1, 1, 5.81, 4, (0, 1, 2, 3), 14, "NVML_GPU_INSTANCE_PROFILE_1_SLICE"),
             _p("2g.12gb", 2, 2, 11.69, 2, (0, 2), 28, "NVML_GPU_INSTANCE_PROFILE_2_SLICE"),
             _p("4g.24gb", 4, 4, 23.5, 1, (0,), 56, "NVML_GPU_INSTANCE_PROFILE_4_SLICE"),
-        )),
+        ), MIG_GUIDE + ", A30-24GB table"),
         # the host: no MIG; "MPS" on it means co-located server processes sharing its cores
-        GpuModel(HOST, 64.0, 0, 1, 1, ()),
+        GpuModel(HOST, 64.0, 0, 1, 1, (), "the host's cores (no MIG): a pseudo-GPU for CPU-served models"),
     )
 }
 

@@ -7,8 +7,8 @@ Only the per-sample part scales; the fixed part (launch overhead, framework floo
     t'(b) = max(floor, a + (t(b) - a) * r)
 
 - Other slice of the same GPU: ``r = eff(source) / eff(target)`` with ``eff`` = compute slices,
-  times 1.15 for a 3g slice of a 7-slice GPU (it holds 4/8 of memory and L2: MIGPerf, see
-  gpu-facts.md), and for a whole GPU without MIG ``7 * SMs(gpu) / SMs(7g)`` (108/98 on an A100).
+  times 1.15 for a 3g slice of a 7-slice GPU (it holds 4/8 of memory and L2: MIGPerf's
+  ResNet-50 and BERT latencies by slice, github.com/HuaizhengZhang/MIGProfiler), and for a whole GPU without MIG ``7 * SMs(gpu) / SMs(7g)`` (108/98 on an A100).
 - Same slice geometry on another GPU: ``r = SMs(source slice) / SMs(target slice)`` (H100 from
   A100 by SM ratio; H200 equals H100, its extra memory bandwidth is ignored: conservative).
 - ``floor`` is the source's latency at its first batch when the target is faster (the fixed

@@ -64,11 +64,11 @@ CASES = {
         ("{d}/models.yaml document 0: spec.variants.1: model 'resnet50' has no variant 'resnet50-int3'",
          "(got 'resnet50-int3')")),
     "profile-names-unknown-gpu": Case(
-        {"pool.yaml": POOL, "b200.yaml": profile("resnet50-b", "B200", "gpu"),
+        {"pool.yaml": POOL, "b200.yaml": profile("resnet50-b", "B300", "gpu"),
          "models.yaml": deployment("{model: resnet50, rate: 10, slo_ms: 100, "
                                    "variants: [resnet50, {name: resnet50-b, profile: b200.yaml}]}")},
         ("{d}/models.yaml document 0: spec.variants.1.profile: {d}/b200.yaml document 0: spec.gpu: "
-         "unknown GPU model 'B200'", "(got 'B200')")),
+         "unknown GPU model 'B300'", "(got 'B300')")),
     "profile-names-unknown-slice": Case(
         {"pool.yaml": POOL, "slice.yaml": profile("resnet50-b", "A100-80GB", "5g.50gb"),
          "models.yaml": deployment("{model: resnet50, rate: 10, slo_ms: 100, "
