@@ -66,15 +66,20 @@ class ModelConfig:
     instance_count: int = 1
     dynamic_batching: DynamicBatching | None = None
     parameters: dict[str, str] = field(default_factory=dict)
+    instance_kind: str = "KIND_CPU"  # KIND_GPU: instances on the devices in ``gpus``
+    gpus: tuple[int, ...] = ()  # device indices as the server sees them (KIND_GPU)
+    platform: str = ""  # e.g. tensorrt_plan; written instead of ``backend`` when set
 
     def to_pbtxt(self) -> str:
+        gpus = f" gpus: [ {', '.join(map(str, self.gpus))} ]" if self.gpus else ""
         lines = [
             f'name: "{self.name}"',
-            f'backend: "{self.backend}"',
+            f'platform: "{self.platform}"' if self.platform else f'backend: "{self.backend}"',
             f"max_batch_size: {self.max_batch_size}",
-            "input [ " + ", ".join(t.to_pbtxt() for t in self.inputs) + " ]",
-            "output [ " + ", ".join(t.to_pbtxt() for t in self.outputs) + " ]",
-            f"instance_group [ {{ count: {self.instance_count} kind: KIND_CPU }} ]",
+            # an empty tensor list is left out: ONNX Runtime and TensorRT complete it from the model
+            *(["input [ " + ", ".join(t.to_pbtxt() for t in self.inputs) + " ]"] if self.inputs else []),
+            *(["output [ " + ", ".join(t.to_pbtxt() for t in self.outputs) + " ]"] if self.outputs else []),
+            f"instance_group [ {{ count: {self.instance_count} kind: {self.instance_kind}{gpus} }} ]",
         ]
         if self.dynamic_batching is not None:
             lines.append(self.dynamic_batching.to_pbtxt())

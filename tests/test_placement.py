@@ -325,26 +325,32 @@ def test_dry_run_records_the_exact_command_sequence():
     plan.verify()
     got = [c.shell() for c in DryRun().apply(plan)]
     mps = "/tmp/headrace-mps/n0-gpu2-1g.10gb-0"
-    dev = "CUDA_VISIBLE_DEVICES=MIG-n0-gpu2-1g.10gb-0"
+    dev = 'CUDA_VISIBLE_DEVICES="MIG-$GPU_2/$GI_2_0/$CI_2_0"'
     env = f"{dev} CUDA_MPS_PIPE_DIRECTORY={mps}/pipe CUDA_MPS_LOG_DIRECTORY={mps}/log"
     repos = "/var/lib/headrace/repos/n0_gpu2_"
     # NOTE: the same Triton command line as the local launcher's, listening on every address
     rest = ("--http-address=0.0.0.0 --grpc-address=0.0.0.0 --allow-metrics=true --exit-on-error=true "
             "--strict-readiness=true --log-verbose=0")
-    assert got == [
+    run = "/run/headrace/n0_gpu2_"
+    # NOTE: instance ids come from nvidia-smi's answer (tests/test_executors.py runs it against a fake)
+    assert [g for g in got if "awk" not in g and not g.startswith("timeout")] == [
         "nvidia-smi -i 2 -mig 1",
-        "nvidia-smi mig -i 2 -cgi 1g.10gb:0",
-        "nvidia-smi mig -i 2 -gi 1 -cci",
+        "CREATED_2_0=$(nvidia-smi mig -i 2 -cgi 1g.10gb:0 -C)",
+        'test -n "$GI_2_0"',
+        "GPU_2=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 2)",
         f"mkdir -p {mps}/pipe {mps}/log",
         f"{env} nvidia-cuda-mps-control -d",
-        f"{env} CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4992M tritonserver "
-        f"--model-repository={repos}1g.10gb@0_b --http-port=8100 --grpc-port=8101 --metrics-port=0 {rest}",
-        f"{env} CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2496M tritonserver "
-        f"--model-repository={repos}1g.10gb@0_c --http-port=8102 --grpc-port=8103 --metrics-port=0 {rest}",
-        "nvidia-smi mig -i 2 -cgi 3g.40gb:4",
-        "nvidia-smi mig -i 2 -gi 2 -cci",
-        "CUDA_VISIBLE_DEVICES=MIG-n0-gpu2-3g.40gb-4 tritonserver "
-        f"--model-repository={repos}3g.40gb@4_a --http-port=8104 --grpc-port=8105 --metrics-port=0 {rest}",
+        f"{env} CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4864M setsid tritonserver "
+        f"--model-repository={repos}1g.10gb@0_b --http-port=8100 --grpc-port=8101 --metrics-port=0 {rest} "
+        f">{run}1g.10gb@0_b.log 2>&1 </dev/null & echo $! >{run}1g.10gb@0_b.pid",
+        f"{env} CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2432M setsid tritonserver "
+        f"--model-repository={repos}1g.10gb@0_c --http-port=8102 --grpc-port=8103 --metrics-port=0 {rest} "
+        f">{run}1g.10gb@0_c.log 2>&1 </dev/null & echo $! >{run}1g.10gb@0_c.pid",
+        "CREATED_2_4=$(nvidia-smi mig -i 2 -cgi 3g.40gb:4 -C)",
+        'test -n "$GI_2_4"',
+        'CUDA_VISIBLE_DEVICES="MIG-$GPU_2/$GI_2_4/$CI_2_4" setsid tritonserver '
+        f"--model-repository={repos}3g.40gb@4_a --http-port=8104 --grpc-port=8105 --metrics-port=0 {rest} "
+        f">{run}3g.40gb@4_a.log 2>&1 </dev/null & echo $! >{run}3g.40gb@4_a.pid",
     ]
 
 
@@ -450,7 +456,7 @@ class RecordingRunner:
 
 def test_nvml_executor_creates_instances_at_explicit_placements_and_launches_on_their_uuids():
     fake, runner = FakeNvml(), RecordingRunner()
-    uuids = Nvml(nvml=fake, runner=runner).apply(_mixed_plan())
+    uuids = Nvml(nvml=fake, runner=runner, ready=lambda hp: True).apply(_mixed_plan())
     assert fake.calls == ["gi 2 19@0", "ci 2 1", "gi 2 9@4", "ci 2 2"]
     assert uuids == {("n0/gpu2", "1g.10gb@0"): "MIG-fake-2-1", ("n0/gpu2", "3g.40gb@4"): "MIG-fake-2-2"}
     envs = {k: e for k, e in runner.started}
@@ -465,7 +471,7 @@ def test_nvml_executor_reports_an_overlap_the_fake_driver_refuses():
     with pytest.raises(PlanError):
         clash.verify()
     with pytest.raises(ExecutorError, match="create_slice n0/gpu2 3g.40gb@0.*Insufficient Resources"):
-        Nvml(nvml=FakeNvml(), runner=RecordingRunner()).apply(clash)
+        Nvml(nvml=FakeNvml(), runner=RecordingRunner(), ready=lambda hp: True).apply(clash)
 
 
 def test_capacity_search_matches_brute_force_on_every_reference_curve():
