@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES = (
     "loadgen.cli",  # headrace load
     "gateway.cli",  # headrace serve
     "placement.cli",  # headrace plan
+    "placement.k8s_cli",  # headrace render-k8s
     "deploy.demo",  # headrace demo (the README's main job)
     "loadgen.sim_cli",  # headrace sim
     "deploy.operator.cli",  # headrace up / apply / status / down / rollback
