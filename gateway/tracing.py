@@ -22,7 +22,9 @@ Off by default, and free when off: nothing imports :mod:`opentelemetry` until
 
 Sampling is the SDK's parent-based ratio sampler: a client's sampled ``traceparent`` is
 always recorded, an unsampled one never, and a request without one starts a trace with
-probability ``sample_ratio``. Spans of the ``otlp`` and ``console`` exporters leave from the
+probability ``sample_ratio``. A request whose trace is not recorded gets only its server span
+(not recording); its Triton calls carry that span's context, unsampled, and a batch of such
+requests has no spans of its own. Spans of the ``otlp`` and ``console`` exporters leave from the
 SDK's batch processor thread, off the event loop; ``memory`` keeps them in the process
 (:meth:`Tracing.finished_spans`) for tests and embedding.
 """
@@ -132,24 +134,25 @@ class Tracing:
     def batch(self, model: str, variant: str, replica: str, rows: int,
               requests: Sequence[RequestTrace | None]) -> BatchTrace:
         """A batch sent now to ``replica``: each request's queue span ends, and the batch span
-        starts under the first request's span, linked to the others'."""
+        starts under the first recorded request's span, linked to the other recorded ones'.
+        With none recorded, no span: its calls carry the first request's context."""
         trace = self._trace
-        parent, links = self._empty, []
-        traced = [r for r in requests if r is not None]
-        for i, r in enumerate(traced):
-            r.dispatched()
-            if i == 0:
-                parent = trace.set_span_in_context(r.span, self._empty)
-            else:
-                links.append(trace.Link(r.span.get_span_context()))
-        span = self.tracer.start_span("batch", parent, links=links, attributes={
+        recorded = []
+        for r in requests:
+            if r is not None and r.recording:
+                r.dispatched()
+                recorded.append(r)
+        if not recorded:
+            first = next((r for r in requests if r is not None), None)
+            return BatchTrace(self, None, self._empty if first is None else first.context())
+        links = [trace.Link(r.span.get_span_context()) for r in recorded[1:]]
+        span = self.tracer.start_span("batch", recorded[0].context(), links=links, attributes={
             "headrace.model": model, "headrace.variant": variant, "headrace.replica": replica,
             "headrace.batch.rows": rows, "headrace.batch.requests": len(requests)})
-        if span.is_recording():
-            ctx = span.get_span_context()
-            for r in traced[1:]:  # the first is its parent
-                r.span.add_link(ctx)
-        return BatchTrace(self, span)
+        ctx = span.get_span_context()
+        for r in recorded[1:]:  # the first is its parent
+            r.span.add_link(ctx)
+        return BatchTrace(self, span, trace.set_span_in_context(span, self._empty))
 
     def finished_spans(self) -> list[ReadableSpan]:
         """Spans ended so far, with the ``memory`` exporter (else [])."""
@@ -167,22 +170,30 @@ class RequestTrace:
     """One request's spans: ``admit()`` before the scheduler decides, ``admitted()`` after,
     then the driver's :meth:`Tracing.batch` ends its queue span; ``finish()`` ends them all."""
 
-    __slots__ = ("_t", "span", "_admission", "_queue")
+    __slots__ = ("_t", "span", "recording", "_admission", "_queue")
 
     def __init__(self, tracing: Tracing, span: Span) -> None:
         self._t = tracing
         self.span = span
+        self.recording = span.is_recording()  # not: no child spans (they would not be recorded either)
         self._admission: Span | None = None
         self._queue: Span | None = None
 
-    def _child(self, name: str) -> Span:
+    def context(self) -> Context:
+        """A context holding its span: what its children and its Triton calls descend from."""
         t = self._t
-        return t.tracer.start_span(name, t._trace.set_span_in_context(self.span, t._empty))
+        return t._trace.set_span_in_context(self.span, t._empty)
+
+    def _child(self, name: str) -> Span:
+        return self._t.tracer.start_span(name, self.context())
 
     def admit(self) -> None:
-        self._admission = self._child("admission")
+        if self.recording:
+            self._admission = self._child("admission")
 
     def admitted(self) -> None:
+        if not self.recording:
+            return
         if self._admission is not None:
             self._admission.set_attribute("headrace.admitted", True)
             self._admission.end()
@@ -207,7 +218,7 @@ class RequestTrace:
         if self._queue is not None:  # refused or given up in the queue
             self._queue.end()
             self._queue = None
-        if span.is_recording():
+        if self.recording:
             if isinstance(status, int):
                 span.set_attribute("http.response.status_code", status)
                 failed = status >= 500
@@ -224,34 +235,44 @@ class RequestTrace:
 
 
 class BatchTrace:
-    """A batch's span: :meth:`calls` sends its Triton calls, each in a client span whose trace
-    context goes with it; :meth:`ended` (or :meth:`end`) ends the batch."""
+    """A batch's span (None: no request of it is recorded): :meth:`calls` sends its Triton
+    calls, each in a client span whose trace context goes with it; :meth:`ended` (or
+    :meth:`end`) ends the batch."""
 
     __slots__ = ("_t", "span", "_ctx")
 
-    def __init__(self, tracing: Tracing, span: Span) -> None:
+    def __init__(self, tracing: Tracing, span: Span | None, ctx: Context) -> None:
         self._t = tracing
         self.span = span
-        self._ctx: Context = tracing._trace.set_span_in_context(span, tracing._empty)
+        self._ctx = ctx  # what its calls descend from
 
     def calls(self, client: ReplicaClient, variant: str, inputs: Sequence[list[Any]], timeout: float | None,
               forward: Any = None, triton_timeout_us: int = 0) -> list[Awaitable[list[Any]]]:
-        """``client.infer`` for each group of ``inputs``, each carrying its span's context."""
+        """``client.infer`` for each group of ``inputs``, each carrying its span's context
+        (unrecorded: the context the batch has, and no span)."""
         t = self._t
+        if self.span is None:
+            headers = self._headers(self._ctx)
+            return [client.infer(variant, x, timeout, forward, triton_timeout_us, trace_headers=headers)
+                    for x in inputs]
         out = []
         for x in inputs:
             span = t.tracer.start_span("triton infer", self._ctx, t._trace.SpanKind.CLIENT, attributes={
                 "headrace.variant": variant, "headrace.batch.rows": int(x[0].shape[0]) if x and x[0].shape else 0})
-            carrier: dict[str, str] = {}
-            t.propagator.inject(carrier, t._trace.set_span_in_context(span, t._empty))
             try:
                 call = client.infer(variant, x, timeout, forward, triton_timeout_us,
-                                    trace_headers=tuple(carrier.items()))
+                                    trace_headers=self._headers(t._trace.set_span_in_context(span, t._empty)))
             except Exception as e:
                 self._failed(span, e)
                 raise
             out.append(self._ended(span, call))
         return out
+
+    def _headers(self, ctx: Context) -> TraceHeaders | None:
+        """The W3C headers (traceparent, tracestate) of ``ctx``; None when it holds no span."""
+        carrier: dict[str, str] = {}
+        self._t.propagator.inject(carrier, ctx)
+        return tuple(carrier.items()) or None
 
     async def _ended(self, span: Span, call: Awaitable[list[Any]]) -> list[Any]:
         try:
@@ -269,6 +290,8 @@ class BatchTrace:
 
     async def ended(self, answer: Awaitable[Any]) -> Any:
         """``answer`` awaited, the batch span ended with its outcome."""
+        if self.span is None:
+            return await answer
         try:
             result = await answer
         except asyncio.CancelledError:  # every waiter gone: not a failure of the batch
@@ -282,6 +305,8 @@ class BatchTrace:
         return result
 
     def end(self, error: BaseException | None = None) -> None:
+        if self.span is None:
+            return
         if error is not None:
             self._failed(self.span, error)
         else:

@@ -403,6 +403,29 @@ def test_a_refusal_is_a_span_that_says_why(traced) -> None:
     assert "batch" not in spans and "queue" not in spans
 
 
+def test_a_batch_of_unrecorded_requests_makes_no_spans_but_still_tells_triton_its_trace() -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    tracing = make_tracing(spec(sample_ratio=0.0))
+    client = RecordingClient()
+    unsampled = f"00-{CLIENT_TRACE}-b7ad6b7169203331-00"
+
+    async def main() -> None:
+        req = tracing.request("http", "m", {"traceparent": unsampled})
+        req.admit()
+        req.admitted()
+        batch = tracing.batch("m", "v", "v@r0", 1, [req])
+        (call,) = batch.calls(client, "v", [[SimpleNamespace(shape=[1, 3])]], 1.0)
+        await batch.ended(call)
+        req.finish(200)
+
+    asyncio.run(main())
+    assert tracing.finished_spans() == []
+    (headers,) = client.headers
+    # NOTE: Triton joins the client's trace (under the gateway's unrecorded span), unsampled as asked
+    version, trace_id, _, flags = headers["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", CLIENT_TRACE, "00")
+
+
 def python(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
 
