@@ -7,18 +7,15 @@ run so machine noise hits every system alike.
 Writes bench/results/gateway_overhead.{json,md}. ``--profile`` also runs the gateway under
 pyinstrument during one extra gRPC + HTTP round and puts the hot path into the markdown.
 
-The features section measures, with tritonclient (HTTP and gRPC, the clients users run), what
-each optional feature adds to the plain gateway in the same rounds: TLS, an API key, tracing
-on (exporting over OTLP/gRPC to ``bench.otlp_sink``), tracing configured but off, the access
-log on (to a file), and a build without tracing at all: the tree of ``--baseline-ref``
-(``git archive``) with the commits that brought tracing and the access log in taken out
-(``--baseline-without``, reverse-applied), served from its own folder.
+The features section (``bench.overhead_features``) measures, with tritonclient (HTTP and gRPC,
+the clients users run), what each optional feature adds to the plain gateway in the same
+rounds: TLS, an API key, tracing on (exporting over OTLP/gRPC to ``bench.otlp_sink``), tracing
+configured but off, the access log on (to a file), and a build without tracing at all.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import http.client
 import json
 import os
@@ -38,7 +35,16 @@ from tritonclient.grpc import service_pb2 as pb
 
 from bench.host import cpu_times, steal_share
 from bench.output import write_results
-from profiles.process import exit_on_sigterm, start_serve, stop_group, wait_http_ready
+from bench.overhead_features import (
+    BASELINE_REF,
+    BASELINE_WITHOUT,
+    feature_rows,
+    features_markdown,
+    in_process_cost,
+    pct,
+    start_features,
+)
+from profiles.process import exit_on_sigterm, start_serve, stop_group
 from profiles.profile import LatencyPoint, Profile, Provenance, save_profiles
 from profiles.repository import ModelConfig, TensorSpec, write_model
 from profiles.tritonserver import TritonServer, free_port
@@ -151,8 +157,15 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
-def pct(xs: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(xs) * 1e3, q))
+def settle(pid: int, quiet: float = 0.1, limit: float = 3.0) -> None:
+    """Wait until process ``pid`` is idle: at most one clock tick of CPU over ``quiet`` seconds
+    (giving up after ``limit``)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        c = cpu_seconds(pid)
+        time.sleep(quiet)
+        if cpu_seconds(pid) - c <= 1.0 / os.sysconf("SC_CLK_TCK"):
+            return
 
 
 def start_gateway(cfg_path: Path, http_port: int, profile_out: Path | None) -> subprocess.Popen:
@@ -174,170 +187,6 @@ def start_floor(module: str, port: int, *args: str) -> subprocess.Popen:
             time.sleep(0.05)
     stop_group(proc)
     raise RuntimeError(f"{module} on port {port} did not start")
-
-
-# --------------------------------------------------------------------------- features
-
-TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"  # a traced client's (sampled)
-API_KEY = "bench-key-0123456789abcdef"
-PLAIN, NO_TRACING_BUILD, TRACING_OFF = "plain", "build without tracing", "tracing configured, off"
-FEATURES = (PLAIN, NO_TRACING_BUILD, TRACING_OFF, "tracing on", "access log on", "TLS", "API key")
-TRACING_OFF_LIMIT_MS = 0.02  # tracing off: p50 within this of a gateway without it
-BASELINE_REF = "HEAD"
-# the commits that brought tracing and the access log into the gateway, newest first
-BASELINE_WITHOUT = ("42f7d9c", "80548ff", "f6bbfba", "d74d819")
-
-
-class TritonClientTarget:
-    """tritonclient, HTTP or gRPC, with TLS (``ca``: the CA file to trust) and headers as given."""
-
-    def __init__(self, client: str, url: str, model: str, ca: Path | None = None,
-                 headers: dict[str, str] | None = None) -> None:
-        import tritonclient.grpc as tcg
-        import tritonclient.http as tch
-
-        x = np.arange(16, dtype=np.float32).reshape(1, 16)
-        self.model, self.headers = model, dict(headers) if headers else None  # tritonclient http adds to it
-        if client == "http":
-            tls = {"ssl": True, "ssl_options": {"ca_certs": str(ca)}} if ca else {}
-            self.client = tch.InferenceServerClient(url, network_timeout=10.0, **tls)
-            inp = tch.InferInput("INPUT0", [1, 16], "FP32")
-            inp.set_data_from_numpy(x, binary_data=True)
-            self.outputs = [tch.InferRequestedOutput("OUTPUT0", binary_data=True)]
-        else:
-            self.client = tcg.InferenceServerClient(url, ssl=ca is not None,
-                                                    root_certificates=str(ca) if ca else None)
-            inp = tcg.InferInput("INPUT0", [1, 16], "FP32")
-            inp.set_data_from_numpy(x)
-            self.outputs = [tcg.InferRequestedOutput("OUTPUT0")]
-        self.inputs = [inp]
-
-    def __call__(self) -> None:
-        self.client.infer(self.model, self.inputs, outputs=self.outputs, headers=self.headers)
-
-    def close(self) -> None:
-        self.client.close()
-
-
-def self_signed(work: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and its key (openssl), the gateway's TLS and the clients' CA."""
-    cert, key = work / "tls.crt", work / "tls.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True)
-    return cert, key
-
-
-def feature_settings(work: Path, sink_port: int) -> tuple[dict[str, dict], dict[str, dict]]:
-    """Each feature's gateway settings and its clients' options (``ca``, ``headers``)."""
-    cert, key = self_signed(work)
-    otlp = {"exporter": "otlp", "endpoint": f"http://127.0.0.1:{sink_port}", "sample_ratio": 1.0}
-    settings = {
-        TRACING_OFF: {"tracing": {"enabled": False, **otlp}},
-        "tracing on": {"tracing": {"enabled": True, **otlp}},
-        "access log on": {"access_log": {"enabled": True, "path": str(work / "access.jsonl")}},
-        "TLS": {"tls": {"cert_file": str(cert), "key_file": str(key)}},
-        "API key": {"tenants": [{"name": "bench", "keys": [{"sha256": hashlib.sha256(API_KEY.encode()).hexdigest()}]}]},
-    }
-    clients = {"tracing on": {"headers": {"traceparent": TRACEPARENT}}, "TLS": {"ca": cert},
-               "API key": {"headers": {"authorization": f"Bearer {API_KEY}"}}}
-    return settings, clients
-
-
-def build_tree(ref: str, without: tuple[str, ...], tree: Path) -> str:
-    """This repository at ``ref`` in a clone of its own at ``tree`` (``--shared``: nothing here
-    changes) with the commits ``without`` reverted, in order; a hunk another commit has changed
-    since keeps its current form (``-X ours``: e.g. a signature that gained other parameters),
-    a file such a commit added is removed. Raises if an import of tracing or the access log is
-    left. Returns which commit, without which."""
-    root = Path(__file__).resolve().parent.parent
-    git = ["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", "-C", str(tree)]
-    subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", str(root), str(tree)], check=True)
-    subprocess.run([*git, "checkout", "-q", ref], check=True)
-    for c in without:
-        if subprocess.run([*git, "revert", "--no-commit", "-X", "ours", c], capture_output=True).returncode:
-            unmerged = subprocess.run([*git, "diff", "--name-only", "--diff-filter=U"], check=True,
-                                      capture_output=True, text=True).stdout.split()
-            subprocess.run([*git, "rm", "-q", *unmerged], check=True)
-            subprocess.run([*git, "revert", "--quit"], check=True)
-    left = subprocess.run(["grep", "-rlE", r"^\s*(from|import)\s+gateway\.(tracing|observe|accesslog)", "gateway"],
-                          cwd=tree, capture_output=True, text=True).stdout.split()
-    if without and left:
-        raise RuntimeError(f"the build without tracing still imports it: {left}")
-    head = subprocess.run([*git, "log", "-1", "--format=%h"], check=True, capture_output=True, text=True).stdout
-    return f"{head.strip()} without {', '.join(without)}" if without else head.strip()
-
-
-def start_tree_gateway(tree: Path, cfg_path: Path, ready: str) -> subprocess.Popen:
-    """``headrace serve`` from the source tree ``tree`` (its packages shadow the installed ones)."""
-    with open(cfg_path.with_suffix(".log"), "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", "serve", "--config", str(cfg_path),
-                                 "--log-level", "WARNING"], cwd=tree, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    why = wait_http_ready(ready, proc, 60.0)
-    if why is not None:
-        stop_group(proc)
-        raise RuntimeError(f"the gateway built from {tree} {why}: {cfg_path.with_suffix('.log').read_text()[-2000:]}")
-    return proc
-
-
-def start_features(work: Path, base: dict, triton: TritonServer, ref: str, without: tuple[str, ...],
-                   procs: dict) -> tuple[dict, dict, dict]:
-    """A gateway per feature, each measured by tritonclient over HTTP and gRPC; (targets,
-    pid_of, notes). All are served from clean clones of ``ref`` (uncommitted work in this
-    folder changes none of them): the build without tracing from one with ``without`` reverted."""
-    sink_port = free_port()
-    procs["otlp sink"] = start_floor("bench.otlp_sink", sink_port, str(work / "otlp-spans.txt"))
-    settings, client_opts = feature_settings(work, sink_port)
-    current, baseline = work / "current-build", work / "baseline-build"
-    notes: dict = {"commit": build_tree(ref, (), current), "baseline_commit": build_tree(ref, without, baseline)}
-    ports: dict[str, tuple[int, int, int]] = {}
-    for name in FEATURES:
-        hp, gp, probe = free_port(), free_port(), free_port()
-        cfg = {**base, "listen": {"http_port": hp, "grpc_port": gp}, **settings.get(name, {})}
-        if name in ("TLS", "API key"):  # health probes on a plain listener of their own
-            cfg["metrics_listen"] = {"port": probe}
-        else:
-            probe = hp
-        path = work / f"gw-feature-{FEATURES.index(name)}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        tree = baseline if name == NO_TRACING_BUILD else current
-        procs[f"feature/{name}"] = start_tree_gateway(tree, path, f"127.0.0.1:{probe}")
-        ports[name] = (hp, gp, procs[f"feature/{name}"].pid)
-    targets, pid_of = {}, {}
-    for client in ("http", "grpc"):
-        direct = triton.http_url if client == "http" else triton.grpc_url
-        targets[(f"tritonclient {client}", "triton")] = TritonClientTarget(client, direct, "echo")
-        for name, (hp, gp, pid) in ports.items():
-            key = (f"tritonclient {client}", name)
-            targets[key] = TritonClientTarget(client, f"127.0.0.1:{hp if client == 'http' else gp}", "echo",
-                                              **client_opts.get(name, {}))
-            pid_of[key] = pid
-    notes["access_log"] = work / "access.jsonl"
-    notes["otlp_spans"] = work / "otlp-spans.txt"
-    return targets, pid_of, notes
-
-
-def feature_rows(samples: dict, cpu: dict) -> list[dict]:
-    """Each feature against the plain gateway, measured by the same client in the same rounds."""
-    rows = []
-    for client in ("tritonclient http", "tritonclient grpc"):
-        if (client, PLAIN) not in samples:
-            continue
-        plain, direct = samples[(client, PLAIN)], samples[(client, "triton")]
-        plain_cpu = cpu[(client, PLAIN)] / len(plain) * 1e6
-        for name in FEATURES:
-            g = samples.get((client, name))
-            if g is None:
-                continue
-            row = {"client": client, "gateway": name, "triton_p50_ms": pct(direct, 50),
-                   "p50_ms": pct(g, 50), "p99_ms": pct(g, 99),
-                   "gateway_cpu_us_per_request": cpu[(client, name)] / len(g) * 1e6}
-            row["added_p50_ms"] = row["p50_ms"] - pct(plain, 50)
-            row["added_p99_ms"] = row["p99_ms"] - pct(plain, 99)
-            row["added_cpu_us_per_request"] = row["gateway_cpu_us_per_request"] - plain_cpu
-            rows.append(row)
-    return rows
 
 
 def run(requests: int, rounds: int, profile: bool, baseline_ref: str = "HEAD",
@@ -394,7 +243,8 @@ def run(requests: int, rounds: int, profile: bool, baseline_ref: str = "HEAD",
                 pid_of[("grpc", name)] = procs[name].pid
             notes: dict = {}
             if features:
-                more, pids, notes = start_features(work, base, triton, baseline_ref, baseline_without, procs)
+                more, pids, notes = start_features(work, base, triton, baseline_ref, baseline_without, procs,
+                                                   start_floor)
                 targets.update(more)
                 pid_of.update(pids)
             # the refusal path: what a 429 costs the gateway (admission only, no Triton call)
@@ -411,6 +261,8 @@ def run(requests: int, rounds: int, profile: bool, baseline_ref: str = "HEAD",
                     pid = pid_of.get(k)
                     c0 = cpu_seconds(pid) if pid else 0.0
                     samples[k] += measure(targets[k], requests)
+                    if k in notes.get("settle", ()):  # its span exports finish (and are counted) in its turn
+                        settle(pid)
                     cpu[k] += (cpu_seconds(pid) - c0) if pid else 0.0
             stolen = steal_share(host0, cpu_times())
             for t in targets.values():
@@ -453,6 +305,8 @@ def run(requests: int, rounds: int, profile: bool, baseline_ref: str = "HEAD",
     out["refusal"] = {"p50_ms": pct(ref, 50), "p99_ms": pct(ref, 99),
                       "gateway_cpu_us_per_request": cpu[("http", "refusal")] / len(ref) * 1e6}
     out["features"] = feature_rows(samples, cpu)
+    if features:  # the gateways are stopped: the machine is as quiet as this run gets
+        out["features_in_process"] = in_process_cost(notes["in_process"])
     if features:
         log, spans = notes["access_log"], notes["otlp_spans"]
         out["features_notes"] = {
@@ -513,45 +367,6 @@ def markdown(res: dict) -> str:
         lines += ["", "## Where the time goes (pyinstrument, gateway process)", "",
                   res.get("hot_path_notes", ""), "", "```", res["hot_path_profile"].strip()[:12000], "```"]
     return "\n".join(lines) + "\n"
-
-
-def features_markdown(res: dict) -> list[str]:
-    rows = res.get("features") or []
-    if not rows:
-        return []
-    notes = res.get("features_notes", {})
-    lines = ["", "## Optional features, measured with tritonclient", "",
-             f"Each feature's own gateway (HTTP to Triton, otherwise the plain gateway's settings), served from a "
-             f"clean clone of `{notes.get('commit')}`, against the plain gateway, measured by the same tritonclient client in the same interleaved rounds: what the "
-             "feature adds to a request's round trip and to the gateway's CPU per request. `tracing on` exports "
-             "every span (sample_ratio 1) over OTLP/gRPC to a receiver process that keeps nothing, and its client "
-             "sends a sampled `traceparent`; `access log on` writes every request to a file; `TLS` is ECDSA "
-             "P-256 on kept-alive connections; `API key` sends `Authorization: Bearer`. `build without tracing` "
-             f"is `{notes.get('baseline_commit')}`: the commits that brought tracing and the access log in, "
-             "reverted in a clone of its own (where later commits changed the same lines, those lines keep "
-             "their later form: the `trace` keyword of `Driver.submit` stays, unused); "
-             "`tracing configured, off` has a `tracing:` section with `enabled: false`.", "",
-             "| client | gateway | Triton direct p50 ms | p50 ms | added p50 ms | p99 ms | added p99 ms | "
-             "gateway CPU µs/request | added CPU µs/request |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['client']} | {r['gateway']} | {r['triton_p50_ms']:.3f} | {r['p50_ms']:.3f} | "
-                     f"**{r['added_p50_ms']:+.3f}** | {r['p99_ms']:.3f} | **{r['added_p99_ms']:+.3f}** | "
-                     f"{r['gateway_cpu_us_per_request']:.0f} | {r['added_cpu_us_per_request']:+.0f} |")
-    lines.append("")
-    for client in dict.fromkeys(r["client"] for r in rows):
-        by = {r["gateway"]: r for r in rows if r["client"] == client}
-        off = by.get(TRACING_OFF)
-        for other in (PLAIN, NO_TRACING_BUILD):
-            if off is None or other not in by:
-                continue
-            gap = off["p50_ms"] - by[other]["p50_ms"]
-            lines.append(f"- {client}: tracing off vs {other}: p50 {gap:+.3f} ms "
-                         f"({'within' if abs(gap) <= TRACING_OFF_LIMIT_MS else 'NOT within'} "
-                         f"{TRACING_OFF_LIMIT_MS} ms)")
-    lines.append(f"- access log lines written: {notes.get('access_log_lines')}; spans the OTLP receiver got: "
-                 f"{notes.get('otlp_spans_received')}")
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
