@@ -106,11 +106,12 @@ def operator_up(tmp_path: Path, *files: Path) -> Iterator[Running]:
 class LoadThread(threading.Thread):
     """``headrace load``'s engine on its own thread (its own event loop)."""
 
-    def __init__(self, target: str, mix: str, rate: float, duration: float, slo_ms: float, seed: int = 0) -> None:
+    def __init__(self, target: str, mix: str, rate: float, duration: float, slo_ms: float, seed: int = 0,
+                 warmup_s: float = 0.5) -> None:
         super().__init__(daemon=True)
         from loadgen.spec import LoadSpec  # noqa: PLC0415
 
-        self.spec = LoadSpec(target=f"http://{target}", mix=mix, rate=rate, duration_s=duration, warmup_s=0.5,
+        self.spec = LoadSpec(target=f"http://{target}", mix=mix, rate=rate, duration_s=duration, warmup_s=warmup_s,
                              slo_ms=slo_ms, seed=seed)
         self.summary: dict[str, Any] | None = None
         self.error: BaseException | None = None
