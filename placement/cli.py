@@ -39,10 +39,7 @@ examples:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("plan", help="plan GPU placement (MIG/MPS) for model deployments",
                               description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-f", "--file", action="append", required=True, metavar="YAML",
-                   help="GpuPool / ModelDeployment YAML (repeatable)")
-    p.add_argument("--method", choices=METHODS, default="greedy", help="solver (default greedy)")
-    p.add_argument("--time-limit", type=float, default=10.0, help="MILP time limit, seconds")
+    add_problem_args(p)
     p.add_argument("--objective", choices=("gpus", "cost", "accuracy"), default=None,
                    help="override the GpuPool's objective: the fewest GPUs, the least cost (either drops "
                         "the document's budget), or the most accurate answers within --max-gpus / "
@@ -53,14 +50,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="objective accuracy: cost per hour the plan may reach (overrides max_cost_per_hour)")
     p.add_argument("--mean-accuracy-floor", type=float, default=None, metavar="F",
                    help="every model's predicted mean accuracy of answers >= F (overrides mean_accuracy_floor)")
-    p.add_argument("--profiles", action="append", default=[], metavar="PATH",
-                   help="extra profile YAML files or folders (added to the reference set)")
     p.add_argument("--output", choices=("table", "yaml", "both"), default="both")
     p.add_argument("--apply", action="store_true", help="apply the plan with --executor")
     p.add_argument("--executor", choices=EXECUTORS, default="dry-run")
     p.add_argument("--hold", type=float, default=None,
                    help="emulated: serve this many seconds, then stop (default: until Ctrl-C)")
     p.set_defaults(func=run)
+
+
+def add_problem_args(p: argparse.ArgumentParser) -> None:
+    """What a planning command reads: the documents, the solver and extra profiles (``plan``
+    and ``render-k8s`` alike; :func:`load` reads them)."""
+    p.add_argument("-f", "--file", action="append", required=True, metavar="YAML",
+                   help="GpuPool / ModelDeployment YAML (repeatable)")
+    p.add_argument("--method", choices=METHODS, default="greedy", help="solver (default greedy)")
+    p.add_argument("--time-limit", type=float, default=10.0, help="MILP time limit, seconds")
+    p.add_argument("--profiles", action="append", default=[], metavar="PATH",
+                   help="extra profile YAML files or folders (added to the reference set)")
 
 
 def load_profile_set(extra: list[str], derive: bool = True) -> ProfileSet:

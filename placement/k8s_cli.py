@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from placement.cli import add_problem_args, load
 from placement.kubernetes import KubernetesError, Options, render
 from placement.plan import PlanError
-from placement.solver import METHODS, SolverError, solve
+from placement.solver import SolverError, solve
 from placement.spec import SpecError
 from profiles.catalogue import CatalogueError
 from profiles.profile import ProfileError
@@ -28,12 +29,7 @@ examples:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("render-k8s", help="render a plan as Kubernetes manifests (kubectl apply)",
                               description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-f", "--file", action="append", required=True, metavar="YAML",
-                   help="GpuPool / ModelDeployment YAML (repeatable)")
-    p.add_argument("--method", choices=METHODS, default="greedy", help="solver (default greedy)")
-    p.add_argument("--time-limit", type=float, default=10.0, help="MILP time limit, seconds")
-    p.add_argument("--profiles", action="append", default=[], metavar="PATH",
-                   help="extra profile YAML files or folders (added to the reference set)")
+    add_problem_args(p)
     d = Options()
     p.add_argument("--namespace", default=d.namespace, help=f"the replicas' namespace (default {d.namespace})")
     p.add_argument("--image-tag", default=d.image_tag, help=f"tritonserver image tag (default {d.image_tag})")
@@ -45,8 +41,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from placement.cli import load  # noqa: PLC0415  (the plan command's loader, imported when used)
-
     opts = Options(args.namespace, args.image_tag, args.model_repository, args.models_claim or None,
                    args.operator_namespace)
     try:
