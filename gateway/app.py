@@ -95,7 +95,7 @@ class Gateway:
         self.driver.tracing = self.tracing
         # None when the access log and tracing are both off: the front doors then see nothing
         self.observer = Observer.of(access_log(cfg), self.tracing, clock)
-        self.info = ServerInfo([m.name for m in models], clock=clock, default_version=self.driver.default_version,
+        self.info = ServerInfo([m.name for m in models], default_version=self.driver.default_version,
                                stats=self.driver.stats)
         tls = self.security.tls
         door = HttpFrontDoor(self.driver, self.info, cfg.max_message_bytes, cfg.limits.max_json_depth,

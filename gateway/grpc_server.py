@@ -96,15 +96,9 @@ class InferenceServicer:
         inp = parse_grpc_infer(req)
         if seen is not None:
             seen.parsed(inp, model.info is not None and model.info.signature.batched)
-        start = self.info.clock()
-        try:
-            res = await self.driver.infer(name, inp, slo, version=req.model_version, deadline=deadline,
-                                          priority=None if tenant is None else tenant.priority, hints=hints,
-                                          trace=None if seen is None else seen.trace)
-        except GatewayError:
-            self.info.record(name, start, ok=False)
-            raise
-        self.info.record(name, start, ok=True)
+        res = await self.driver.infer(name, inp, slo, version=req.model_version, deadline=deadline,
+                                      priority=None if tenant is None else tenant.priority, hints=hints,
+                                      trace=None if seen is None else seen.trace)
         if seen is not None:
             seen.answered("OK", variant=res.variant, queue_s=res.queue_s)
         return encode_grpc_response(name, req.model_version or model.default_version, inp, res.outputs,

@@ -216,7 +216,7 @@ class HttpFrontDoor:
 
     def _infer(self, req: HttpRequest, name: str, version: str, tenant: Tenant | None,
                seen: Seen | None = None) -> HttpResponse | Later:
-        driver, info = self.driver, self.info
+        driver = self.driver
         model = driver.model(name)  # unknown model or version: 404 before decoding the body
         if version:
             model.check_version(version)
@@ -225,18 +225,12 @@ class HttpFrontDoor:
         inp = parse_http_infer(decoded_body(req, self.max_body), req.headers.get(HEADER_LEN), max_depth=self.max_depth)
         if seen is not None:
             seen.parsed(inp, model.info is not None and model.info.signature.batched)
-        start = info.clock()
-        try:
-            result = driver.submit(name, inp, req.headers.get(SLO_HEADER), req.received, version=version,
-                                   priority=None if tenant is None else tenant.priority,
-                                   hints=choice_headers(req.headers), trace=None if seen is None else seen.trace)
-        except GatewayError:
-            info.record(name, start, ok=False)
-            raise
+        result = driver.submit(name, inp, req.headers.get(SLO_HEADER), req.received, version=version,
+                               priority=None if tenant is None else tenant.priority,
+                               hints=choice_headers(req.headers), trace=None if seen is None else seen.trace)
 
         def answer(f: asyncio.Future[InferResult]) -> HttpResponse:
             e = f.exception()
-            info.record(name, start, ok=e is None)
             if e is None:
                 return _inferred(name, version, model, inp, f.result())
             if isinstance(e, GatewayError):

@@ -141,15 +141,11 @@ class ServerInfo:
     """What both front doors answer about the server; ``stats`` are the driver's."""
 
     models: list[str]
-    clock: Callable[[], float] = time.monotonic
     default_version: Callable[[str], str] = _version_one  # a model's default version (the driver's)
     stats: Statistics = field(default_factory=Statistics)
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": SERVER_VERSION, "extensions": EXTENSIONS}
-
-    def record(self, model: str, start: float, ok: bool) -> None:
-        """Nothing: the driver counts every request it takes (:class:`Statistics`)."""
 
     def statistics(self, model: str | None = None, version: str = "") -> pb.ModelStatisticsResponse:
         resp = pb.ModelStatisticsResponse()
