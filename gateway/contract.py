@@ -114,8 +114,16 @@ class Choice:
 def choice_headers(headers: Any) -> dict[str, str] | None:
     """The variant-constraint headers among ``headers`` (name, value pairs or a mapping with
     lower-case names), keyed by their parameter names; None when there are none."""
-    items = headers.items() if hasattr(headers, "items") else headers
-    out = {CHOICE_HEADERS[k]: v if isinstance(v, str) else v.decode() for k, v in items if k in CHOICE_HEADERS}
+    out: dict[str, str] = {}
+    if hasattr(headers, "get"):  # a mapping (HTTP): three lookups, whatever else it holds
+        for name, param in CHOICE_HEADERS.items():
+            v = headers.get(name)
+            if v is not None:
+                out[param] = v
+        return out or None
+    for k, v in headers:  # name, value pairs (gRPC metadata)
+        if k in CHOICE_HEADERS:
+            out[CHOICE_HEADERS[k]] = v if isinstance(v, str) else v.decode()
     return out or None
 
 
