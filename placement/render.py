@@ -51,37 +51,49 @@ def file_name(replica_id: str) -> str:
     return replica_id.replace("/", "_").replace("@", "-").replace("#", "-")
 
 
-def price_per_hour(plan: Plan, e: Endpoint) -> float:
+@dataclass(frozen=True)
+class _Gpu:
+    model: str  # catalogue name, e.g. A100-80GB
+    cost_per_hour: float
+
+
+def _gpus(plan: Plan) -> dict[str, _Gpu]:
+    """Every planned GPU's model and price, by id (looked up once per render)."""
+    by_id = plan.inventory.by_id()
+    return {g.id: _Gpu(g.gpu, by_id[g.id].cost_per_hour) for g in plan.gpus}
+
+
+def price_per_hour(gpu: _Gpu, e: Endpoint) -> float:
     """What ``e``'s hardware costs per hour: its slice's share of its GPU (the larger of its
     compute and memory shares), times its MPS share, times the GPU's ``cost_per_hour``."""
-    gm = catalogue_model(next(g.gpu for g in plan.gpus if g.id == e.gpu))
-    gpu_class = plan.inventory.by_id()[e.gpu]
-    return gpu_class.cost_per_hour * gm.slice_fraction(e.slice.split("@")[0]) * e.share
+    return gpu.cost_per_hour * catalogue_model(gpu.model).slice_fraction(e.slice.split("@")[0]) * e.share
 
 
-def replica_config(plan: Plan, e: Endpoint, profiles: ProfileSet, profile_dir: Path) -> dict[str, Any]:
+def replica_config(gpu: _Gpu, e: Endpoint, profiles: ProfileSet, profile_dir: Path) -> dict[str, Any]:
     """One replica of the gateway config (``models[].replicas[]``), its profile written to disk."""
-    gpu_model = next(g.gpu for g in plan.gpus if g.id == e.gpu)
     path = profile_dir / (file_name(e.replica_id) + ".profile.yaml")
-    profile_dir.mkdir(parents=True, exist_ok=True)
-    save_profiles(path, [replica_profile(profiles, gpu_model, e)])
+    save_profiles(path, [replica_profile(profiles, gpu.model, e)])
     return {"url": e.http_url, "protocol": "http", "variant": e.variant, "profile": str(path), "id": e.replica_id,
-            "price_per_hour": round(price_per_hour(plan, e), 6)}
+            "price_per_hour": round(price_per_hour(gpu, e), 6)}
 
 
 def gateway_config(plan: Plan, endpoints: Iterable[Endpoint], profiles: ProfileSet, profile_dir: Path,
                    settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The gateway config routing every planned model to its replicas' ``endpoints``.
     ``settings``: the Gateway document's spec (listen, scheduler, ...), admin settings ignored."""
-    eps = list(endpoints)
+    by_model: dict[str, list[Endpoint]] = {}
+    for e in endpoints:
+        by_model.setdefault(e.model, []).append(e)
+    gpus = _gpus(plan)
+    profile_dir.mkdir(parents=True, exist_ok=True)
     models = []
     for d in plan.demands:
-        mine = [e for e in eps if e.model == d.model]
+        mine = by_model.get(d.model)
         if not mine:
             continue
         models.append({"name": d.model, "slo_ms": d.slo * 1e3, "priority": d.priority, "objective": d.objective,
                        "max_batch": min(e.max_batch for e in mine),
-                       "replicas": [replica_config(plan, e, profiles, profile_dir) for e in mine]})
+                       "replicas": [replica_config(gpus[e.gpu], e, profiles, profile_dir) for e in mine]})
     cfg = {k: v for k, v in dict(settings or {}).items() if k != "admin"}
     cfg.setdefault("listen", {"host": "127.0.0.1", "http_port": 0, "grpc_port": 0})
     cfg["models"] = models
