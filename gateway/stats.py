@@ -54,7 +54,7 @@ class _Served:
     compute_infer: _Duration = field(default_factory=_Duration)
     inference_count: int = 0  # rows inferred
     execution_count: int = 0  # batches sent
-    last_ms: int = 0  # wall-clock ms of the last answer
+    last_ms: int = 0  # wall-clock ms when its last batch came back (Triton's last_inference)
     batches: dict[int, _Duration] = field(default_factory=dict)  # rows -> batches and their compute
 
 
@@ -92,7 +92,6 @@ class Statistics:
         """A request's answer (``ok``) or failure, ``total_s`` after it arrived."""
         s = self._of(model, version, variant)
         (s.success if ok else s.fail).add(1, int(total_s * 1e9))
-        s.last_ms = int(time.time() * 1000)
 
     def forget(self, model: str) -> None:
         for key in [k for k in self._by if k[0] == model]:
