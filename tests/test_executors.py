@@ -91,6 +91,13 @@ echo "$CUDA_VISIBLE_DEVICES $*" >> "$TRITON_CALLS"
 exec sleep 60
 '''
 
+# ready once the server on the probed port has started, as a real probe is: the script's
+# readiness wait is what orders a server's start before the script's end
+FAKE_CURL = r'''#!/usr/bin/env bash
+url="${@: -1}"; port="${url#http://127.0.0.1:}"; port="${port%%/*}"
+grep -qE -- "--http-port[= ]$port( |$)" "$TRITON_CALLS" 2>/dev/null
+'''
+
 
 @pytest.fixture
 def node(tmp_path: Path) -> dict[str, str]:
@@ -99,7 +106,7 @@ def node(tmp_path: Path) -> dict[str, str]:
         pytest.skip("needs bash, setsid and awk")
     bin_ = tmp_path / "bin"
     bin_.mkdir()
-    for name, text in {"nvidia-smi": FAKE_SMI, "tritonserver": FAKE_TRITON, "curl": "#!/bin/sh\nexit 0\n",
+    for name, text in {"nvidia-smi": FAKE_SMI, "tritonserver": FAKE_TRITON, "curl": FAKE_CURL,
                        "nvidia-cuda-mps-control": "#!/bin/sh\ncat >/dev/null 2>&1 || true\nexit 0\n"}.items():
         (bin_ / name).write_text(text)
         (bin_ / name).chmod(0o755)
