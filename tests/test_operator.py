@@ -122,12 +122,9 @@ def test_kill_9_of_a_managed_triton_is_healed_and_every_request_answered(tmp_pat
         r = again.result()
         kinds = [e["kind"] for e in op.status()["events"]]
         assert "ReplicaDown" in kinds and "Restarted" in kinds
-        assert r["attainment"] >= 0.9, r["timeline"]  # the healed fleet serves: no collapse
-        if r["attainment"] < 0.99:
-            # KNOWN GAP: on this tree the healed fleet loses one window (~15 late answers of ~400,
-            # p99 ~160 ms) shortly after the restart; the code of the previous release holds 99%
-            # here. Every request is still answered (asserted above); the cause is not found yet.
-            pytest.xfail(f"post-heal attainment {r['attainment']:.4f} < 0.99: {r['timeline']}")
+        # the healed fleet serves at the SLO: a full GC pass over the controller's startup heap would
+        # stall the loop ~150 ms (one window of late answers), so the controller freezes that heap
+        assert r["attainment"] >= 0.99, r["timeline"]
 
 
 def test_a_3x_load_step_scales_up_within_the_delay_and_back_down_once(tmp_path: Path) -> None:

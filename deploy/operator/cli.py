@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -225,6 +226,10 @@ async def _serve(args: argparse.Namespace, text: str, want: Desired, base: Profi
             raise CliError(str(e).splitlines()[0] if isinstance(e, SolverError | PlanError) else str(e),
                            2 if isinstance(e, SolverError | PlanError) else 1) from None
         ctl.save()
+        # the plan, profiles and gateway live as long as the controller: keep them out of the
+        # collector's full passes, which would otherwise stall the event loop serving requests
+        gc.collect()
+        gc.freeze()
         print_endpoints(ctl.status(), out)
         print_status(ctl.status(), out)
         out.print("serving; Ctrl-C or `headrace down` stops everything", highlight=False)
