@@ -16,7 +16,7 @@ def sched(policy: str = "adaptive", **kw) -> EdfScheduler:
 
 
 def test_registry_rejects_unknown_policy_listing_known_ones() -> None:
-    with pytest.raises(KeyError, match="known: adaptive, largest-prefix, skip-heads, take-all"):
+    with pytest.raises(KeyError, match="known: adaptive, aimd, largest-prefix, skip-heads, take-all"):
         get_policy("nope")
     with pytest.raises(ValidationError, match="unknown policy 'nope'"):
         SchedulerConfig(policy="nope")

@@ -18,6 +18,9 @@ finish them in time. Policies:
 - ``skip-heads``: the batch with the most requests that finish in time, skipping heads.
 - ``adaptive``: among batches at least as large as the observed arrival rate needs
   (or the largest possible if none is), the one that skips fewest heads, then the largest.
+- ``aimd``: Clipper's adaptive batching (NSDI'17): arrival order up to a per-replica batch
+  cap that grows by one after a batch whose latency meets the SLO and shrinks by 10% after one
+  that does not; no deadline checks, no waiting. A baseline.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class SelectContext:
     rate: float  # observed arrivals per second for this queue
     wait: bool  # may the policy wait for a larger batch
     max_queue_delay: float = 0.0  # take-all only
+    replica: str = ""  # the replica the batch is for (policies with per-replica state)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,8 +198,39 @@ class Adaptive(_DeadlineAware):
         return min((c for c in cands if c.rows >= enough), key=lambda c: (c.skip, -c.count))
 
 
+class Aimd(BatchPolicy):
+    """Clipper's AIMD batch size, per replica. The latency fed back is the batch's predicted
+    latency on the replica (the profile's), judged against the head request's SLO (its
+    deadline minus its arrival): Clipper compares a batch's measured processing time, not its
+    queueing, with the SLO."""
+
+    name = "aimd"
+    deadline_aware = False
+    backoff = 0.9
+
+    def __init__(self) -> None:
+        self.caps: dict[str, int] = {}
+
+    def select(self, queue: Sequence[Request], ctx: SelectContext) -> Selection:
+        if not queue:
+            return Selection()
+        cap = min(self.caps.get(ctx.replica, 1), ctx.max_batch)
+        rows = count = 0
+        while count < len(queue) and rows + queue[count].size <= cap:
+            rows += queue[count].size
+            count += 1
+        if count == 0:  # a request larger than the cap goes alone
+            count, rows = 1, queue[0].size
+        head = queue[0]
+        if ctx.latency(rows) <= head.deadline - head.arrival:
+            self.caps[ctx.replica] = min(cap + 1, ctx.max_batch)
+        else:
+            self.caps[ctx.replica] = max(1, int(cap * self.backoff))
+        return Selection(tuple(range(count)))
+
+
 POLICIES: dict[str, type[BatchPolicy]] = {
-    p.name: p for p in (TakeAll, LargestPrefix, SkipHeads, Adaptive)
+    p.name: p for p in (TakeAll, LargestPrefix, SkipHeads, Adaptive, Aimd)
 }
 
 

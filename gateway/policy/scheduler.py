@@ -491,7 +491,7 @@ class EdfScheduler(SequenceScheduling):
         ctx = SelectContext(
             now=now, start=rep.start(now), latency=self._latency(rep), max_batch=rep.info.max_batch,
             needed_batch=self._needed_batch(healthy, rate), rate=rate, wait=self.config.wait,
-            max_queue_delay=self.config.max_queue_delay_s,
+            max_queue_delay=self.config.max_queue_delay_s, replica=rep.info.id,
         )
         chosen: list[Request] = []
         wake = None
@@ -510,7 +510,7 @@ class EdfScheduler(SequenceScheduling):
             be_ctx = SelectContext(
                 now=now, start=ctx.start, max_batch=room, needed_batch=max(1, ctx.needed_batch - len(chosen)),
                 rate=rate, wait=self.config.wait and not chosen, max_queue_delay=ctx.max_queue_delay,
-                latency=(lambda rows: lat(rows + used)),
+                latency=(lambda rows: lat(rows + used)), replica=rep.info.id,
             )
             if room > 0:
                 sel = select_alike(self.policy, group.best_effort, rep.info.id, be_ctx,
