@@ -57,15 +57,18 @@ def access_log(cfg: GatewayConfig) -> AccessLog | None:
     return AccessLog.from_settings(spec)
 
 
-def check_bindable(what: str, host: str, port: int) -> None:
+def check_bindable(what: str, host: str, port: int, reuse_port: bool = False) -> None:
     """Bind ``host:port`` once and let it go: :class:`OSError` naming them when the address is
-    not this host's or the port is taken. Asked before the listeners (and before waiting for
-    the replicas), so a bad address is one clear line at once rather than grpc's own logging."""
+    not this host's or the port is taken (``reuse_port``: taken by a listener that does not
+    share it). Asked before the listeners (and before waiting for the replicas), so a bad
+    address is one clear line at once rather than grpc's own logging."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, kind, proto, _, addr = infos[0]
         with socket.socket(family, kind, proto) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listeners do
+            if reuse_port:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             s.bind(addr)
     except OSError as e:
         raise bind_error(what, host, port, e) from None
@@ -78,12 +81,15 @@ def bind_error(what: str, host: str, port: int, e: BaseException) -> OSError:
 
 class Gateway:
     """The gateway bound to its ports. ``await start()``, then ``await stop()``.
-    ``replica_factory``: how replica clients are made (tests pass fakes; see :class:`Driver`)."""
+    ``replica_factory``: how replica clients are made (tests pass fakes; see :class:`Driver`).
+    ``reuse_port``: the HTTP and gRPC ports are shared with other gateway processes on this
+    host (SO_REUSEPORT; :mod:`gateway.workers`); the metrics listener never is."""
 
     def __init__(self, cfg: GatewayConfig, core: SchedulerCore | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 replica_factory: Callable[[str, str], Any] | None = None) -> None:
+                 replica_factory: Callable[[str, str], Any] | None = None, reuse_port: bool = False) -> None:
         self.cfg = cfg
+        self.reuse_port = reuse_port
         models = resolve(cfg)
         self.security = load_security(cfg, base_dir=cfg.base_dir, clock=clock)
         self.driver = Driver(
@@ -130,14 +136,14 @@ class Gateway:
         """Start the driver, then the listeners; an address that cannot be bound is an
         :class:`OSError` naming it (before the replicas are waited for)."""
         host, listen, mlisten = self.cfg.listen.host, self.cfg.listen, self.cfg.metrics_listen
-        check_bindable("gRPC", host, listen.grpc_port)
-        check_bindable("HTTP", host, listen.http_port)
+        check_bindable("gRPC", host, listen.grpc_port, self.reuse_port)
+        check_bindable("HTTP", host, listen.http_port, self.reuse_port)
         if mlisten is not None:
             check_bindable("metrics", mlisten.host, mlisten.port)
         await self.driver.start(self.cfg.startup_timeout_s)
         try:
             self._grpc = create_server(self.driver, self.info, self.cfg.max_message_bytes, self.security.tenants,
-                                       self.observer)
+                                       self.observer, self.reuse_port)
             addr, tls = f"{host}:{listen.grpc_port}", self.security.tls
             try:
                 self.grpc_port = (self._grpc.add_insecure_port(addr) if tls is None
@@ -148,7 +154,7 @@ class Gateway:
                 raise OSError(f"cannot bind gRPC to {host}:{listen.grpc_port}")
             await self._grpc.start()
             try:
-                self.http_port = await self._http.start(host, listen.http_port)
+                self.http_port = await self._http.start(host, listen.http_port, self.reuse_port)
             except (OSError, OverflowError) as e:
                 raise bind_error("HTTP", host, listen.http_port, e) from None
             if self._metrics is not None and mlisten is not None:

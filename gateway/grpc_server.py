@@ -314,11 +314,14 @@ def generic_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
 
 
 def create_server(driver: Driver, info: ServerInfo, max_message_bytes: int = 64 << 20,
-                  tenants: Tenants | None = None, observer: Observer | None = None) -> grpc.aio.Server:
+                  tenants: Tenants | None = None, observer: Observer | None = None,
+                  reuse_port: bool = False) -> grpc.aio.Server:
+    """The gRPC server; ``reuse_port``: its port may be shared with other gateway processes
+    (SO_REUSEPORT), else binding a port in use fails."""
     server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(reuse_port)),
     ])
     server.add_generic_rpc_handlers((generic_handler(InferenceServicer(driver, info, tenants, observer)),))
     return server

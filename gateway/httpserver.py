@@ -487,10 +487,13 @@ class HttpServer:
         # its path and headers as far as they were read, when it was read, the answer
         self.on_refusal: Callable[[str, dict[str, str], float, HttpResponse], None] | None = None
 
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
+        """Listen on ``host:port`` (0: any free); ``reuse_port``: share it with other processes
+        listening there with SO_REUSEPORT (the kernel spreads connections over them)."""
         self.loop = asyncio.get_running_loop()
         ensure_fd_room(self.limits)
-        self._server = await self.loop.create_server(lambda: _Connection(self), host, port, backlog=1024)
+        self._server = await self.loop.create_server(lambda: _Connection(self), host, port, backlog=1024,
+                                                     reuse_port=reuse_port or None)
         return self._server.sockets[0].getsockname()[1]
 
     def _admit(self, conn: _Connection) -> bool:
