@@ -33,11 +33,13 @@ class _Program:
 CUTS_PER_MODEL = 6
 
 
-def _rounding_cuts(a, demands: Sequence[Demand], inv: Inventory, cands: list[Candidate]):
+def _rounding_cuts(a, demands: Sequence[Demand], inv: Inventory, cands: list[Candidate],
+                   uncut: frozenset[int] = frozenset()):
     """Append Chvatal-Gomory rounding cuts of each model's capacity row: for a divisor ``d``,
     ``sum_j ceil(c_j / d) x_j >= ceil(req / d)`` holds for integer replicas (``c_j`` the capped
     capacities). Divisors: the capacities of the model's most cost-efficient candidates. They
-    make the LP pay for rounding each model up to whole replicas, as every plan must."""
+    make the LP pay for rounding each model up to whole replicas, as every plan must. Models in
+    ``uncut`` get none (their demand may be placed in part, where the cuts do not hold)."""
     from scipy.sparse import coo_matrix, vstack
 
     by_model: dict[int, list[int]] = defaultdict(list)
@@ -45,6 +47,8 @@ def _rounding_cuts(a, demands: Sequence[Demand], inv: Inventory, cands: list[Can
         by_model[c.model].append(j)
     rows, cols, vals, rhs = [], [], [], []
     for mi, js in by_model.items():
+        if mi in uncut:
+            continue
         req = demands[mi].required
         eff = sorted(js, key=lambda j: -cands[j].cap.rate / (inv.weight(inv.classes[cands[j].cls])
                                                              * cands[j].gpu_fraction))
@@ -69,7 +73,7 @@ def _rounding_cuts(a, demands: Sequence[Demand], inv: Inventory, cands: list[Can
 
 
 def _program(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
-             tie_break: bool, cuts: bool = False) -> _Program:
+             tie_break: bool, cuts: bool = False, uncut: frozenset[int] = frozenset()) -> _Program:
     from scipy.sparse import coo_matrix
 
     y_index = [(ci, lo) for ci, c in enumerate(inv.classes) for lo in layout_options(c, opts)]
@@ -107,7 +111,7 @@ def _program(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], 
     for yi, (ci, _) in enumerate(y_index):
         ub[n_x + yi] = len(inv.classes[ci].ids)
     if cuts:
-        a, rhs = _rounding_cuts(a, demands, inv, cands)
+        a, rhs = _rounding_cuts(a, demands, inv, cands, uncut)
         lo = np.concatenate([lo, rhs])
         hi = np.concatenate([hi, np.full(len(rhs), np.inf)])
     if tie_break:

@@ -118,6 +118,15 @@ def render(plan: Plan, console: Console) -> None:
         m.add_row(d.model, f"{d.rate:g}", f"{d.slo * 1e3:g}", d.priority,
                   f"{caps[d.model]:.0f}", f"{caps[d.model] / d.rate if d.rate > 0 else float('inf'):.2f}x", acc, split)
     console.print(m)
+    if plan.shortfall:
+        short = Table(title=f"partial plan: {len(plan.shortfall)} best-effort models placed short (every "
+                            "guaranteed model placed whole)")
+        for col in ("model", "required req/s", "placed req/s", "unplaced req/s", "more GPUs that would place it"):
+            short.add_column(col, justify="left" if col in ("model", "more GPUs that would place it") else "right")
+        for sf in plan.shortfall:
+            short.add_row(sf.model, f"{sf.required:.0f}", f"{sf.placed:.0f}", f"{sf.unplaced:.0f}",
+                          " or ".join(f"{n} x {g}" for g, n in sf.gpus) or "-")
+        console.print(short)
 
 
 OVERRIDES = ("objective", "max_gpus", "max_cost_per_hour", "mean_accuracy_floor")

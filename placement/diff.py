@@ -206,7 +206,7 @@ def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory
             kept.remove(g)
             for m, v in lost.items():
                 cap[m] -= v
-    deficit = [replace(d, rate=(d.required - cap[d.model]) / d.headroom)
+    deficit = [replace(d, rate=(d.required - cap[d.model]) / d.factor)
                for d in demands if d.required - cap[d.model] > 1e-6]
     used = {g.id for g in kept}
     free = replace(inventory, classes=tuple(
@@ -218,8 +218,12 @@ def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory
         new = solve(demands, profiles, inventory, method, time_limit=time_limit, options=options)
         return new, diff(old, new)
     try:
-        extra = solve(deficit, profiles, free, method, time_limit=time_limit, options=options,
-                      bound=False).gpus if deficit else ()
+        part = solve(deficit, profiles, free, method, time_limit=time_limit, options=options,
+                     bound=False) if deficit else None
+        if part is not None and part.partial:
+            # best-effort short on the free GPUs: from scratch it may fit, and says what does not
+            raise SolverError("the free GPUs do not place every best-effort deficit")
+        extra = part.gpus if part is not None else ()
         new = Plan(tuple(kept) + tuple(extra), tuple(demands), inventory, f"replan-{method}", 0.0, 0.0, profiles)
     except SolverError:
         # the free GPUs do not suffice: plan from scratch (the diff may then have to move more)

@@ -1,5 +1,7 @@
 """The fast greedy: first-fit decreasing onto concrete GPUs, preferring room already opened.
 
+Guaranteed demand is placed first, then best-effort into what is left (room already opened
+first, then the GPUs still free). Within each class:
 Phase 1 (bulk): for every model, in decreasing order of required rate, whole replicas of its
 most efficient candidate (capacity per unit of GPU cost) while they do not exceed what is left.
 Phase 2 (remainders, largest first): a replica that fits in room already opened (free MPS
@@ -8,6 +10,8 @@ or when it is nearly as efficient as a new GPU would be; otherwise a new GPU for
 candidate that covers the rest (or the most efficient one).
 A new GPU takes the layout holding the most slices of the candidate's kind; the rest of that
 layout stays open for later replicas.
+When the pool runs out, best-effort demand is left unplaced (:attr:`Greedy.unplaced`) and
+guaranteed demand goes on onto GPUs beyond the pool, counted in :attr:`Greedy.missing`.
 """
 
 from __future__ import annotations
@@ -43,16 +47,43 @@ class _Gpu:
     cls: int
     layout: LayoutOption
     slots: list[_Slot]
+    beyond: bool = False  # past the pool's GPUs of its class (guaranteed demand that does not fit)
+
+
+@dataclass(frozen=True)
+class Greedy:
+    """The greedy's plan, the same plan as the program's values (the MILP's start), the
+    best-effort req/s it found no room for (model index -> req/s) and the GPUs beyond the pool
+    its guaranteed demand needs (class index -> count; the plan is void when any)."""
+
+    gpus: tuple[GpuPlan, ...]
+    start: Start
+    unplaced: dict[int, float]
+    missing: dict[int, int]
 
 
 def greedy_gpus(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate],
                 opts: Options) -> tuple[GpuPlan, ...]:
-    return greedy_choice(demands, inv, cands, opts)[0]
+    """The greedy's GPUs; :class:`SolverError` if any demand does not fit the pool."""
+    g = greedy_choice(demands, inv, cands, opts)
+    if g.missing or g.unplaced:
+        short = [f"model {demands[mi].model} ({r:.0f} req/s unplaced)" for mi, r in g.unplaced.items()]
+        raise SolverError(f"the pool ran out of GPUs: {', '.join(short) or missing_text(inv, g.missing)}")
+    return g.gpus
+
+
+def missing_text(inv: Inventory, missing: dict[int, int]) -> str:
+    """``3 more GPUs (2 x H100-80GB, 1 x A30-24GB)``."""
+    by_gpu: dict[str, int] = defaultdict(int)
+    for ci, n in missing.items():
+        by_gpu[inv.classes[ci].gpu] += n
+    parts = ", ".join(f"{n} x {g}" for g, n in sorted(by_gpu.items(), key=lambda t: (-t[1], t[0])))
+    return f"{sum(by_gpu.values())} more GPU{'s' if sum(by_gpu.values()) != 1 else ''} ({parts})"
 
 
 def greedy_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate],
-                  opts: Options) -> tuple[tuple[GpuPlan, ...], Start]:
-    """The greedy's GPUs, and the same plan as the program's values (the MILP's start)."""
+                  opts: Options) -> Greedy:
+    """Guaranteed demand first, then best-effort into what is left (see the module's docstring)."""
     index = {id(c): j for j, c in enumerate(cands)}
     chosen: dict[int, int] = defaultdict(int)
     by_model: dict[int, list[Candidate]] = defaultdict(list)
@@ -62,6 +93,8 @@ def greedy_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candida
     los = {ci: layout_options(c, opts) for ci, c in enumerate(inv.classes)}
     gpus: list[_Gpu] = []
     free: dict[tuple[int, str], list[_Slot]] = defaultdict(list)  # (class, kind) -> slots with room
+    missing: dict[int, int] = defaultdict(int)
+    unplaced: dict[int, float] = {}
 
     def weight(c: Candidate) -> float:
         return inv.weight(inv.classes[c.cls]) * c.gpu_fraction
@@ -81,13 +114,16 @@ def greedy_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candida
         if slot.free <= 1e-9:
             free[(c.cls, c.slice)].remove(slot)
 
-    def open_gpu(c: Candidate) -> _Slot:
-        if budget[c.cls] <= 0:
+    def open_gpu(c: Candidate, beyond: bool = False) -> _Slot:
+        if beyond:
+            missing[c.cls] += 1
+        elif budget[c.cls] <= 0:
             raise SolverError(f"class {inv.classes[c.cls].key}: the pool ran out of GPUs")
-        budget[c.cls] -= 1
+        else:
+            budget[c.cls] -= 1
         lo = max((x for x in los[c.cls] if dict(x.counts).get(c.slice)),
                  key=lambda x: (dict(x.counts)[c.slice], -sum(n for _, n in x.counts)))
-        g = _Gpu(c.cls, lo, [])
+        g = _Gpu(c.cls, lo, [], beyond)
         gi = len(gpus)
         for inst in lo.layout or (Instance(-1, WHOLE),):
             slot = _Slot(gi, inst)
@@ -104,49 +140,49 @@ def greedy_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candida
         top = max(efficiency(c) for c in cs)
         return max((c for c in cs if efficiency(c) >= 0.98 * top), key=lambda c: (c.accuracy, efficiency(c)))
 
-    order = sorted(range(len(demands)), key=lambda i: (demands[i].priority != "guaranteed", -demands[i].required))
-    left = {mi: demands[mi].required for mi in order}
-    # phase 1, bulk: whole replicas of each model's most efficient candidate
-    for mi in order:
-        while True:
-            usable = [c for c in by_model[mi] if budget[c.cls] > 0 or free[(c.cls, c.slice)]]
-            if not usable:
-                break
-            c = most_efficient(usable)
-            if c.cap.rate > left[mi]:
-                break
-            s = fitting(c) or open_gpu(c)
-            place(c, s)
-            left[mi] -= c.cap.rate
-    # phase 2, remainders, largest first: room already opened, else a new GPU
-    for mi in sorted(order, key=lambda i: (demands[i].priority != "guaranteed", -left[i])):
-        r = left[mi]
-        mine = by_model[mi]
-        while r > 1e-9:
-            usable = [c for c in mine if budget[c.cls] > 0 or free[(c.cls, c.slice)]]
-            if not usable:
-                raise SolverError(f"model {demands[mi].model}: the pool ran out of GPUs ({r:.0f} req/s unplaced)")
-            fresh = [c for c in usable if budget[c.cls] > 0]
-            top = max((efficiency(c) for c in fresh), default=0.0)
-            fits = [(c, s) for c in usable if (s := fitting(c)) is not None]
-            covering = [(c, s) for c, s in fits if c.cap.rate >= r]
-            good = [(c, s) for c, s in fits if efficiency(c) >= FIT_EFFICIENCY * top]
-            if covering:
-                c, s = min(covering, key=lambda t: (weight(t[0]), -t[0].accuracy))
-            elif good:
-                c, s = max(good, key=lambda t: (t[0].cap.rate, t[0].accuracy))
-            elif not fresh:
-                c, s = max(fits, key=lambda t: (t[0].cap.rate, t[0].accuracy))
-            else:
-                cover = [c for c in fresh if c.cap.rate >= r]
-                c = min(cover, key=lambda c: (weight(c), -c.accuracy)) if cover else most_efficient(fresh)
-                s = open_gpu(c)
-            place(c, s)
-            r -= c.cap.rate
+    def fill(group: list[int], reserved: bool) -> None:
+        order = sorted(group, key=lambda i: -demands[i].required)
+        left = {mi: demands[mi].required for mi in order}
+        # phase 1, bulk: whole replicas of each model's most efficient candidate
+        for mi in order:
+            while True:
+                usable = [c for c in by_model[mi] if budget[c.cls] > 0 or free[(c.cls, c.slice)]]
+                if not usable:
+                    break
+                c = most_efficient(usable)
+                if c.cap.rate > left[mi]:
+                    break
+                s = fitting(c) or open_gpu(c)
+                place(c, s)
+                left[mi] -= c.cap.rate
+        # phase 2, remainders, largest first: room already opened, else a new GPU
+        for mi in sorted(order, key=lambda i: -left[i]):
+            r = left[mi]
+            mine = by_model[mi]
+            while r > 1e-9:
+                usable = [c for c in mine if budget[c.cls] > 0 or free[(c.cls, c.slice)]]
+                if not usable:
+                    if not reserved:
+                        unplaced[mi] = r  # best-effort: what is left of the pool is all it gets
+                        break
+                    # guaranteed: go on beyond the pool, counting the GPUs that are missing
+                    c = most_efficient(mine)
+                    s = fitting(c) or open_gpu(c, beyond=True)
+                else:
+                    c, s = _next(usable, r, fitting, open_gpu, weight, efficiency, most_efficient,
+                                 lambda c: budget[c.cls] > 0)
+                place(c, s)
+                r -= c.cap.rate
+
+    fill([i for i, d in enumerate(demands) if d.guaranteed], reserved=True)
+    if not missing:
+        fill([i for i, d in enumerate(demands) if not d.guaranteed], reserved=False)
     out = []
     layouts: dict[int, list[LayoutOption]] = defaultdict(list)
     opened: dict[int, int] = defaultdict(int)  # GPUs of each class taken so far: the next id
     for g in gpus:
+        if g.beyond:
+            continue
         cls = inv.classes[g.cls]
         slices = tuple(
             SlicePlan(s.inst.profile, None if s.inst.profile == WHOLE else s.inst.start,
@@ -156,4 +192,24 @@ def greedy_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candida
             out.append(GpuPlan(cls.ids[opened[g.cls]], cls.gpu, bool(g.layout.layout), slices))
             layouts[g.cls].append(g.layout)
         opened[g.cls] += 1
-    return tuple(out), Start(dict(chosen), dict(layouts))
+    return Greedy(tuple(out), Start(dict(chosen), dict(layouts)), unplaced, dict(missing))
+
+
+def _next(usable: list[Candidate], r: float, fitting, open_gpu, weight, efficiency, most_efficient,
+          has_budget) -> tuple[Candidate, _Slot]:  # noqa: ANN001  (the greedy's own closures)
+    """The replica for a remainder ``r``: one that fits opened room and covers it, or opened
+    room nearly as efficient as a new GPU, else a new GPU (see the module's docstring)."""
+    fresh = [c for c in usable if has_budget(c)]
+    top = max((efficiency(c) for c in fresh), default=0.0)
+    fits = [(c, s) for c in usable if (s := fitting(c)) is not None]
+    covering = [(c, s) for c, s in fits if c.cap.rate >= r]
+    good = [(c, s) for c, s in fits if efficiency(c) >= FIT_EFFICIENCY * top]
+    if covering:
+        return min(covering, key=lambda t: (weight(t[0]), -t[0].accuracy))
+    if good:
+        return max(good, key=lambda t: (t[0].cap.rate, t[0].accuracy))
+    if not fresh:
+        return max(fits, key=lambda t: (t[0].cap.rate, t[0].accuracy))
+    cover = [c for c in fresh if c.cap.rate >= r]
+    c = min(cover, key=lambda c: (weight(c), -c.accuracy)) if cover else most_efficient(fresh)
+    return c, open_gpu(c)

@@ -6,6 +6,11 @@ greedy's, and HiGHS spends its time improving it and proving the bound, not look
 first solution (a 1,000-model fleet is one program, not a sequence of chunks). Stage 2 holds
 that spend and prefers the most accurate variants and the least share (no idle replicas).
 ``scipy.optimize.milp`` wraps the same HiGHS but takes no starting solution.
+
+On an overfull pool (the greedy left best-effort demand unplaced) each best-effort model's
+capacity row gets a continuous slack, the req/s left unplaced, priced above what any replica
+costs per req/s: the program places every guaranteed req/s, then as much best-effort as fits,
+then uses the fewest GPUs.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import highspy
 import numpy as np
-from scipy.sparse import csc_matrix, vstack
+from scipy.sparse import coo_matrix, csc_matrix, hstack, vstack
 
 from placement.bound import _Program, _program
 from placement.candidates import Candidate, LayoutOption, MilpTimeout, Options, SolverError, Start
@@ -38,8 +43,9 @@ def _vector(p: _Program, start: Start) -> np.ndarray:
 
 
 def _run(c: np.ndarray, a, lo: np.ndarray, hi: np.ndarray, ub: np.ndarray, time_limit: float, gap: float,
-         start: np.ndarray | None) -> tuple[np.ndarray | None, float, str]:
-    """(solution or None, proven dual bound, status) of one integer program."""
+         start: np.ndarray | None, n_int: int | None = None) -> tuple[np.ndarray | None, float, str]:
+    """(solution or None, proven dual bound, status) of one integer program; columns past
+    ``n_int`` (default: none) are continuous."""
     m = csc_matrix(a)
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = m.shape[1], m.shape[0]
@@ -51,7 +57,9 @@ def _run(c: np.ndarray, a, lo: np.ndarray, hi: np.ndarray, ub: np.ndarray, time_
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = m.indptr, m.indices, m.data
     lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = m.shape[1], m.shape[0]
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * len(c)
+    n_int = len(c) if n_int is None else n_int
+    lp.integrality_ = ([highspy.HighsVarType.kInteger] * n_int
+                       + [highspy.HighsVarType.kContinuous] * (len(c) - n_int))
     # NOTE: the bare core class: highspy.Highs() prints a banner on stdout, which a plan's
     # YAML output must not carry
     h = highspy._Highs()
@@ -73,35 +81,56 @@ def _run(c: np.ndarray, a, lo: np.ndarray, hi: np.ndarray, ub: np.ndarray, time_
     return np.asarray(h.getSolution().col_value), float(info.mip_dual_bound), status
 
 
+def _with_slack(p: _Program, demands: Sequence[Demand], inv: Inventory, cands: list[Candidate],
+                slack: Sequence[int]) -> _Program:
+    """``p`` with a continuous column per model of ``slack`` on its capacity row: the req/s
+    left unplaced, each priced above the dearest req/s any replica serves."""
+    base = len(inv.classes) + len(p.kinds)
+    cheapest = min((min(c.cap.rate, demands[c.model].required) for c in cands if c.model in set(slack)),
+                   default=1.0)
+    price = 2.0 * max(inv.weight(c) for c in inv.classes) / max(cheapest, 1e-9)
+    cols = coo_matrix((np.ones(len(slack)), ([base + mi for mi in slack], range(len(slack)))),
+                      shape=(p.a.shape[0], len(slack)))
+    return _Program(np.r_[p.c, np.full(len(slack), price)], hstack([p.a, cols]).tocsr(), p.lo, p.hi,
+                    np.r_[p.ub, [demands[mi].required for mi in slack]], p.n_x, p.y_index, p.kinds)
+
+
 def milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
                 time_limit: float, clock: Callable[[], float] = time.perf_counter, start: Start | None = None,
+                slack: Sequence[int] = (), start_unplaced: dict[int, float] | None = None,
                 ) -> tuple[dict[int, int], dict[int, list[LayoutOption]], float]:
     """Replica counts, layouts per class and the proven lower bound, within ``time_limit``
     seconds of ``clock``. Raises :class:`MilpTimeout` if no integer plan is known by then
-    (never when ``start`` is given)."""
+    (never when ``start`` is given). Models in ``slack`` (best-effort) may be placed in part;
+    ``start_unplaced`` is the start's req/s left unplaced per model."""
     t0 = clock()
-    p = _program(demands, inv, cands, opts, tie_break=False, cuts=True)
+    p = _program(demands, inv, cands, opts, tie_break=False, cuts=True, uncut=frozenset(slack))
+    n_int = len(p.c)
     x0 = _vector(p, start) if start is not None else None
+    if slack:
+        p = _with_slack(p, demands, inv, cands, slack)
+        if x0 is not None:
+            x0 = np.r_[x0, [(start_unplaced or {}).get(mi, 0.0) for mi in slack]]
     left = time_limit - (clock() - t0)
-    x, proven, status = _run(p.c, p.a, p.lo, p.hi, p.ub, STAGE1_SHARE * left, 1e-6, x0)
+    x, proven, status = _run(p.c, p.a, p.lo, p.hi, p.ub, STAGE1_SHARE * left, 1e-6, x0, n_int)
     if x is None:
         if "limit" in status.lower():
             raise MilpTimeout(f"MILP found no feasible plan within {time_limit:g} s")
         raise SolverError(f"MILP found no feasible plan ({status})")
-    best = np.round(x)
+    best = np.r_[np.round(x[:n_int]), x[n_int:]]
     if x0 is not None and float(p.c @ x0) < float(p.c @ best) - 1e-9:
         best = x0  # NOTE: HiGHS keeps the start as incumbent; this only guards against rounding
     left = time_limit - (clock() - t0)
     if left > STAGE2_MIN_SECONDS:
-        tie = _program(demands, inv, cands, opts, tie_break=True).c
-        tie[p.n_x:] = 0.0
+        tie = np.r_[_program(demands, inv, cands, opts, tie_break=True).c, p.c[n_int:]]
+        tie[p.n_x:n_int] = 0.0
         a2 = vstack([p.a, p.c.reshape(1, -1)]).tocsr()
         lo2 = np.r_[p.lo, -np.inf]
         hi2 = np.r_[p.hi, float(p.c @ best) + 1e-6]
-        x2, _, _ = _run(tie, a2, lo2, hi2, p.ub, left, 1e-3, best)
+        x2, _, _ = _run(tie, a2, lo2, hi2, p.ub, left, 1e-3, best, n_int)
         if x2 is not None:
-            best = np.round(x2)
-    x = best.astype(int)
+            best = np.r_[np.round(x2[:n_int]), x2[n_int:]]
+    x = np.round(best[:n_int]).astype(int)
     chosen = {j: int(x[j]) for j in range(p.n_x) if x[j] > 0}
     lay: dict[int, list[LayoutOption]] = defaultdict(list)
     for yi, (ci, lo) in enumerate(p.y_index):

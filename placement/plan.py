@@ -4,6 +4,12 @@
 the numbers the solver stored: placements legal and disjoint, memory, MPS shares and client
 limits, variants allowed, and capacity >= demand x headroom per model. It raises
 :class:`PlanError` naming the GPU, the slices and the rule of the first violation.
+
+Priority classes (AntMan's guaranteed / opportunistic split): guaranteed demand is planned
+first, at its SLO with its headroom, and must be placed whole. Best-effort demand is planned at
+its expected rate (no burst margin: the gateway sheds it first), fills the room guaranteed
+replicas leave, and may be placed in part: a plan on an overfull pool carries a
+:class:`Shortfall` per best-effort model it could not place whole.
 """
 
 from __future__ import annotations
@@ -44,8 +50,18 @@ class Demand:
     objective: Literal["accuracy", "cost"] = "accuracy"  # the gateway's variant choice for its requests
 
     @property
+    def guaranteed(self) -> bool:
+        return self.priority == "guaranteed"
+
+    @property
+    def factor(self) -> float:
+        """Planned capacity / expected rate: the headroom for guaranteed demand, 1 for
+        best-effort (its bursts are shed, not planned for)."""
+        return self.headroom if self.guaranteed else 1.0
+
+    @property
     def required(self) -> float:
-        return self.rate * self.headroom
+        return self.rate * self.factor
 
     def allows(self, p: Profile) -> bool:
         if p.model != self.model or (self.variants and p.variant not in self.variants):
@@ -128,6 +144,31 @@ def has_known_accuracy(d: Demand, profiles: ProfileSet) -> bool:
 
 
 @dataclass(frozen=True)
+class Shortfall:
+    """A best-effort model an overfull pool could not place whole: the capacity it got, what
+    is left over, and the GPUs that would place the rest (``(GPU model, count)``, cheapest
+    first; each alone suffices, counted for this model alone)."""
+
+    model: str
+    required: float  # req/s the model is planned for (its rate)
+    placed: float  # req/s of capacity the plan gives it
+    gpus: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def unplaced(self) -> float:
+        return max(0.0, self.required - self.placed)
+
+    def describe(self) -> str:
+        more = " or ".join(f"{n} more {g}" for g, n in self.gpus) or "no GPU of the pool's kinds"
+        return (f"best-effort model {self.model}: {self.placed:.0f} of {self.required:.0f} req/s placed, "
+                f"{self.unplaced:.0f} req/s not ({more} would place it)")
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "required_rps": round(self.required, 1), "placed_rps": round(self.placed, 1),
+                "unplaced_rps": round(self.unplaced, 1), "gpus_to_place": [{"gpu": g, "count": n} for g, n in self.gpus]}
+
+
+@dataclass(frozen=True)
 class Replica:
     """One Triton server (an MPS client when share < 1) serving one variant."""
 
@@ -173,6 +214,11 @@ class Plan:
     profiles: ProfileSet = field(default_factory=ProfileSet, compare=False, repr=False)
     proven_bound: float = 0.0  # the MILP's branch-and-bound lower bound; 0 if none
     accuracy_bound: float = 0.0  # objective accuracy: the MILP's upper bound on the mean accuracy; 0 if none
+    shortfall: tuple[Shortfall, ...] = ()  # best-effort models an overfull pool could not place whole
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.shortfall)
 
     # ------------------------------------------------------------------ summaries
     def used(self) -> tuple[GpuPlan, ...]:
@@ -282,13 +328,21 @@ class Plan:
                 out += self._check_slice(g, s, gm, demands, served, where, variant_caps)
         out += self._check_budget()
         out += self._check_floor(variant_caps)
+        short = {s.model: s for s in self.shortfall}
         for m, d in demands.items():
-            if served[m] + EPS < d.required:
+            sf = short.get(m)
+            if sf is not None and d.guaranteed:
+                out.append(PlanError("capacity", f"model {m}: guaranteed demand is reported short "
+                                                 f"({sf.unplaced:.1f} req/s); only best-effort may be"))
+            left = sf.unplaced if sf is not None else 0.0
+            if served[m] + left + EPS * max(1.0, d.required) < d.required:
                 on = ", ".join(where[m]) or "no replicas"
+                short_by = f", {left:.1f} req/s reported short" if sf is not None else ""
                 out.append(PlanError(
                     "capacity",
-                    f"model {m}: predicted capacity {served[m]:.1f} req/s < demand {d.rate:g} x headroom "
-                    f"{d.headroom:g} = {d.required:.1f} req/s at SLO {d.slo * 1e3:g} ms ({on})"))
+                    f"model {m}: predicted capacity {served[m]:.1f} req/s < demand {d.rate:g} x "
+                    f"{'headroom ' + format(d.headroom, 'g') if d.guaranteed else 'best-effort 1'} = "
+                    f"{d.required:.1f} req/s at SLO {d.slo * 1e3:g} ms{short_by} ({on})"))
         return out
 
     def verify(self) -> None:
@@ -437,7 +491,9 @@ class Plan:
                 "proven_bound": round(self.proven_bound, 4),
                 "gap": None if self.gap == float("inf") else round(self.gap, 4),
                 "solve_seconds": round(self.solve_seconds, 3),
-                "models": [{"model": d.model, "rate": d.rate, "slo_ms": d.slo * 1e3,
+                "partial": self.partial,
+                "shortfall": [s.to_dict() for s in self.shortfall],
+                "models": [{"model": d.model, "rate": d.rate, "slo_ms": d.slo * 1e3, "priority": d.priority,
                             "capacity_rps": round(caps[d.model], 1),
                             "headroom": round(caps[d.model] / d.rate if d.rate > 0 else float("inf"), 3),
                             "mean_accuracy": _round(means[d.model]),

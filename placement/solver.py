@@ -17,6 +17,11 @@ Methods: ``greedy`` (:mod:`placement.greedy`) fills concrete GPUs first-fit decr
 the greedy's plan. Both report a lower bound, hence a gap: the better of the LP relaxation
 (with rounding cuts) and a Lagrangian bound that keeps each model's replicas integer
 (:func:`placement.bound.lower_bound`). Candidates and layouts: :mod:`placement.candidates`.
+
+Guaranteed demand is placed whole or not at all: if the pool cannot hold it the solve fails
+saying how many GPUs of which kind are missing. Best-effort demand fills what is left; on an
+overfull pool the plan is partial, with a :class:`placement.plan.Shortfall` per best-effort
+model placed short (:mod:`placement.shortfall`).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from placement.candidates import (
     layout_options,
 )
 from placement.plan import Demand, GpuPlan, Inventory, Plan, Replica, SlicePlan
+from placement.shortfall import capacities, shortfalls
 from profiles.catalogue import WHOLE, Instance
 from profiles.profile import ProfileSet
 
@@ -117,24 +123,37 @@ def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
         from placement.accuracy import solve_accuracy  # noqa: PLC0415  (builds on this module)
 
         return solve_accuracy(demands, profiles, inventory, cands, method, label, options, time_limit, clock, t0, bound)
+    from placement.greedy import missing_text  # noqa: PLC0415
+
     proven = 0.0
+    g = greedy_choice(demands, inventory, cands, options)
+    lacking = ""
+    if g.missing:
+        lacking = (f"guaranteed demand does not fit the pool: it needs {missing_text(inventory, g.missing)} "
+                   f"beyond the pool's {sum(len(c.ids) for c in inventory.classes)}")
     if method == "greedy":
-        gpus, _ = greedy_choice(demands, inventory, cands, options)
+        if lacking:
+            raise SolverError(lacking)
+        gpus, chosen = g.gpus, g.start.chosen
     else:
         from placement.milp import milp_choice  # noqa: PLC0415  (imports HiGHS)
 
-        try:
-            gpus, start = greedy_choice(demands, inventory, cands, options)
-        except SolverError:
-            gpus, start = (), None  # the greedy may run out of GPUs where the program does not
+        # the greedy may run out of GPUs where the program does not: then no start, best-effort
+        # may be placed in part
+        start = None if lacking else g.start
+        slack = [mi for mi, d in enumerate(demands) if not d.guaranteed] if (g.unplaced or lacking) else []
         try:
             chosen, lay, proven = milp_choice(demands, inventory, cands, options, time_limit - (clock() - t0),
-                                              clock, start)
+                                              clock, start, slack, g.unplaced)
             gpus = pack(demands, inventory, profiles, chosen, cands, lay)
-        except MilpTimeout:
+        except SolverError:
             if start is None:
+                if lacking:
+                    raise SolverError(lacking) from None
                 raise
             # no integer solution within the limit: the greedy's plan stands, and says so
+            gpus, chosen = g.gpus, g.start.chosen
             label += "->greedy"
-    lb = lower_bound(demands, inventory, cands, options) if bound else 0.0
-    return Plan(gpus, tuple(demands), inventory, label, lb, clock() - t0, profiles, proven)
+    short = shortfalls(demands, inventory, cands, options, capacities(cands, chosen))
+    lb = lower_bound(demands, inventory, cands, options) if bound and not short else 0.0
+    return Plan(gpus, tuple(demands), inventory, label, lb, clock() - t0, profiles, proven, shortfall=short)

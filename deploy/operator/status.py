@@ -54,6 +54,8 @@ def status(c: Controller) -> dict[str, Any]:
         model = md.spec.model
         reps = _replicas(c, model)
         down = [r["id"] for r in reps if r["process"] != "running" or not r["serving"]]
+        # a best-effort model an overfull pool placed short is Degraded (PoolOverfull) too
+        short = next((sf for sf in c.plan.shortfall if sf.model == model), None) if c.plan else None
         conds = [
             _condition(c, model, "Ready", bool(reps) and not down and c.failure is None,
                        "AllReplicasServing" if reps and not down else "ReplicasNotServing",
@@ -61,9 +63,11 @@ def status(c: Controller) -> dict[str, Any]:
             _condition(c, model, "Progressing", c.applying is not None,
                        "Applying" if c.applying else "Applied",
                        c.applying or f"generation {c.observed_generation} applied"),
-            _condition(c, model, "Degraded", bool(down) or c.failure is not None,
-                       "ApplyFailed" if c.failure else ("ReplicaDown" if down else "AsPlanned"),
-                       c.failure or (f"not serving: {', '.join(down)}" if down else "every replica serving")),
+            _condition(c, model, "Degraded", bool(down) or c.failure is not None or short is not None,
+                       "ApplyFailed" if c.failure else ("ReplicaDown" if down else
+                                                        ("PoolOverfull" if short else "AsPlanned")),
+                       c.failure or (f"not serving: {', '.join(down)}" if down else
+                                     (short.describe() if short else "every replica serving"))),
         ]
         rate = c.observer.window(model, RATE_WINDOW_S, now)
         att = c.observer.window(model, ATTAINMENT_WINDOW_S, now)
@@ -75,10 +79,12 @@ def status(c: Controller) -> dict[str, Any]:
             "attainment_1m": None if att.attainment is None else round(att.attainment, 5),
             "answered_1m": int(att.totals.answered), "refused_1m": int(att.totals.rejected),
             "conditions": conds, "replicas": reps,
+            **({"shortfall": short.to_dict()} if short is not None else {}),
         })
     return {
         "generation": c.generation, "observedGeneration": c.observed_generation,
         "gateway": {"http": c.gateway.http_url, "grpc": c.gateway.grpc_url} if c.gateway else None,
         "admin": c.admin_url, "gpus": c.plan.gpu_count if c.plan else 0,
+        "shortfall": [sf.to_dict() for sf in c.plan.shortfall] if c.plan else [],
         "deployments": deployments, "events": [e.to_dict() for e in list(c.events)[-20:]],
     }
