@@ -58,14 +58,13 @@ HEALTHY_AFTER_S = 30.0  # a worker that lived this long starts its restart delay
 def local_partition(cfg: GatewayConfig, n: int) -> Partition:
     """``cfg`` split over ``n`` workers on one host; :class:`ConfigError` when a model has
     fewer than ``n`` replicas (some worker could not answer it)."""
-    p = partition(cfg, n)
     short = {m.name: len(m.replicas) for m in cfg.models if len(m.replicas) < n}
     if short:
         named = ", ".join(f"{k} ({v})" for k, v in short.items())
         raise ConfigError(
             f"--workers {n}: every worker answers every model, so each model needs at least {n} replicas; "
             f"fewer: {named} (use --workers {min(short.values())} or more replicas; docs/scaleout.md)")
-    return p
+    return partition(cfg, n)
 
 
 def restart_delay(failures: int) -> float:
@@ -151,6 +150,11 @@ class Supervisor:
         print(f"headrace gateway: worker {w.index} pid {w.proc.pid} metrics "
               f"{self.layout.metrics[w.index][0]}:{self.layout.metrics[w.index][1]}", flush=True)
 
+    def reap(self, w: Worker) -> None:
+        """Stop whatever a dead worker left in its process group."""
+        if w.proc is not None:
+            stop_group(w.proc, grace=0.5)
+
     def start(self, timeout: float) -> None:
         """Start every worker and wait until each listens; :class:`RuntimeError` naming the
         first that exits or does not listen in time (the others are stopped)."""
@@ -176,7 +180,7 @@ class Supervisor:
                 w.due = now + restart_delay(w.failures)
                 log.warning("worker %d (pid %d) exited with code %s; starting it again in %.1fs",
                             w.index, w.proc.pid, w.proc.returncode, w.due - now)
-                stop_group(w.proc, grace=0.5)  # whatever it left in its group
+                self.reap(w)
             if w.due is not None and now >= w.due:
                 self.restarts += 1
                 self.spawn(w)
