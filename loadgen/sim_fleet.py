@@ -131,15 +131,17 @@ def is_operator(paths: Sequence[str | Path]) -> bool:
 
 
 def load_fleet(paths: Sequence[str | Path], overrides: Mapping[str, Any] | None = None,
-               method: str = "greedy") -> SimFleet:
+               method: str = "greedy", profiles: Sequence[str | Path] = ()) -> SimFleet:
     """The fleet of ``paths``: operator documents (GpuPool, ModelDeployment, Gateway), planned
     and rendered as ``headrace up`` does, or one gateway config file. ``overrides``: scheduler
-    settings on top of the file's. Raises :class:`FleetError` (or the loaders' own errors)."""
+    settings on top of the file's; ``profiles``: profile files beyond the reference ones, as
+    ``headrace plan --profiles`` takes them. Raises :class:`FleetError` (or the loaders' own
+    errors)."""
     files = tuple(str(p) for p in yaml_files(list(paths)))
     if not files:
         raise FleetError(f"no YAML files in {[str(p) for p in paths]}")
     if is_operator(files):
-        return _operator_fleet(files, overrides or {}, method)
+        return _operator_fleet(files, overrides or {}, method, tuple(str(p) for p in profiles))
     if len(files) != 1:
         raise FleetError(f"a gateway config is one file; got {list(files)} (operator documents need a kind)")
     cfg = load_config(files[0])
@@ -147,14 +149,15 @@ def load_fleet(paths: Sequence[str | Path], overrides: Mapping[str, Any] | None 
     return from_served(resolve(cfg), scheduler, f"gateway config {files[0]}", files)
 
 
-def _operator_fleet(files: tuple[str, ...], overrides: Mapping[str, Any], method: str) -> SimFleet:
+def _operator_fleet(files: tuple[str, ...], overrides: Mapping[str, Any], method: str,
+                    profiles: tuple[str, ...] = ()) -> SimFleet:
     from placement.cli import load
     from placement.diff import replica_ids
     from placement.render import Endpoint, gateway_config
     from placement.solver import solve
     from profiles.schema import load_documents
 
-    inv, demands, profiles = load(list(files), [])
+    inv, demands, profiles = load(list(files), list(profiles))
     docs = load_documents(*files)
     if len(docs.gateways) > 1:
         raise FleetError(f"{list(files)}: at most one Gateway document, found {len(docs.gateways)}")
