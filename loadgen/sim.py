@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -23,7 +23,7 @@ import numpy as np
 from gateway.policy.types import Batch, Decision, Priority, ReplicaInfo, Request, SchedulerCore
 from loadgen.stats import OK, QUEUED_REASONS, Recorder, refusal
 from profiles.profile import Quantile
-from profiles.sharing import ActiveJob, SharingMode, progress_rates
+from profiles.sharing import ActiveJob, SharingMode, mps_terms, progress_rates
 
 Outcome = Literal["ok", "late", "rejected", "failed"]
 
@@ -260,6 +260,7 @@ class Simulator:
         self._backlog: dict[str, deque[Batch]] = {r: deque() for r in ids}  # dispatched, not started
         self._pace = dict.fromkeys(ids, 1.0)  # service-time factor per replica (slow faults)
         self._service_s: dict[str, list[float]] = {}  # profile seconds by rows, per replica
+        self._terms: dict[tuple[str, int], tuple[float, float, float]] = {}  # MPS shape by (replica, rows)
         self._wakes: set[float] = set()
         self._batch_rows: list[int] = []
         self._open: dict[int, int] = {}  # request id -> its index in the run, until answered
@@ -409,14 +410,24 @@ class Simulator:
     def _solo_rate(self, key: str, members: list[str]) -> float | None:
         if len(members) != 1:
             return None
+        rep = self.replicas[members[0]]
+        if rep.mode == "mps" and rep.share < 1.0:
+            return None  # its speed depends on the batch it runs (profiles.sharing.mps_terms)
         return self._rates(key, members)[members[0]]
 
-    def _rates(self, key: str, ids: Iterable[str]) -> dict[str, float]:
+    def _rates(self, key: str, ids: Iterable[str], running: dict[str, _Job] | None = None) -> dict[str, float]:
         ids = list(ids)
         jobs = []
         for rid in ids:
             rep = self.replicas[rid]
-            jobs.append(ActiveJob(key, rid, rep.mode, rep.share, rep.info.profile.mps_interference))
+            job = ActiveJob(key, rid, rep.mode, rep.share, rep.info.profile.mps_interference)
+            if running is not None and rep.mode == "mps" and rep.share < 1.0:
+                rows = running[rid].batch.rows
+                terms = self._terms.get((rid, rows))
+                if terms is None:
+                    terms = self._terms[(rid, rows)] = mps_terms(rep.info.profile, rows, self.service)
+                job = replace(job, terms=terms)
+            jobs.append(job)
         return dict(zip(ids, progress_rates(jobs), strict=True))
 
     def _service(self, rid: str, rows: int) -> float:
@@ -441,7 +452,7 @@ class Simulator:
                 job.remaining = max(0.0, job.remaining - rate * (now - sl.updated))
             sl.updated = now
             return None
-        rates = self._rates(key, sl.jobs)
+        rates = self._rates(key, sl.jobs, sl.jobs)
         for rid, job in sl.jobs.items():
             job.remaining = max(0.0, job.remaining - rates[rid] * (now - sl.updated))
         sl.updated = now
@@ -461,7 +472,7 @@ class Simulator:
             rate = sl.solo_rate
             return [(now + job.remaining / rate, P_FINISH, _Finish(key, rid, sl.version))
                     for rid, job in sl.jobs.items()]
-        rates = self._rates(key, sl.jobs)
+        rates = self._rates(key, sl.jobs, sl.jobs)
         return [
             (now + job.remaining / rates[rid], P_FINISH, _Finish(key, rid, sl.version))
             for rid, job in sl.jobs.items()

@@ -5,22 +5,51 @@ functions, so an emulated slice, a simulated slice and a planned slice behave al
 
 Rules (a *job* is one batch executing; its *work* is its solo latency on the slice):
 - MIG: jobs on different slices never affect each other (``slice_id`` differs).
-- MPS: a client with active-thread share ``p`` progresses at ``p`` of solo speed; when the
-  active shares on a slice add up past 1 they are scaled down proportionally; when another
-  client is busy at the same time each job also pays the profile's interference factor.
+- MPS: a client with active-thread share ``p`` gets ``p`` of the slice's SMs (shares adding up
+  past 1 are scaled down proportionally). Only the part of a batch that fills SMs slows down;
+  the shape comes from the profile's own curve (:func:`mps_terms`):
+
+      M(q) = (L**K + (F + S/q)**K) ** (1/K)        t_q(b) = t(b) * M(q) / M(1)
+
+  ``L`` is the curve's floor (its first point: launch and framework time a small batch
+  cannot go below), ``a + c*b`` the line through its last two points (the batch filling the
+  SMs), of which ``F = FIXED * a`` does not shrink with SMs and ``S = a - F + c*b`` scales as
+  ``1/q``; ``K`` makes the bend between floor-bound and SM-bound smooth. A batch too small to
+  fill its share is barely slowed; a large one slows as ``1/q``. ``FIXED`` and ``K`` are
+  fitted on published MIG measurements (``reference/sharing/measurements.yaml``) and checked
+  on a disjoint set (:func:`check_published`).
+  While another client is busy on the slice a job also slows by ``sqrt(f_self * f_other)``,
+  ``f`` being each profile's ``mps_interference`` (its slowdown next to its own kind, 5-30%
+  published, more for memory-bound work): a memory-bound neighbour slows it more.
 - Time-slicing (plain co-location, no MPS): the busy jobs on a slice take equal turns.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
-from profiles.profile import Profile, Quantile
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from profiles.profile import LatencyPoint, Profile, ProfileError, Provenance, Quantile
 
 SharingMode = Literal["mps", "timeslice"]
+
+FIXED = 0.85  # fraction of the curve's intercept that does not shrink with SMs (fitted)
+KNEE = 6.0  # sharpness of the bend between floor-bound and SM-bound (fitted)
+# (floor, fixed, scalable) as fractions of the batch's solo time: (0, 0, 1) is work that
+# scales fully with its share, the rule for a job whose curve is unknown
+FULLY_SCALABLE = (0.0, 0.0, 1.0)
+
+MEASUREMENTS = Path(__file__).parent / "reference" / "sharing" / "measurements.yaml"
+FIT_GRID_FIXED = tuple(i / 20 for i in range(21))
+FIT_GRID_KNEE = (2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 20.0)
+CHECK_TOLERANCE = 0.15
 
 
 @dataclass(frozen=True)
@@ -29,7 +58,25 @@ class ActiveJob:
     client: str
     mode: SharingMode = "timeslice"
     share: float = 1.0  # MPS active-thread fraction in (0, 1]
-    interference: float = 0.0  # fractional slowdown while another MPS client is busy
+    interference: float = 0.0  # slowdown next to a busy MPS client of its own kind
+    terms: tuple[float, float, float] = FULLY_SCALABLE  # :func:`mps_terms` of this batch
+
+
+def share_slowdown(terms: tuple[float, float, float], q: float, knee: float = KNEE) -> float:
+    """How many times its solo time a batch with ``terms`` takes on a fraction ``q`` of the SMs."""
+    if q >= 1.0:
+        return 1.0
+    floor, fixed, scalable = terms
+
+    def m(x: float) -> float:
+        return (floor**knee + (fixed + scalable / x) ** knee) ** (1.0 / knee)
+
+    return max(1.0, m(q) / m(1.0))
+
+
+def pair_interference(own: float, other: float) -> float:
+    """Fractional slowdown of a job with pair slowdown ``own`` next to a busy ``other``."""
+    return math.sqrt(max(0.0, own) * max(0.0, other))
 
 
 def progress_rates(jobs: Sequence[ActiveJob]) -> list[float]:
@@ -43,12 +90,13 @@ def progress_rates(jobs: Sequence[ActiveJob]) -> list[float]:
         if modes == {"mps"}:
             total = sum(jobs[i].share for i in idx)
             scale = 1.0 / total if total > 1.0 else 1.0
-            clients = {jobs[i].client for i in idx}
             for i in idx:
-                slow = 1.0 + jobs[i].interference if len(clients) > 1 else 1.0
+                me = jobs[i]
+                others = [jobs[k].interference for k in idx if jobs[k].client != me.client]
+                slow = 1.0 + pair_interference(me.interference, max(others)) if others else 1.0
                 # jobs of one client split that client's share
-                same = sum(1 for k in idx if jobs[k].client == jobs[i].client)
-                rates[i] = jobs[i].share * scale / slow / same
+                same = sum(1 for k in idx if jobs[k].client == me.client)
+                rates[i] = 1.0 / share_slowdown(me.terms, me.share * scale / same) / slow
         else:
             # time-slicing (or any mix with it): equal turns among busy jobs
             for i in idx:
@@ -56,13 +104,147 @@ def progress_rates(jobs: Sequence[ActiveJob]) -> list[float]:
     return rates
 
 
+def curve_split(points: tuple[LatencyPoint, ...], quantile: Quantile = "p99") -> tuple[float, float, float]:
+    """(floor, intercept a, slope c) of a latency curve, seconds: the floor is its first
+    point, ``a + c*b`` the line through its last two (intercept clamped to [0, floor])."""
+    ys = [getattr(p, quantile) for p in points]
+    if len(points) < 2:
+        return ys[0], 0.0, ys[0] / points[0].batch
+    lo, hi = points[-2], points[-1]
+    c = max(0.0, (ys[-1] - ys[-2]) / (hi.batch - lo.batch))
+    a = min(max(0.0, ys[-1] - c * hi.batch), ys[0])
+    return ys[0], a, c
+
+
+def mps_terms(profile: Profile, batch: int, quantile: Quantile = "p99",
+              fixed_share: float = FIXED) -> tuple[float, float, float]:
+    """(floor, fixed, scalable) of one batch as fractions of its solo latency (see the module
+    docstring); what :class:`ActiveJob` carries so shared time follows the profile's curve."""
+    t = profile.latency(batch, quantile)
+    floor, a, c = curve_split(profile.points, quantile)
+    fixed = fixed_share * a
+    return floor / t, fixed / t, (a - fixed + c * batch) / t
+
+
 def mps_latency(profile: Profile, batch: int, share: float, busy_neighbours: bool,
-                quantile: Quantile = "p99") -> float:
-    """Seconds for one batch of a client holding ``share`` of an MPS slice (steady state)."""
-    slow = 1.0 + profile.mps_interference if busy_neighbours else 1.0
-    return profile.latency(batch, quantile) / share * slow
+                quantile: Quantile = "p99", neighbour_interference: float | None = None) -> float:
+    """Seconds for one batch of a client holding ``share`` of an MPS slice (steady state).
+    Busy neighbours are of the same kind unless ``neighbour_interference`` says otherwise."""
+    t = profile.latency(batch, quantile) * share_slowdown(mps_terms(profile, batch, quantile), share)
+    if not busy_neighbours:
+        return t
+    other = profile.mps_interference if neighbour_interference is None else neighbour_interference
+    return t * (1.0 + pair_interference(profile.mps_interference, other))
 
 
 def timeslice_latency(profile: Profile, batch: int, busy_tenants: int, quantile: Quantile = "p99") -> float:
     """Seconds for one batch when ``busy_tenants`` (>=1) jobs take turns on the slice."""
     return profile.latency(batch, quantile) * max(1, busy_tenants)
+
+
+# --------------------------------------------------------------------------- published data
+
+
+class _SliceModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    slice: str = Field(min_length=1, description="MIG profile measured")
+    sms: int = Field(ge=1, description="SMs of the slice")
+    memory_slices: int = Field(ge=1, le=8, description="memory slices of 8 the slice holds")
+    latency_ms: dict[int, float] = Field(min_length=1, description="batch size -> mean ms")
+
+
+class _SeriesModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1)
+    role: Literal["fit", "check"] = Field(description="fits the constants, or checks them")
+    model: str = Field(min_length=1)
+    gpu: str = Field(min_length=1)
+    setup: str = ""
+    source: str = Field(min_length=1, description="paper/repository, file or table, commit")
+    approximate: bool = Field(default=False, description="read off a figure")
+    baseline: _SliceModel
+    slices: list[_SliceModel] = Field(min_length=1)
+
+
+class _MeasurementsDoc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    series: list[_SeriesModel] = Field(min_length=1)
+    context: list[dict] = Field(default_factory=list, description="published numbers kept for reference only")
+
+
+@dataclass(frozen=True)
+class PublishedPoint:
+    """One published latency of a smaller share of a GPU, with the full-share curve it is
+    predicted from."""
+
+    series: str
+    role: Literal["fit", "check"]
+    model: str
+    gpu: str
+    slice: str
+    share: float  # the least of its SM and memory fractions of the baseline slice
+    batch: int
+    published_ms: float
+    approximate: bool
+    source: str
+    baseline: Profile
+
+
+@dataclass(frozen=True)
+class Prediction:
+    point: PublishedPoint
+    predicted_ms: float
+
+    @property
+    def error(self) -> float:
+        """Relative error of the prediction against the published value."""
+        return self.predicted_ms / self.point.published_ms - 1.0
+
+
+def load_published(path: str | Path = MEASUREMENTS) -> list[PublishedPoint]:
+    """Every published point of the measurements file (one-line error on a bad file)."""
+    path = Path(path)
+    try:
+        doc = _MeasurementsDoc.model_validate(yaml.safe_load(path.read_text()))
+    except (OSError, yaml.YAMLError) as e:
+        raise ProfileError(f"{path}: cannot read: {e}") from None
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise ProfileError(f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    out = []
+    for s in doc.series:
+        b = s.baseline
+        pts = tuple(LatencyPoint(k, v / 1e3, v / 1e3) for k, v in sorted(b.latency_ms.items()))
+        base = Profile(model=s.model, variant=s.id, gpu=s.gpu, slice=b.slice, max_batch=pts[-1].batch,
+                       points=pts, provenance=Provenance(s.source))
+        for sl in s.slices:
+            share = min(sl.sms / b.sms, sl.memory_slices / b.memory_slices)
+            for batch, ms in sorted(sl.latency_ms.items()):
+                out.append(PublishedPoint(s.id, s.role, s.model, s.gpu, sl.slice, share, batch, ms,
+                                          s.approximate, s.source, base))
+    return out
+
+
+def predict(point: PublishedPoint, fixed_share: float = FIXED, knee: float = KNEE) -> Prediction:
+    """The model's latency for a published point, from its full-share curve alone."""
+    base = point.baseline
+    terms = mps_terms(base, point.batch, "p50", fixed_share)
+    t = base.latency(point.batch, "p50") * share_slowdown(terms, point.share, knee)
+    return Prediction(point, t * 1e3)
+
+
+def fit_constants(points: Sequence[PublishedPoint]) -> tuple[float, float]:
+    """(FIXED, KNEE) on the grid minimising the squared relative error over the FIT points."""
+    fit = [p for p in points if p.role == "fit"]
+    if not fit:
+        raise ValueError("no FIT points to fit the sharing model on")
+
+    def sse(f: float, k: float) -> float:
+        return sum(predict(p, f, k).error ** 2 for p in fit)
+
+    return min(((f, k) for f in FIT_GRID_FIXED for k in FIT_GRID_KNEE), key=lambda fk: sse(*fk))
+
+
+def check_published(path: str | Path = MEASUREMENTS) -> list[Prediction]:
+    """The model's prediction of every CHECK point, with the constants in force."""
+    return [predict(p) for p in load_published(path) if p.role == "check"]

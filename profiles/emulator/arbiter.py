@@ -12,7 +12,7 @@ Protocol: one JSON object per line; a connection (one emulated model instance) h
 one job in flight, and a new ``run`` ends its previous job.
 
 - ``{"op": "run", "seq": n, "slice": s, "client": c, "mode": "mps"|"timeslice", "share": p,
-  "interference": f, "work": seconds, "t": monotonic send time}`` -> ``{"seq": n, "eta": t}``
+  "interference": f, "terms": [floor, fixed, scalable], "work": seconds, "t": monotonic send time}`` -> ``{"seq": n, "eta": t}``
   (again on every change), then ``{"seq": n, "done": t}`` when the physics completes it.
 - ``{"op": "ping"}`` -> ``{"pong": monotonic now}`` (round-trip measurement).
 - anything invalid -> ``{"error": "..."}``; the connection stays usable.
@@ -35,7 +35,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 
 from profiles.emulator.physics import Finished, SharedGpu
-from profiles.sharing import ActiveJob
+from profiles.sharing import FULLY_SCALABLE, ActiveJob
 
 ETA_RESEND_S = 1e-6  # an eta that moved less than this is not sent again
 
@@ -59,7 +59,10 @@ def parse_job(msg: dict) -> tuple[ActiveJob, float, float | None]:
         work = float(msg["work"])
         if not 0 <= work <= 3600:
             raise ProtocolError(f"work must be in [0, 3600] seconds, got {work}")
-        job = ActiveJob(str(msg["slice"]), str(msg.get("client", "")), mode, share, interference)
+        terms = tuple(float(x) for x in msg.get("terms", FULLY_SCALABLE))
+        if len(terms) != 3 or not all(0 <= x <= 1e3 for x in terms):
+            raise ProtocolError(f"terms must be 3 numbers in [0, 1000] (floor, fixed, scalable), got {list(terms)}")
+        job = ActiveJob(str(msg["slice"]), str(msg.get("client", "")), mode, share, interference, terms)  # type: ignore[arg-type]
         t = msg.get("t")
         return job, work, (float(t) if t is not None else None)
     except KeyError as e:

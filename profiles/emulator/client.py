@@ -91,7 +91,7 @@ class ArbiterClient:
         seq = next(self._seq)
         self._send({
             "op": "run", "seq": seq, "slice": job.slice_id, "client": job.client, "mode": job.mode,
-            "share": job.share, "interference": job.interference, "work": work, "t": time.monotonic(),
+            "share": job.share, "interference": job.interference, "terms": list(job.terms), "work": work, "t": time.monotonic(),
         })
         eta: float | None = None  # when to return: the arbiter's eta minus ``early``
         while True:

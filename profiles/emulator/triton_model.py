@@ -9,6 +9,7 @@ Settings come from the model config ``parameters`` written by ``write_emulated_m
 import json
 import random
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
@@ -18,7 +19,7 @@ from profiles.emulator.client import ArbiterClient, ArbiterError
 from profiles.emulator.overhead import Overhead
 from profiles.emulator.timing import wait_until
 from profiles.profile import load_profiles
-from profiles.sharing import ActiveJob, progress_rates
+from profiles.sharing import ActiveJob, mps_terms, progress_rates
 
 
 class TritonPythonModel:
@@ -34,6 +35,8 @@ class TritonPythonModel:
         seed = f"{p.get('seed', '0')}/{args['model_instance_name']}"
         self.rng = random.Random(seed) if p.get("jitter") == "true" else None
         self.arbiter = ArbiterClient(p["arbiter"]) if p.get("arbiter") else None
+        # an MPS share below 1 slows each batch by its own shape (profiles.sharing.mps_terms)
+        self.shaped = self.job.mode == "mps" and self.job.share < 1.0
         self.solo_rate = progress_rates([self.job])[0]
         self.in_name = cfg["input"][0]["name"]
         self.out_name = cfg["output"][0]["name"]
@@ -47,10 +50,12 @@ class TritonPythonModel:
             work = batch_seconds(self.profile, rows, self.rng)
             # Triton's own cost is paid outside the emulated GPU: end the wait that much early
             early = self.overhead.seconds(work)
+            job = replace(self.job, terms=mps_terms(self.profile, rows, "p50")) if self.shaped else self.job
             if self.arbiter is not None:
-                self.arbiter.run(self.job, work, early=early)
+                self.arbiter.run(job, work, early=early)
             else:
-                wait_until(t0 + work / self.solo_rate - early)
+                rate = progress_rates([job])[0] if self.shaped else self.solo_rate
+                wait_until(t0 + work / rate - early)
         except (ArbiterError, ValueError) as e:
             err = pb_utils.TritonError(f"emulated GPU {self.job.slice_id}: {e}")
             return [pb_utils.InferenceResponse(output_tensors=[], error=err) for _ in requests]
