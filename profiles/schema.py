@@ -90,6 +90,10 @@ class GpuPoolSpec(_Strict):
         "answers is at least this (unknown accuracy counts 0; a model with no variant of known "
         "accuracy is exempt); with gpus or cost: the fewest GPUs or least cost that meet it")
     emulate: bool = Field(default=False, description="serve on emulated GPUs (no hardware)")
+    runtime: Literal["local", "ray"] = Field(
+        default="local", description="where headrace up runs the replicas: local = processes on this "
+        "machine; ray = Ray actors on the cluster at --ray ADDRESS (else $RAY_ADDRESS), pinned by "
+        "custom resources (docs/ray.md)")
 
     @model_validator(mode="after")
     def _unique(self) -> GpuPoolSpec:

@@ -15,9 +15,20 @@ if os.environ.get("CI"):
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", default=False, help="run tests marked slow")
+    parser.addoption("--run-ray", action="store_true", default=False,
+                     help="run the tests on a local Ray cluster (marked ray; .ci/run runs them as a second step)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "ray: starts a local multi-node Ray cluster; opt-in with --run-ray")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--run-ray"):
+        skip_ray = pytest.mark.skip(reason="ray: opt in with --run-ray")
+        for item in items:
+            if item.get_closest_marker("ray") is not None:
+                item.add_marker(skip_ray)
     if config.getoption("--run-slow"):
         return
     skip = pytest.mark.skip(reason="slow: opt in with --run-slow")

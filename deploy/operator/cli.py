@@ -254,11 +254,19 @@ def up(args: argparse.Namespace) -> int:
     store = DirStateStore.default(args.state_dir)
     text, want, base = validate(args.file, check_security=True)
     _cleanup_leftovers(store, out)
+    if args.ray is not None or single_pool_runtime(want) == "ray":
+        from deploy.ray.cli import up_on_ray  # noqa: PLC0415
+
+        return up_on_ray(args, text, want, store, out)
     if args.detach:
         return _detach(args, store, out)
     from gateway.cli import run_on_serve_loop  # noqa: PLC0415
 
     return run_on_serve_loop(_serve(args, text, want, base, store, out))
+
+
+def single_pool_runtime(want: Desired) -> str:
+    return want.docs.pools[0].spec.runtime
 
 
 def _detach(args: argparse.Namespace, store: DirStateStore, out: Console) -> int:
@@ -319,6 +327,12 @@ def down(args: argparse.Namespace) -> int:
     url, token, ctx = _client(args)
     call(url, token, "POST", "/v1/down", b"", context=ctx)
     st = store.read()
+    if st.get("ray_address"):  # the controller actor stops its actors, then exits
+        from deploy.ray.cli import wait_gone  # noqa: PLC0415
+
+        wait_gone(st["ray_address"], args.timeout)
+        st.update(running=False, admin_url=None)
+        store.write(st)
     pid = st.get("controller_pid")
     deadline = time.monotonic() + args.timeout
     while pid and same_process(pid, st.get("controller_started")) and time.monotonic() < deadline:
@@ -428,6 +442,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--detach", action="store_true", help="leave the controller running in the background")
     p.add_argument("--method", choices=("greedy", "milp"), default="greedy", help="placement solver")
     p.add_argument("--tick", type=float, default=1.0, help="controller loop period, seconds")
+    p.add_argument("--ray", default=None, metavar="ADDRESS", nargs="?", const="auto",
+                   help="run on the Ray cluster at ADDRESS (a detached controller actor; docs/ray.md)")
     common(p)
     p.set_defaults(func=_run(up))
 
