@@ -459,6 +459,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     common(p)
     p.set_defaults(func=_run(status))
 
+    from deploy.ray.serve_config import register as register_serve  # noqa: PLC0415  (headrace render-serve)
+
+    register_serve(sub)
     for name, fn, text in (("down", down, "stop the gateway and every process the controller started"),
                            ("rollback", rollback, "apply the previous generation again")):
         p = sub.add_parser(name, help=text)
