@@ -58,9 +58,18 @@ def variants_shared() -> list:
     return Simulator(EdfScheduler(SchedulerConfig(wait=True)), reps).run(reqs).records
 
 
+def fleet() -> list:
+    """Gamma cv 4 near the capacity of four replicas of one model, the default policy (the
+    simulator's speed benchmark's fleet case)."""
+    reqs = make_requests(times(Gamma(1300, 4.0), 15, np.random.default_rng(5)), "m", 0.1)
+    reps = [SimReplica(ReplicaInfo(f"r{i}", "m", "m", fake_profile(), 32)) for i in range(4)]
+    return Simulator(EdfScheduler(), reps).run(reqs).records
+
+
 def test_fixed_seeded_runs_give_exactly_the_same_answers() -> None:
-    got = {f.__name__: digest(f()) for f in (single, bursty, variants_shared)}
+    got = {f.__name__: digest(f()) for f in (single, bursty, variants_shared, fleet)}
     assert got == GOLDEN
 
 
-GOLDEN = {"single": "8eaf822ad5eada27", "bursty": "a1896b0d43e31902", "variants_shared": "95affb1144ddaa71"}
+GOLDEN = {"single": "8eaf822ad5eada27", "bursty": "a1896b0d43e31902", "variants_shared": "95affb1144ddaa71",
+          "fleet": "aab3e0c5575cfe43"}
