@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import fleet_autoscale
 from bench.fleet import SEED, generate
 from bench.output import write_results
 from loadgen.arrivals import AZURE_HEADER, read_azure_trace
@@ -133,6 +134,8 @@ def markdown(r: dict) -> str:
     lines += ["", "Attainment = answered within SLO / offered. The Triton-style and AIMD batchers never "
               "refuse: what they cannot serve in time is answered late. headrace refuses at once what it "
               "predicts cannot make its deadline, so its clients can retry elsewhere.", ""]
+    if "day" in r:
+        lines += fleet_autoscale.markdown(r["day"])
     return "\n".join(lines)
 
 
@@ -146,11 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cv", type=float, default=2.0, help="Gamma CV of arrivals within a minute")
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=48, help="epochs of the static-vs-autoscaled day (0: skip it)")
     ap.add_argument("--loads", default="1,1.25,1.5", help="multiples of the planned rates, comma-separated")
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args(argv)
     r = run(a.models, a.gpus, a.rate_scale, a.minutes, a.minute_s, a.cv, a.seed, a.processes,
             tuple(float(x) for x in a.loads.split(",")))
+    if a.epochs:
+        fleet = generate(a.models, a.gpus, a.seed, a.rate_scale)
+        r["day"] = fleet_autoscale.day(fleet, a.epochs, a.minute_s, a.cv, a.seed, a.processes)
     write_results(a.out, "fleet_study", r, markdown(r))
     print(markdown(r))
     return 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.fleet_study import SYSTEMS, run
 
 
@@ -18,3 +20,17 @@ def test_every_system_runs_the_same_plan_on_the_same_arrivals() -> None:
     assert r["plan"]["gpus"] >= 1 and r["offered_rps"] > 0
     # only headrace refuses; the baselines answer everything, late or not
     assert all(row["rejected"] == 0 for row in r["rows"] if row["system"] != "headrace")
+
+
+def test_the_autoscaled_day_follows_the_operator_autoscaler_one_epoch_late() -> None:
+    import numpy as np
+
+    from bench.fleet_autoscale import autoscaled_rates
+
+    rates = {"m": np.array([100.0, 100.0, 300.0, 300.0, 20.0, 20.0, 20.0, 20.0])}
+    plan = [r["m"] for r in autoscaled_rates(rates, {"m": 1.0})]
+    assert plan[:3] == [100.0, 100.0, 100.0]  # epoch 2's rise is seen only after it
+    assert plan[3] == pytest.approx(300 / 0.7)  # re-planned at max / target utilization
+    # below half the plan from epoch 4: down once the 2-epoch delay has passed, at 20 / 0.7
+    assert plan[4:7] == [pytest.approx(300 / 0.7)] * 3
+    assert plan[7] == pytest.approx(20 / 0.7)
