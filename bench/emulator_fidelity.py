@@ -6,10 +6,18 @@ at 32). Checks, each against a baseline measured in the same run:
 1. latency: for every batch 1..32, the median latency through Triton (tritonclient HTTP) is
    within 5% or 0.5 ms of the profile's p50;
 2. MIG: two slices of one emulated GPU loaded at once each keep >= 95% of solo throughput;
-3. MPS: two clients (two Triton servers) at 50% on one slice each get
-   solo * 0.5 / (1 + interference), within 10%;
+3. MPS: two clients (two Triton servers) at 50% on one slice each get what
+   :func:`profiles.sharing.mps_latency` predicts for a batch at that share next to a busy
+   neighbour (solo * t(b) / t_share(b)), within 10%;
 4. time-slicing: two clients on one slice without MPS each get solo / 2 and together
-   solo, within 10%.
+   solo, within 10%;
+5. MPS co-location against published data: every CHECK point of
+   ``profiles/reference/sharing/measurements.yaml`` (a model's latency on a smaller share of a
+   GPU, predicted from its whole-share curve by :func:`profiles.sharing.predict`); the MPS
+   points also run on the emulated GPU, in virtual time through its physics and live through
+   Triton and the arbiter. Target: each within 15% of the published latency (reported
+   separately: ``published_target_met``); the emulated runs must agree with the model within
+   5% (live: 5% or 0.5 ms), which counts towards ``pass``.
 
 Triton's own per-request cost is calibrated first (``calibrate_overhead``) and handed to
 the emulated models. Throughput is closed-loop, one client thread per model, batch 8.
@@ -42,9 +50,18 @@ from profiles.emulator import (
     calibrate_overhead,
     write_emulated_model,
 )
+from profiles.emulator.physics import SharedGpu
 from profiles.process import exit_on_sigterm
 from profiles.profile import Profile, ProfileSet
-from profiles.sharing import ActiveJob
+from profiles.sharing import (
+    CHECK_TOLERANCE,
+    ActiveJob,
+    PublishedPoint,
+    load_published,
+    mps_latency,
+    mps_terms,
+    predict,
+)
 from profiles.tritonserver import TritonServer
 
 OUT = Path(__file__).parent / "results"
@@ -53,6 +70,7 @@ LOAD_BATCH = 8
 LAT_REL, LAT_ABS = 0.05, 0.0005
 MIG_KEEP = 0.95
 SHARE_TOL = 0.10
+EMULATED_TOL = 0.05  # emulated published points against the model's own prediction
 
 
 def reference() -> Profile:
@@ -166,15 +184,83 @@ def sharing_checks(a_url: str, b_url: str, prof: Profile, duration: float,
     keep = f">= {MIG_KEEP:.0%} of solo"
     within = f"within {SHARE_TOL:.0%}"
     rows = [check(f"MIG slice {i} under load (req/s)", r, solo, r >= MIG_KEEP * solo, keep) for i, r in enumerate(mig)]
-    want = solo * 0.5
+    want = solo * prof.latency(LOAD_BATCH, "p50") / mps_latency(prof, LOAD_BATCH, 0.5, False, "p50")
     rows.append(check("MPS 50% client alone (req/s)", mps_alone, want, abs(mps_alone / want - 1) <= SHARE_TOL, within))
-    want = solo * 0.5 / (1 + f)
+    # the model's slowdown of a LOAD_BATCH batch at half the SMs next to a busy neighbour
+    want = solo * prof.latency(LOAD_BATCH, "p50") / mps_latency(prof, LOAD_BATCH, 0.5, True, "p50")
     rows += [check(f"MPS 50% client {i} of 2, interference {f:g} (req/s)", r, want,
                    abs(r / want - 1) <= SHARE_TOL, within) for i, r in enumerate(mps)]
     rows += [check(f"time-sliced client {i} of 2 (req/s)", r, solo / 2, abs(r / (solo / 2) - 1) <= SHARE_TOL, within)
              for i, r in enumerate(ts)]
     rows.append(check("time-sliced sum of 2 (req/s)", sum(ts), solo, abs(sum(ts) / solo - 1) <= SHARE_TOL, within))
     return solo, rows
+
+
+def _published_row(p: PublishedPoint, got_s: float, model_s: float, abs_tol: float = 0.0) -> dict:
+    err = got_s * 1e3 / p.published_ms - 1
+    agree = abs(got_s - model_s) <= max(EMULATED_TOL * model_s, abs_tol)
+    return {"series": p.series, "model": p.model, "gpu": p.gpu, "share": p.slice, "sm_share": round(p.share, 4),
+            "memory_share": round(p.memory_share, 4), "batch": p.batch, "published_ms": p.published_ms,
+            "model_ms": round(model_s * 1e3, 3), "got_ms": round(got_s * 1e3, 3), "error": round(err, 4),
+            "approximate": p.approximate, "within_target": abs(err) <= CHECK_TOLERANCE, "agrees_with_model": agree}
+
+
+def published_model() -> list[dict]:
+    """Every CHECK point as the sharing model predicts it (the planner's and simulator's view)."""
+    rows = []
+    for p in load_published():
+        if p.role == "check":
+            t = predict(p).predicted_ms / 1e3
+            rows.append(_published_row(p, t, t))
+    return rows
+
+
+def mps_check_points() -> list[PublishedPoint]:
+    """The CHECK points of MPS clients (all the memory bandwidth, a share of the SMs): what an
+    emulated MPS client can be run at."""
+    return [p for p in load_published() if p.role == "check" and p.memory_share == 1.0]
+
+
+def published_virtual() -> list[dict]:
+    """Each MPS CHECK point run alone at its share on the emulated GPU's physics, virtual time."""
+    rows = []
+    for p in mps_check_points():
+        gpu = SharedGpu()
+        base = p.baseline
+        job = ActiveJob("s", "c", "mps", p.share, base.mps_interference, mps_terms(base, p.batch, "p50"))
+        gpu.start(1, job, base.latency(p.batch, "p50"), now=0.0)
+        (done,) = gpu.advance(float("inf"))
+        rows.append(_published_row(p, done.finished, predict(p).predicted_ms / 1e3))
+    return rows
+
+
+def live_points() -> dict[str, list[PublishedPoint]]:
+    """The MPS CHECK points by emulated model name (one model per series and share)."""
+    out: dict[str, list[PublishedPoint]] = {}
+    for p in mps_check_points():
+        name = f"pub_{p.series.replace('-', '_')}_{round(p.share * 100)}"
+        out.setdefault(name, []).append(p)
+    return out
+
+
+def published_live(url: str, points: dict[str, list[PublishedPoint]], samples: int) -> list[dict]:
+    """Median latency through Triton of each MPS point's model at its share (alone)."""
+    client = httpclient.InferenceServerClient(url)
+    rows = []
+    try:
+        for model, pts in points.items():
+            for p in pts:
+                x = _input(p.batch)
+                client.infer(model, [x])  # warm-up
+                times = []
+                for _ in range(samples):
+                    t0 = time.perf_counter()
+                    client.infer(model, [x])
+                    times.append(time.perf_counter() - t0)
+                rows.append(_published_row(p, statistics.median(times), predict(p).predicted_ms / 1e3, LAT_ABS))
+    finally:
+        client.close()
+    return rows
 
 
 def run(samples: int, duration: float, rounds: int, calibrate: bool) -> dict:
@@ -198,8 +284,14 @@ def run(samples: int, duration: float, rounds: int, calibrate: bool) -> dict:
             write_emulated_model(b_repo, "ts0", prof, slice_id="gpu0/1g.10gb@0", client="b", **common)
             write_emulated_model(b_repo, "mps", prof, slice_id="gpu0/1g.10gb@2", mode="mps", share=0.5,
                                  client="b", **common)
+            # each published MPS client's curve at its share, alone on a slice of GPU 1
+            live = live_points()
+            for name, pts in live.items():
+                write_emulated_model(a_repo, name, pts[0].baseline, slice_id=f"gpu1/{name}", mode="mps",
+                                     share=pts[0].share, **common)
             with TritonServer(a_repo, ready_timeout=120) as a, TritonServer(b_repo, ready_timeout=120) as b:
                 lat = latency_sweep(a.http_url, "mig0", prof, samples)
+                pub_live = published_live(a.http_url, live, samples)
                 solo, share = sharing_checks(a.http_url, b.http_url, prof, duration, rounds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -221,7 +313,15 @@ def run(samples: int, duration: float, rounds: int, calibrate: bool) -> dict:
         "latency_p25_pass": all(r["p25_pass"] for r in lat),
         "latency_worst_error_ms": max(abs(r["error_ms"]) for r in lat),
         "sharing": share,
-        "pass": all(r["pass"] for r in lat) and all(r["pass"] for r in share),
+        "published": (pub := {"model": published_model(), "virtual": published_virtual(), "live": pub_live}),
+        "published_summary": {
+            kind: {"points": len(rows), "within_target": sum(r["within_target"] for r in rows),
+                   "worst_error": max((r["error"] for r in rows), key=abs, default=0.0),
+                   "agree_with_model": all(r["agrees_with_model"] for r in rows)}
+            for kind, rows in pub.items()},
+        "published_target_met": all(r["within_target"] for r in pub["model"]),
+        "pass": all(r["pass"] for r in lat) and all(r["pass"] for r in share)
+        and all(r["agrees_with_model"] for rows in pub.values() for r in rows),
         "seconds": round(time.perf_counter() - t_start, 1),
     }
 
@@ -247,6 +347,31 @@ def markdown(res: dict) -> str:
     ]
     lines += [f"| {r['check']} | {r['measured']} | {r['expected']} | {r['ratio']:.3f} | {r['rule']} | {ok(r['pass'])} |"
               for r in res["sharing"]]
+    pub, summ = res["published"], res["published_summary"]
+    lines += [
+        "", "## MPS co-location against published data",
+        "",
+        "Each CHECK point of `profiles/reference/sharing/measurements.yaml`: a model's published latency "
+        "on a smaller share of a GPU, alone (MIGPerf: a smaller MIG slice, whose SM and memory share is "
+        "the lesser of its fractions of the 7g slice; iGniter: one MPS client at a lower "
+        "`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`), predicted from the same model's whole-share curve alone. "
+        "The sharing model's constants were fitted on other series (role FIT). Target: within "
+        f"{CHECK_TOLERANCE:.0%} of the published latency: "
+        f"{'met' if res['published_target_met'] else '**not met**'}.", "",
+        "| run | points | within target | worst error | emulated = model (5%) |", "|---|---:|---:|---:|---|",
+    ]
+    lines += [f"| {kind} | {s['points']} | {s['within_target']} | {s['worst_error']:+.1%} | "
+              f"{ok(s['agree_with_model']) if kind != 'model' else '-'} |" for kind, s in summ.items()]
+    lines += [
+        "", "`model`: `profiles.sharing.predict` (what the planner and simulator use); `virtual`: the MPS "
+        "points run on the emulated GPU's physics; `live`: the MPS points through Triton and the "
+        f"arbiter (median of {res['settings']['samples_per_batch']}).", "",
+        "| run | model | GPU | share | batch | published ms | predicted ms | run ms | error | target |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    lines += [f"| {kind} | {r['model']} | {r['gpu']} | {r['share']} | {r['batch']} | {r['published_ms']} | "
+              f"{r['model_ms']} | {r['got_ms']} | {r['error']:+.1%} | {ok(r['within_target'])} |"
+              for kind in ("live", "virtual", "model") for r in pub[kind]]
     lines += [
         "", f"## Latency by batch (median of {res['settings']['samples_per_batch']}; rule: within 5% or 0.5 ms)", "",
         f"All medians within: {ok(res['latency_pass'])}; worst error {res['latency_worst_error_ms']} ms. "
