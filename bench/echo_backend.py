@@ -8,7 +8,9 @@ connection, as the gateway sends them). :class:`EchoStats` counts, per backend, 
 requests, the most it held at once and the client ports they came from. ``hold_s`` holds each
 answer that long (a replica busy with a batch).
 
-    .venv/bin/python -m bench.echo_backend PORT [--hold-ms 0]
+    .venv/bin/python -m bench.echo_backend PORT [PORT ...] [--hold-ms 0]
+
+(several ports: one backend on each, all in this process.)
 """
 
 from __future__ import annotations
@@ -141,13 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.cli import run_on_serve_loop
 
     ap = argparse.ArgumentParser(description="trivial KServe v2 echo backend")
-    ap.add_argument("port", type=int)
+    ap.add_argument("ports", type=int, nargs="+")
     ap.add_argument("--hold-ms", type=float, default=0.0)
     a = ap.parse_args(argv)
 
     async def serve() -> None:
-        server, _ = await start_echo(a.port, a.hold_ms / 1e3)
-        await server.serve_forever()
+        for port in a.ports:
+            await start_echo(port, a.hold_ms / 1e3)
+        await asyncio.Event().wait()
 
     try:
         run_on_serve_loop(serve())
