@@ -17,8 +17,12 @@ Cases (capacity = the planner's :func:`placement.capacity.replica_capacity` at t
 Each live case runs ``--repeats`` times (default 3) in the same run, all cases of one round
 before the next, so the live stack's own spread is measured beside the difference. The
 simulator's model of what a request costs beyond its profile is measured in the same run
-(``calibrate``): the median extra latency of lone requests through the gateway at low rate,
-half of it charged each way between the gateway and its replica (``SimOptions.transit``).
+from what the gateway itself learns: its ``headrace_replica_run_excess_seconds`` (how much
+longer than its profile a batch holds the replica: Triton's and the arbiter's per-batch cost the
+emulator does not cancel) becomes the simulated per-batch ``overhead`` of that layout's
+replicas, and the rest of what lone requests at a low rate take beyond the profile
+(``calibrate``: client, HTTP, the gateway's own path) is charged half each way between the
+gateway and its replica (``transit``).
 
 Target: each of p50, p99 and goodput within 10% of the live mean, attainment within 1 point,
 or within the live spread (max - min of the repeats) where that is larger.
@@ -40,6 +44,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,11 +149,12 @@ def point(s: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def simulate(cfg_path: Path, spec: LoadSpec, transit: float) -> dict[str, Any]:
+def simulate(cfg_path: Path, spec: LoadSpec, opts: SimOptions) -> dict[str, Any]:
     fleet = load_fleet([cfg_path])
-    summary, _ = run_sim(fleet, spec, SimOptions(transit=transit))
+    summary, _ = run_sim(fleet, spec, opts)
     p = point(summary)
     p["mean_batch"] = summary["sim"]["mean_batch"]
+    p["overhead_ms"], p["transit_ms"] = opts.overhead * 1e3, opts.transit * 1e3
     return p
 
 
@@ -182,6 +188,17 @@ async def calibrate(target: str, model: str, prof: Profile, n: int = 150) -> dic
     return {"lone_p50_ms": p50 * 1e3, "profile_b1_ms": prof.latency(1, "p50") * 1e3, "extra_ms": extra * 1e3}
 
 
+def learned(http_target: str) -> dict[str, float]:
+    """The gateway's learned per-replica terms, mean over its replicas (seconds)."""
+    text = urllib.request.urlopen(f"{http_target}/metrics", timeout=10).read().decode()
+    out: dict[str, list[float]] = {"run_excess": [], "overhead": []}
+    for line in text.splitlines():
+        for k in out:
+            if line.startswith(f"headrace_replica_{k}_seconds{{"):
+                out[k].append(float(line.rsplit(" ", 1)[1]))
+    return {k: statistics.fmean(v) if v else 0.0 for k, v in out.items()}
+
+
 async def run(cases: list[Case], duration: float, warmup: float, repeats: int, seed: int) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="hr-bench-simfid-"))
     profiles = {"slice": work / "slice.yaml", "mps": work / "mps.yaml"}
@@ -206,26 +223,30 @@ async def run(cases: list[Case], duration: float, warmup: float, repeats: int, s
                                                 warmup_s=0.5, seed=99))
                 cal = await calibrate(targets[layouts[0]], MODELS[layouts[0]][0], slice_profile())
                 out["calibration"] = cal
-                transit = cal["extra_ms"] / 2e3
                 for rnd in range(repeats):
                     for c in cases:
                         cpu0 = cpu_times()
                         res = await run_load(spec_of(c, targets[c.layout], duration, warmup, seed))
                         p = point(res.summary)
                         p["steal"] = steal_share(cpu0, cpu_times())
+                        p["load_average"] = os.getloadavg()[0]
                         p["send_lag_p99_ms"] = res.summary["send_lag_ms"]["p99"]
                         out["live_runs"][c.name].append(p)
                         print(f"round {rnd + 1} {c.name:12s} live attainment {p['attainment'] or 0:.4f} goodput "
                               f"{p['goodput_rps']:.1f}/s p50 {p['p50_ms'] or 0:.1f} p99 {p['p99_ms'] or 0:.1f} ms",
                               flush=True)
                         p["idle_wait_s"] = await wait_idle(triton.http_url)
+                        p["learned_ms"] = {k: v * 1e3 for k, v in learned(targets[c.layout]).items()}
+                out["learned"] = {layout: learned(targets[layout]) for layout in layouts}
             finally:
                 for proc in procs:
                     stop_group(proc)
     for c in cases:
         spec = spec_of(c, "http://sim:1", duration, warmup, seed)
-        raw = simulate(cfgs[c.layout], spec, 0.0)
-        sim = simulate(cfgs[c.layout], spec, transit)
+        excess = max(0.0, out["learned"][c.layout]["run_excess"])
+        transit = max(0.0, out["calibration"]["extra_ms"] / 1e3 - excess) / 2
+        raw = simulate(cfgs[c.layout], spec, SimOptions())
+        sim = simulate(cfgs[c.layout], spec, SimOptions(overhead=excess, transit=transit))
         live = out["live_runs"][c.name]
         out["cases"][c.name] = {"layout": c.layout, "arrival": c.arrival, "load": c.load,
                                 "rate": spec.rate, "capacity_per_model": capacity(c.layout),
@@ -263,9 +284,15 @@ def markdown(res: dict[str, Any]) -> str:
         "",
         f"Measured overhead: lone requests through the gateway at 20 req/s answer in {cal['lone_p50_ms']:.2f} ms "
         f"(p50) against the profile's {cal['profile_b1_ms']:.2f} ms for a batch of one: the live stack adds "
-        f"{cal['extra_ms']:.2f} ms (client, gateway, Triton's HTTP path beyond what the emulator cancels). The "
-        f"simulator charges it as {cal['extra_ms'] / 2:.2f} ms each way between gateway and replica "
-        "(`headrace sim --transit-ms`).",
+        f"{cal['extra_ms']:.2f} ms. The gateways learned that a batch holds its replica "
+        + ", ".join(f"{v['run_excess'] * 1e3:.2f} ms ({layout})" for layout, v in res["learned"].items())
+        + " longer than its profile (Triton's and the arbiter's per-batch cost beyond what the emulator "
+        "cancels; below zero, the emulator cancels a little more than that cost): the simulator runs each "
+        "batch that much longer, never shorter than its profile (`headrace sim --overhead-ms`), and charges "
+        "the rest of the lone requests' extra half each way between gateway and replica (`--transit-ms`); "
+        "overhead / transit: "
+        + ", ".join(f"{c['sim']['overhead_ms']:.2f} / {c['sim']['transit_ms']:.2f} ms ({n})"
+                    for n, c in res["cases"].items() if n in ("poisson-50", "mig-pair", "mps-pair")) + ".",
         "",
         f"Target: p50, p99 and goodput within {REL_TOL:.0%} of the live mean, attainment within "
         f"{ATTAIN_TOL * 100:g} point, or within the live spread (max - min of the repeats) where larger. "
@@ -286,12 +313,12 @@ def markdown(res: dict[str, Any]) -> str:
         cells = " | ".join(_cell(k, c["compare_profile_only"][k]) for k in METRICS)
         lines.append(f"| {name} | {cells} |")
     lines += ["", "Live runs (attainment, goodput /s, p50/p99 ms, rejected/expired, client send lag p99 ms, "
-              "CPU stolen):", ""]
+              "CPU stolen, 1-minute load average at the end; the host's other work shows in the last two):", ""]
     for name, runs in res["live_runs"].items():
         for i, p in enumerate(runs):
             lines.append(f"- {name} #{i + 1}: {p['attainment'] or 0:.4f}, {p['goodput_rps']:.1f}, "
                          f"{p['p50_ms'] or 0:.1f}/{p['p99_ms'] or 0:.1f}, {p['rejected']}/{p['expired']}, "
-                         f"{p.get('send_lag_p99_ms') or 0:.2f}, {p.get('steal', 0):.1%}")
+                         f"{p.get('send_lag_p99_ms') or 0:.2f}, {p.get('steal', 0):.1%}, {p.get('load_average', 0):.1f}")
     return "\n".join(lines) + "\n"
 
 
@@ -325,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         prev = json.loads(old.read_text())
         res["cases"] = {**prev["cases"], **res["cases"]}
         res["live_runs"] = {**prev["live_runs"], **res["live_runs"]}
+        res["learned"] = {**prev.get("learned", {}), **res["learned"]}
         res["cases"] = {c.name: res["cases"][c.name] for c in CASES if c.name in res["cases"]}
         res["live_runs"] = {c.name: res["live_runs"][c.name] for c in CASES if c.name in res["live_runs"]}
         res["rerun"] = args.only
