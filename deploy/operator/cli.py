@@ -444,6 +444,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tick", type=float, default=1.0, help="controller loop period, seconds")
     p.add_argument("--ray", default=None, metavar="ADDRESS", nargs="?", const="auto",
                    help="run on the Ray cluster at ADDRESS (a detached controller actor; docs/ray.md)")
+    p.add_argument("--gateways", type=int, default=0, metavar="N",
+                   help="with --ray: N gateway actors beside the controller's gateway, the replicas split among them")
     common(p)
     p.set_defaults(func=_run(up))
 

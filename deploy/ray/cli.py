@@ -69,7 +69,7 @@ def up_on_ray(args: argparse.Namespace, text: str, want: Desired, store: DirStat
     token = store.token(settings.admin.token_file, settings.admin.token_env)
     actor = controller_actor(NAMESPACE)
     try:
-        status = ray.get(actor.up.remote(text, token, args.method, args.tick), timeout=args.timeout)
+        status = ray.get(actor.up.remote(text, token, args.method, args.tick, args.gateways), timeout=args.timeout)
     except Exception as e:  # noqa: BLE001  (a failed up leaves nothing running)
         ray.kill(actor, no_restart=True)
         lines = [ln for ln in str(e).splitlines() if ln.strip()]
@@ -79,6 +79,9 @@ def up_on_ray(args: argparse.Namespace, text: str, want: Desired, store: DirStat
               controller_pid=None, processes={}, token_file=settings.admin.token_file, admin_tls_cert=None)
     store.write(st)
     print_endpoints(status, out)
+    for g in status["ray"]["gateways"]:
+        out.print(f"gateway actor {g.get('index')}: http {g.get('http')}  grpc {g.get('grpc')}  "
+                  f"replicas {', '.join(g.get('replicas', []))}", highlight=False)
     print_status(status, out)
     out.print(f"controller: Ray actor {CONTROLLER_ACTOR!r} (namespace {NAMESPACE}) on {address}; "
               "`headrace down` stops it", highlight=False)

@@ -50,6 +50,53 @@ class RayController(Controller):
     nodes_now: Callable[[], dict[str, dict[str, float]]] = cluster_nodes
     nodes: set[str] = field(default_factory=set)
     unfit: str | None = None  # what the present nodes cannot serve (None: everything fits)
+    gateways: int = 0  # gateway actors beside this controller's own gateway (deploy.ray.gateway)
+    namespace: str = NAMESPACE
+    gateway_actors: list[Any] = field(default_factory=list)
+    gateway_infos: list[dict[str, Any]] = field(default_factory=list)  # as last seen by the loop
+
+    async def _sync_gateways(self) -> None:
+        """Deal the replicas over this gateway and the gateway actors (gateway.partition): share 0
+        stays here, share i goes to actor i."""
+        if not self.gateways or self.plan is None or self.gateway is None or self.desired is None:
+            return
+        from deploy.ray.gateway import gateway_actor  # noqa: PLC0415
+        from gateway.partition import partition, replica_id  # noqa: PLC0415
+
+        eps = self.runtime.endpoints()  # type: ignore[union-attr]
+        full = self._render(self.plan, self.desired, eps.values())
+        n = min(self.gateways + 1, sum(len(m.replicas) for m in full.models))
+        part = partition(full, n)
+        mine = {replica_id(r) for m in part.configs[0].models for r in m.replicas}
+        for rid in sorted(mine - set(self.gateway.driver.replicas)):
+            await self._add_to_gateway(self.plan, self.desired, eps[rid])
+        for rid in sorted(set(self.gateway.driver.replicas) - mine):
+            await self.gateway.remove_replica(rid, self.drain_timeout, keep_model=True)
+        while len(self.gateway_actors) < self.gateways:
+            self.gateway_actors.append(gateway_actor(len(self.gateway_actors) + 1, self.namespace))
+        infos = []
+        for i, actor in enumerate(self.gateway_actors, 1):
+            if i < n:
+                raw = part.configs[i].model_dump(mode="json")
+                infos.append(await asyncio.to_thread(ray.get, actor.configure.remote(raw), timeout=120))
+        self.gateway_infos = infos
+
+    async def _gateway_infos(self) -> None:
+        infos = []
+        for actor in self.gateway_actors:
+            try:
+                infos.append(await asyncio.to_thread(ray.get, actor.info.remote(), timeout=2.0))
+            except Exception as e:  # noqa: BLE001  (dead or restarting: status says so)
+                infos.append({"error": type(e).__name__})
+        self.gateway_infos = infos
+
+    async def down(self) -> None:
+        for actor in self.gateway_actors:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(ray.get, actor.stop.remote(), timeout=30)
+            ray.kill(actor, no_restart=True)
+        self.gateway_actors = []
+        await super().down()
 
     def _solve_diff(self, want: Desired):  # noqa: ANN202
         return super()._solve_diff(on_nodes(want, self.nodes))
@@ -59,6 +106,7 @@ class RayController(Controller):
         want = prepare(text, self.base_profiles, "up")
         self.runtime.set_profiles(want.profiles, want.sources)  # type: ignore[union-attr]
         await super().up(text)
+        await self._sync_gateways()
 
     async def _execute(self, d, want: Desired, new) -> None:  # noqa: ANN001
         self.runtime.set_profiles(want.profiles, want.sources)  # type: ignore[union-attr]
@@ -66,6 +114,7 @@ class RayController(Controller):
 
     async def _tick(self, now: float) -> None:
         await super()._tick(now)
+        await self._gateway_infos()
         if self.desired is None or self.applying is not None or self._lock.locked():
             return
         present = set(await asyncio.to_thread(self.nodes_now))
@@ -97,6 +146,8 @@ class RayController(Controller):
     async def apply(self, text: str, dry_run: bool = False, reason: str = "apply") -> dict[str, Any]:
         try:
             out = await super().apply(text, dry_run, reason)
+            if not dry_run:
+                await self._sync_gateways()
         except Exception as e:
             if not dry_run and reason != "autoscale":
                 self.unfit = f"{str(e).splitlines()[0]} (on Ray nodes {sorted(self.nodes)})"
@@ -110,7 +161,8 @@ class RayController(Controller):
         pool = single_pool(self.desired.docs, ["ray"]) if self.desired else None
         names = [n.name for n in pool.spec.nodes] if pool else []
         out["ray"] = {"nodes": sorted(self.nodes), "missing": [n for n in names if n not in self.nodes],
-                      "unfit": self.unfit, "processes": self.runtime.processes() if self.runtime else {}}
+                      "unfit": self.unfit, "processes": self.runtime.processes() if self.runtime else {},
+                      "gateways": self.gateway_infos}
         return out
 
 
@@ -131,7 +183,7 @@ class ControllerActorImpl:
     def _call(self, coro, timeout: float | None = None):  # noqa: ANN001, ANN202
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def up(self, text: str, token: str, method: str = "greedy", tick: float = 1.0,
+    def up(self, text: str, token: str, method: str = "greedy", tick: float = 1.0, gateways: int = 0,
            ready_timeout: float = 60.0) -> dict[str, Any]:
         """Plan, start the replicas and the gateway, serve the admin API; returns the status."""
         from deploy.operator.admin import serve_admin  # noqa: PLC0415
@@ -141,7 +193,8 @@ class ControllerActorImpl:
         ray.get(store.actor.token.remote(token))
         base = _base_profiles()
         runtime = RayRuntime(base, store.run_dir / "replicas", ready_timeout=ready_timeout)
-        self.ctl = RayController(store, base, method=method, tick=tick, runtime=runtime)
+        self.ctl = RayController(store, base, method=method, tick=tick, runtime=runtime, gateways=gateways,
+                                 namespace=self.namespace)
 
         async def start() -> None:
             await self.ctl.up(text)  # type: ignore[union-attr]

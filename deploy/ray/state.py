@@ -24,6 +24,13 @@ class StateActorImpl:
         self.state: dict[str, Any] = {}
         self.generations: dict[int, str] = {}
         self.admin_token = ""
+        self.values: dict[str, Any] = {}  # what other actors keep across their restarts
+
+    def put(self, key: str, value: Any) -> None:
+        self.values[key] = value
+
+    def get(self, key: str) -> Any:
+        return self.values.get(key)
 
     def read(self) -> dict[str, Any]:
         return dict(self.state)
