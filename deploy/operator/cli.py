@@ -258,6 +258,8 @@ def up(args: argparse.Namespace) -> int:
         from deploy.ray.cli import up_on_ray  # noqa: PLC0415
 
         return up_on_ray(args, text, want, store, out)
+    if args.gateways:
+        raise CliError(f"--gateways ({args.gateways}) needs --ray (or runtime: ray in the GpuPool)", 2)
     if args.detach:
         return _detach(args, store, out)
     from gateway.cli import run_on_serve_loop  # noqa: PLC0415

@@ -57,6 +57,12 @@ def up_on_ray(args: argparse.Namespace, text: str, want: Desired, store: DirStat
     from deploy.ray.controller import CONTROLLER_ACTOR, controller_actor  # noqa: PLC0415
     from deploy.ray.runtime import NAMESPACE  # noqa: PLC0415
 
+    gw = want.docs.gateways[0] if want.docs.gateways else None
+    if gw is not None and gw.spec.admin.tls is not None:
+        raise CliError(f"{want.docs.origin(gw)}: spec.admin.tls: the controller actor on Ray serves its admin "
+                       "API over plain HTTP for now; remove admin.tls to run with --ray", 2)
+    if args.gateways < 0:
+        raise CliError(f"--gateways ({args.gateways}) must be 0 or more", 2)
     address = connect(args.ray)
     try:
         ray.get_actor(CONTROLLER_ACTOR, namespace=NAMESPACE)
