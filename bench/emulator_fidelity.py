@@ -216,20 +216,28 @@ def published_model() -> list[dict]:
 
 
 def mps_check_points() -> list[PublishedPoint]:
-    """The CHECK points of MPS clients (all the memory bandwidth, a share of the SMs): what an
-    emulated MPS client can be run at."""
-    return [p for p in load_published() if p.role == "check" and p.memory_share == 1.0]
+    """The CHECK points of MPS clients alone (all the memory bandwidth, a share of the SMs):
+    what an emulated MPS client can be run at."""
+    return [p for p in load_published() if p.role == "check" and p.mode == "mps" and p.memory_share == 1.0]
 
 
 def published_virtual() -> list[dict]:
-    """Each MPS CHECK point run alone at its share on the emulated GPU's physics, virtual time."""
+    """Each MPS CHECK point run alone at its share, and each time-sliced one next to a
+    neighbour that never stops, on the emulated GPU's physics in virtual time."""
     rows = []
-    for p in mps_check_points():
+    for p in load_published():
+        if p.role != "check" or p.memory_share != 1.0:
+            continue
         gpu = SharedGpu()
         base = p.baseline
-        job = ActiveJob("s", "c", "mps", p.share, base.mps_interference, mps_terms(base, p.batch, "p50"))
+        if p.mode == "timeslice":
+            for n in range(1, p.tenants):
+                gpu.start(100 + n, ActiveJob("s", f"neighbour{n}"), 1e6, now=0.0)
+            job = ActiveJob("s", "c")
+        else:
+            job = ActiveJob("s", "c", "mps", p.share, base.mps_interference, mps_terms(base, p.batch, "p50"))
         gpu.start(1, job, base.latency(p.batch, "p50"), now=0.0)
-        (done,) = gpu.advance(float("inf"))
+        done = next(f for f in gpu.advance(1e5) if f.job_id == 1)
         rows.append(_published_row(p, done.finished, predict(p).predicted_ms / 1e3))
     return rows
 
@@ -354,7 +362,9 @@ def markdown(res: dict) -> str:
         "Each CHECK point of `profiles/reference/sharing/measurements.yaml`: a model's published latency "
         "on a smaller share of a GPU, alone (MIGPerf: a smaller MIG slice, whose SM and memory share is "
         "the lesser of its fractions of the 7g slice; iGniter: one MPS client at a lower "
-        "`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`), predicted from the same model's whole-share curve alone. "
+        "`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`), predicted from the same model's whole-share curve alone; "
+        "and (iGniter) a model next to a busy neighbour, taking turns (time-slicing), predicted from its "
+        "solo latency. "
         "The sharing model's constants were fitted on other series (role FIT). Target: within "
         f"{CHECK_TOLERANCE:.0%} of the published latency: "
         f"{'met' if res['published_target_met'] else '**not met**'}.", "",
@@ -364,7 +374,7 @@ def markdown(res: dict) -> str:
               f"{ok(s['agree_with_model']) if kind != 'model' else '-'} |" for kind, s in summ.items()]
     lines += [
         "", "`model`: `profiles.sharing.predict` (what the planner and simulator use); `virtual`: the MPS "
-        "points run on the emulated GPU's physics; `live`: the MPS points through Triton and the "
+        "and time-sliced points run on the emulated GPU's physics; `live`: the MPS points through Triton and the "
         f"arbiter (median of {res['settings']['samples_per_batch']}).", "",
         "| run | model | GPU | share | batch | published ms | predicted ms | run ms | error | target |",
         "|---|---|---|---|---:|---:|---:|---:|---:|---|",

@@ -192,9 +192,31 @@ class _SeriesModel(BaseModel):
     slices: list[_SliceModel] = Field(min_length=1)
 
 
+class _NeighbourModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1)
+    batch: int = Field(ge=1)
+    colocated_ms: float = Field(gt=0, description="the target's latency next to this neighbour")
+    file: str = ""
+
+
+class _ColocatedModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(min_length=1)
+    role: Literal["check"] = Field(description="the time-slicing rule has no constants to fit")
+    mode: Literal["timeslice"]
+    model: str = Field(min_length=1)
+    gpu: str = Field(min_length=1)
+    batch: int = Field(ge=1)
+    source: str = Field(min_length=1)
+    solo_ms: float = Field(gt=0)
+    neighbours: list[_NeighbourModel] = Field(min_length=1)
+
+
 class _MeasurementsDoc(BaseModel):
     model_config = ConfigDict(extra="forbid")
     series: list[_SeriesModel] = Field(min_length=1)
+    colocated: list[_ColocatedModel] = Field(default_factory=list)
     context: list[dict] = Field(default_factory=list, description="published numbers kept for reference only")
 
 
@@ -215,6 +237,8 @@ class PublishedPoint:
     approximate: bool
     source: str
     baseline: Profile
+    mode: SharingMode = "mps"  # timeslice: next to ``tenants - 1`` busy neighbours, taking turns
+    tenants: int = 1
 
 
 @dataclass(frozen=True)
@@ -252,12 +276,21 @@ def load_published(path: str | Path = MEASUREMENTS) -> list[PublishedPoint]:
             for batch, ms in sorted(sl.latency_ms.items()):
                 out.append(PublishedPoint(s.id, s.role, s.model, s.gpu, sl.name, q, m, batch, ms,
                                           s.approximate, s.source, base))
+    for c in doc.colocated:
+        solo = Profile(model=c.model, variant=c.id, gpu=c.gpu, slice="gpu", max_batch=c.batch,
+                       points=(LatencyPoint(c.batch, c.solo_ms / 1e3, c.solo_ms / 1e3),),
+                       provenance=Provenance(c.source))
+        for n in c.neighbours:
+            out.append(PublishedPoint(c.id, c.role, c.model, c.gpu, f"with {n.model} b{n.batch}", 1.0, 1.0,
+                                      c.batch, n.colocated_ms, False, c.source, solo, c.mode, 2))
     return out
 
 
 def predict(point: PublishedPoint, fixed_share: float = FIXED, knee: float = KNEE) -> Prediction:
     """The model's latency for a published point, from its full-share curve alone."""
     base = point.baseline
+    if point.mode == "timeslice":
+        return Prediction(point, timeslice_latency(base, point.batch, point.tenants, "p50") * 1e3)
     terms = mps_terms(base, point.batch, "p50", fixed_share)
     t = base.latency(point.batch, "p50") * share_slowdown(terms, point.share, knee)
     return Prediction(point, t * 1e3)

@@ -59,7 +59,9 @@ def _known_gap(p) -> bool:
 def test_checked_points_within_tolerance_but_the_known_gap():
     preds = check_published()
     assert len(preds) >= 140
-    assert {p.point.memory_share == 1.0 for p in preds} == {True, False}  # MPS and MIG both checked
+    # MPS clients, MIG slices and time-sliced neighbours are all checked
+    assert {(p.point.mode, p.point.memory_share == 1.0) for p in preds} == {
+        ("mps", True), ("mps", False), ("timeslice", True)}
     rest = [p for p in preds if not _known_gap(p)]
     assert len(rest) >= len(preds) - 2
     assert all(abs(p.error) <= CHECK_TOLERANCE for p in rest), _worst(rest)
