@@ -277,7 +277,8 @@ class RayRuntime:
                     if ok:
                         self.infos[rid] = info
                 if not ok:
-                    ray.cancel(ref)
+                    with contextlib.suppress(Exception):
+                        ray.cancel(ref)
 
     def alive(self, replica_id: str) -> bool:
         with self._lock:
