@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Lane:
-    """One replica as the planner sees it."""
+class Lane(NamedTuple):
+    """One replica as the planner sees it (a tuple: one is built per replica per admission)."""
 
     start: float  # when it can begin a new batch
     latency: Callable[[int], float]  # predicted seconds of a batch of n rows
@@ -39,16 +38,18 @@ def predict_finish(lanes: Sequence[Lane], rows_ahead: int, size: int) -> float:
     heapq.heapify(heap)
     rem = rows_ahead
     while True:
-        s, i = heapq.heappop(heap)
+        s, i = heap[0]  # the lane that starts first (entries are unique: i breaks ties)
         lane = lanes[i]
         if rem + size <= lane.max_batch:
             best = s + lane.latency(rem + size)
-            for s2, j in heap:  # or another replica takes the request alone, in parallel
-                best = min(best, s2 + lanes[j].latency(size))
+            for s2, j in heap[1:]:  # or another replica takes the request alone, in parallel
+                t = s2 + lanes[j].latency(size)
+                if t < best:
+                    best = t
             return best
         chunk = min(lane.max_batch, rem)
         rem -= chunk
-        heapq.heappush(heap, (s + lane.latency(chunk), i))
+        heapq.heapreplace(heap, (s + lane.latency(chunk), i))
 
 
 def plan_finishes(lanes: Sequence[Lane], sizes: Sequence[int]) -> list[float]:

@@ -76,13 +76,16 @@ class Replica:
         """When a new batch would begin executing: with room to pipeline, when the replica is
         done with the batches in flight (it already holds the next one); else once their
         answers are back."""
-        if not self.inflight:
+        inflight = self.inflight
+        if not inflight:
             return now
         if self.info.max_inflight > 1:
-            return max(now, max(self.ends))
-        if len(self.inflight) == 1:
-            return max(now, self.inflight[0].predicted_finish)
-        return max(now, max(b.predicted_finish for b in self.inflight))
+            t = max(self.ends)
+        elif len(inflight) == 1:
+            t = inflight[0].predicted_finish
+        else:
+            t = max(b.predicted_finish for b in inflight)
+        return t if t > now else now
 
     def has_slot(self) -> bool:
         return self.healthy and len(self.inflight) < self.info.max_inflight

@@ -53,6 +53,7 @@ Rules (each one is tested):
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from gateway.policy.admission import Lane, plan_finishes, predict_finish
@@ -96,6 +97,8 @@ class _Group:
     guaranteed: EdfQueue = field(default_factory=EdfQueue)
     best_effort: EdfQueue = field(default_factory=EdfQueue)
     replicas: list[str] = field(default_factory=list)
+    # (fleet version, replicas taking new batches, the same by batch-of-one speed): see _healthy
+    taking: tuple[int, list, list] | None = None
 
     def queue_of(self, r: Request) -> EdfQueue:
         return self.best_effort if r.priority == Priority.BEST_EFFORT else self.guaranteed
@@ -133,6 +136,12 @@ class EdfScheduler(SequenceScheduling):
         self._retried: set[int] = set()
         self._sequences = Sequences()
         self._moved = False  # a poll moved a late request to another variant
+        # bumped whenever a replica is added, removed, drained or changes health: the groups'
+        # lists of replicas taking new batches hold until then
+        self._fleet = 0
+        # the replicas' latency tables (kept, so an id is never reused while cached) -> the
+        # most capacity they reach together at batches up to each size (see _needed_batch)
+        self._capacities: dict[tuple[int, ...], tuple[tuple[list[float], ...], list[float]]] = {}
 
     # ------------------------------------------------------------------ replicas
 
@@ -158,6 +167,7 @@ class EdfScheduler(SequenceScheduling):
             model.groups[info.variant] = _Group(info.variant, RateEstimator(self.config.rate_window_s),
                                                 info.profile.accuracy)
         model.groups[info.variant].replicas.append(info.id)
+        self._fleet += 1
 
     def drain_replica(self, replica_id: str, now: float) -> None:
         """The replica takes no new batch from now on; its batches in flight complete through
@@ -167,6 +177,7 @@ class EdfScheduler(SequenceScheduling):
         if rep is None:
             raise KeyError(f"unknown replica {replica_id!r}")
         rep.draining = True
+        self._fleet += 1
         model = self._models[rep.info.model]
         self._drained(model, model.groups[rep.info.variant], now)
 
@@ -180,6 +191,7 @@ class EdfScheduler(SequenceScheduling):
         model = self._models[rep.info.model]
         group = model.groups[rep.info.variant]
         group.replicas.remove(replica_id)
+        self._fleet += 1
         out = [r for b in rep.inflight for r in b.requests]
         out += self._sequences.drop_replica(replica_id)
         if not group.replicas:
@@ -194,6 +206,7 @@ class EdfScheduler(SequenceScheduling):
         if rep is None:
             raise KeyError(f"unknown replica {replica_id!r}")
         rep.healthy = healthy
+        self._fleet += 1
 
     def replicas(self) -> tuple[ReplicaState, ...]:
         return tuple(ReplicaState(r.info, r.healthy, tuple(r.inflight), r.overhead, r.run_excess,
@@ -336,7 +349,7 @@ class EdfScheduler(SequenceScheduling):
                     continue  # nothing to dispatch, expire or wake up for (the common case)
                 rejects += self._expire(group, healthy, now, model)
                 sent = len(batches)
-                for rep in sorted(healthy, key=lambda r: r.base[1]) if len(healthy) > 1 else healthy:
+                for rep in self._by_speed(group):
                     while rep.has_slot() and group.queued:
                         if rep.inflight:  # pipelined: form the next batch just before it can start
                             ready_at = rep.start(now) - self.config.pipeline_lead_s
@@ -389,8 +402,20 @@ class EdfScheduler(SequenceScheduling):
         return self._models[name]
 
     def _healthy(self, group: _Group) -> list[_Replica]:
-        """The group's replicas that take new batches: healthy and not draining."""
-        return [r for i in group.replicas if (r := self._replicas[i]).healthy and not r.draining]
+        """The group's replicas that take new batches: healthy and not draining (in the group's
+        order; the list is shared until the fleet changes, so callers never modify it)."""
+        return self._taking(group)[1]
+
+    def _by_speed(self, group: _Group) -> list[_Replica]:
+        """:meth:`_healthy`, fastest batch of one first (ties keep the group's order)."""
+        return self._taking(group)[2]
+
+    def _taking(self, group: _Group) -> tuple[int, list[_Replica], list[_Replica]]:
+        cached = group.taking
+        if cached is None or cached[0] != self._fleet:
+            healthy = [r for i in group.replicas if (r := self._replicas[i]).healthy and not r.draining]
+            cached = group.taking = (self._fleet, healthy, sorted(healthy, key=lambda r: r.base[1]))
+        return cached
 
     def _drained(self, model: _Model, group: _Group, now: float) -> None:
         """When every replica of ``group`` drains, its queued requests move to other variants;
@@ -461,7 +486,7 @@ class EdfScheduler(SequenceScheduling):
         return rep.table.__getitem__
 
     def _lanes(self, reps: list[_Replica], now: float) -> list[Lane]:
-        return [Lane(r.start(now), self._latency(r), r.info.max_batch) for r in reps]
+        return [Lane(r.start(now), r.table.__getitem__, r.info.max_batch) for r in reps]
 
     def _forget(self, r: Request) -> None:
         self._pending.pop(r.id, None)
@@ -474,16 +499,26 @@ class EdfScheduler(SequenceScheduling):
     def _needed_batch(self, healthy: list[_Replica], rate: float) -> int:
         """Smallest batch (rows) at which the healthy replicas together keep up with ``rate``
         (a replica whose max batch is smaller runs its max batch)."""
-        top = max(r.info.max_batch for r in healthy)
         want = rate * (1.0 + self.config.headroom)
-        for b in range(1, top + 1):
-            cap = 0.0
-            for r in healthy:
-                k = min(b, r.info.max_batch)
-                cap += k / r.table[k]
-            if cap >= want:
-                return b
-        return top
+        tables = tuple(r.table for r in healthy)
+        key = tuple(map(id, tables))
+        hit = self._capacities.get(key)
+        if hit is None or any(a is not b for a, b in zip(hit[0], tables, strict=True)):
+            if len(self._capacities) >= 256:
+                self._capacities.clear()
+            top = max(r.info.max_batch for r in healthy)
+            best, running = [], 0.0  # running: the most capacity at any batch up to b rows
+            for b in range(1, top + 1):
+                cap = 0.0
+                for r in healthy:
+                    k = min(b, r.info.max_batch)
+                    cap += k / r.table[k]
+                running = max(running, cap) if b > 1 else cap
+                best.append(running)
+            hit = self._capacities[key] = (tables, best)
+        # the first b whose capacity reaches want is the first where the running most does
+        i = bisect.bisect_left(hit[1], want)
+        return i + 1 if i < len(hit[1]) else len(hit[1])
 
     def _select(self, group: _Group, rep: _Replica, healthy: list[_Replica],
                 now: float) -> tuple[Batch | None, float | None]:
@@ -552,11 +587,22 @@ class EdfScheduler(SequenceScheduling):
                         out.append(self._reject(r, RejectReason.EXPIRED, self.config.min_retry_after_s,
                                                 "queued longer than the queue timeout"))
             return out
-        finish = self._best_alone(healthy, now)
+        finish = None
         for q, be in ((group.guaranteed, False), (group.best_effort, True)):
             if not len(q):
                 continue
-            bound = finish(q.max_size)  # requests with later deadlines are surely feasible
+            if finish is None:
+                # NOTE: the common case (the head can still finish alone) looks no further
+                size, bound = q.max_size, float("inf")  # later deadlines than bound are surely feasible
+                for rep in healthy:
+                    if rep.info.max_batch >= size:
+                        t = rep.start(now) + rep.table[size]
+                        if t < bound:
+                            bound = t
+                if q[0].deadline >= bound:
+                    continue
+                finish = self._best_alone(healthy, now)
+            bound = finish(q.max_size)
             if q[0].deadline >= bound:
                 continue
             gone = []
@@ -604,19 +650,24 @@ class EdfScheduler(SequenceScheduling):
                          default=float("inf"))
             return oldest + self.config.queue_timeout_s + _EPS
         best = float("inf")
+        shortest: dict[int, float | None] = {}  # rows -> the quickest eligible replica's seconds
         for queue in (group.guaranteed, group.best_effort):
             if not len(queue):
                 continue
             longest = max(rep.table[min(queue.max_size, rep.info.max_batch)] for rep in healthy)
-            one = healthy[0] if len(healthy) == 1 else None  # the common case, without generators
             for r in queue:
-                if r.deadline - longest >= best:
+                d = r.deadline
+                if d - longest >= best:
                     break  # later deadlines cannot turn infeasible sooner
-                if one is not None:
-                    last_start = r.deadline - one.table[r.size] if one.info.max_batch >= r.size else now
+                size = r.size
+                if size in shortest:
+                    t = shortest[size]
                 else:
-                    last_start = max((r.deadline - rep.table[r.size] for rep in healthy
-                                      if rep.info.max_batch >= r.size), default=now)
-                if last_start >= now:
-                    best = min(best, last_start + _EPS)
+                    t = shortest[size] = min((rep.table[size] for rep in healthy if rep.info.max_batch >= size),
+                                             default=None)
+                # NOTE: the latest start over replicas is the deadline less the shortest run
+                # (subtraction is monotone, so this is exactly the max over replicas)
+                last_start = now if t is None else d - t
+                if last_start >= now and last_start + _EPS < best:
+                    best = last_start + _EPS
         return best
