@@ -27,6 +27,7 @@ import tritonclient.http as httpclient
 import yaml
 
 from bench.echo_backend import start_echo
+from bench.gateway_scaleout import scrape
 from gateway.app import GatewayThread
 from gateway.config import ConfigError, parse_config
 from gateway.workers import (
@@ -184,6 +185,10 @@ def test_workers_share_the_ports_and_never_send_two_batches_to_one_replica(tmp_p
             assert len(holders) == 1, f"replica :{port} got batches from workers {holders}"
             owners[port] = holders.pop()
         assert sorted(owners.values()) == [0, 0, 1, 1]  # both workers served, two replicas each
+        # each worker counts its own answers on its own metrics port; together, every answer
+        served = [scrape(f"http://{line.split()[-1]}/metrics")[0]
+                  for line in serve.lines if line.startswith("headrace gateway: worker ")]
+        assert len(served) == 2 and min(served) > 0 and sum(served) == 12 * 25
 
         # a worker killed mid-run is started again; the other keeps answering meanwhile
         before = len(serve.lines)
