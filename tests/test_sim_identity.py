@@ -73,3 +73,30 @@ def test_fixed_seeded_runs_give_exactly_the_same_answers() -> None:
 
 GOLDEN = {"single": "8eaf822ad5eada27", "bursty": "a1896b0d43e31902", "variants_shared": "95affb1144ddaa71",
           "fleet": "aab3e0c5575cfe43"}
+
+
+
+def test_the_burst_window_count_resumes_exactly_as_a_scan_from_the_newest() -> None:
+    from gateway.policy.rate import RateEstimator
+
+    def scan(times: list[float], at: float, window: float) -> float:
+        n = 0
+        for t in reversed(times):
+            if t < at - window:
+                break
+            n += 1
+        return n / window
+
+    rng = np.random.default_rng(9)
+    for ordered in (True, False):
+        est, seen, now = RateEstimator(window=0.5, max_kept=300), [], 0.0
+        for _ in range(3000):
+            now += float(rng.exponential(0.002))
+            t = now if ordered or rng.random() > 0.01 else now - 0.05  # a few out of order
+            rows = int(rng.integers(1, 3))
+            est.observe(t, rows)
+            seen += [t] * rows
+            if rng.random() < 0.3:
+                est.rate(now)  # drops times older than its window, as submit does
+            at = now - (0.03 if rng.random() < 0.1 else 0.0)  # sometimes asked a little earlier
+            assert est.recent(at, 0.05) == scan(seen, at, 0.05)
