@@ -65,9 +65,12 @@ def arrivals_during(batch: int) -> int:
 def worst_wait(profile: Profile, batch: int, share: float, top: int) -> float:
     """Seconds from arriving as a batch of ``batch`` starts to being answered: that batch,
     then the requests that arrived meanwhile, ``top`` at a time."""
+    return _wait(lambda b: batch_latency(profile, b, share), batch, top)
+
+
+def _wait(latency, batch: int, top: int) -> float:  # noqa: ANN001  (batch size -> seconds)
     full, rest = divmod(arrivals_during(batch), top)
-    drain = full * batch_latency(profile, top, share) + (batch_latency(profile, rest, share) if rest else 0.0)
-    return batch_latency(profile, batch, share) + drain
+    return latency(batch) + full * latency(top) + (latency(rest) if rest else 0.0)
 
 
 def replica_capacity(profile: Profile, slo: float, share: float = 1.0, max_batch: int | None = None) -> Capacity | None:
@@ -89,10 +92,11 @@ class _Table:
 
     @classmethod
     def build(cls, profile: Profile, share: float, top: int) -> _Table:
-        pts = sorted((worst_wait(profile, b, share, top), b) for b in range(1, top + 1))
+        lat = [0.0] + [batch_latency(profile, b, share) for b in range(1, top + 1)]  # each batch once
+        pts = sorted((_wait(lat.__getitem__, b, top), b) for b in range(1, top + 1))
         best: list[Capacity] = []
         for _, b in pts:
-            t = batch_latency(profile, b, share)
+            t = lat[b]
             if not best or b / t > best[-1].rate:
                 best.append(Capacity(b / t, b, top))
             else:

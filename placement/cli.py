@@ -182,7 +182,9 @@ def run(args: argparse.Namespace) -> int:
     if args.output in ("table", "both"):
         render(plan, out)
     if args.output in ("yaml", "both"):
-        sys.stdout.write(yaml.safe_dump(plan.to_dict(), sort_keys=False))
+        # libyaml's emitter where PyYAML has it: a fleet's plan is megabytes of YAML
+        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+        sys.stdout.write(yaml.dump(plan.to_dict(), Dumper=dumper, sort_keys=False))
     if not args.apply:
         return 0
     try:

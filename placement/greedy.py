@@ -31,7 +31,8 @@ from placement.candidates import (
 from placement.plan import Demand, GpuPlan, Inventory, Replica, SlicePlan
 from profiles.catalogue import WHOLE, Instance
 
-FIT_EFFICIENCY = 0.85  # take opened room if at least this efficient relative to a new GPU
+FIT_EFFICIENCY = 1.0  # opened room serving part of a remainder: as efficient as a new GPU, per req/s it serves
+COVER_SLACK = 1.0  # opened room covering a remainder is taken only if no dearer than a new GPU's cheapest cover
 
 
 @dataclass
@@ -146,7 +147,7 @@ def greedy_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candida
         # phase 1, bulk: whole replicas of each model's most efficient candidate
         for mi in order:
             while True:
-                usable = [c for c in by_model[mi] if budget[c.cls] > 0 or free[(c.cls, c.slice)]]
+                usable = [c for c in by_model[mi] if budget[c.cls] > 0 or fitting(c) is not None]
                 if not usable:
                     break
                 c = most_efficient(usable)
@@ -160,7 +161,7 @@ def greedy_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candida
             r = left[mi]
             mine = by_model[mi]
             while r > 1e-9:
-                usable = [c for c in mine if budget[c.cls] > 0 or free[(c.cls, c.slice)]]
+                usable = [c for c in mine if budget[c.cls] > 0 or fitting(c) is not None]
                 if not usable:
                     if not reserved:
                         unplaced[mi] = r  # best-effort: what is left of the pool is all it gets
@@ -200,16 +201,17 @@ def _next(usable: list[Candidate], r: float, fitting, open_gpu, weight, efficien
     """The replica for a remainder ``r``: one that fits opened room and covers it, or opened
     room nearly as efficient as a new GPU, else a new GPU (see the module's docstring)."""
     fresh = [c for c in usable if has_budget(c)]
-    top = max((efficiency(c) for c in fresh), default=0.0)
+    top = max((min(c.cap.rate, r) / weight(c) for c in fresh), default=0.0)
+    dearest = COVER_SLACK * min((weight(c) for c in fresh if c.cap.rate >= r), default=float("inf"))
     fits = [(c, s) for c in usable if (s := fitting(c)) is not None]
-    covering = [(c, s) for c, s in fits if c.cap.rate >= r]
-    good = [(c, s) for c, s in fits if efficiency(c) >= FIT_EFFICIENCY * top]
+    covering = [(c, s) for c, s in fits if c.cap.rate >= r and weight(c) <= dearest]
+    good = [(c, s) for c, s in fits if min(c.cap.rate, r) / weight(c) >= FIT_EFFICIENCY * top]
     if covering:
-        return min(covering, key=lambda t: (weight(t[0]), -t[0].accuracy))
+        return min(covering, key=lambda t: (weight(t[0]), -t[0].accuracy, -t[0].cap.rate))
     if good:
         return max(good, key=lambda t: (t[0].cap.rate, t[0].accuracy))
     if not fresh:
         return max(fits, key=lambda t: (t[0].cap.rate, t[0].accuracy))
     cover = [c for c in fresh if c.cap.rate >= r]
-    c = min(cover, key=lambda c: (weight(c), -c.accuracy)) if cover else most_efficient(fresh)
+    c = min(cover, key=lambda c: (weight(c), -c.accuracy, -c.cap.rate)) if cover else most_efficient(fresh)
     return c, open_gpu(c)

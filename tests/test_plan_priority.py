@@ -147,3 +147,20 @@ def test_status_reports_a_short_best_effort_model_as_degraded_by_an_overfull_poo
     by = {d["model"]: {x["type"]: x for x in d["conditions"]} for d in st["deployments"]}
     assert by["b"]["Degraded"]["reason"] == "PoolOverfull" and "req/s not" in by["b"]["Degraded"]["message"]
     assert by["g"]["Degraded"]["status"] == "False"
+
+
+def test_a_slice_with_too_little_room_left_is_no_room_at_all():
+    # one whole GPU shared under MPS: a takes half of it; b needs the whole GPU's memory, so the
+    # half left is no use to it (one more GPU as guaranteed, a shortfall as best-effort)
+    def whole(model: str, memory_mb: float) -> Profile:
+        return replace(one_g(model), slice="gpu", memory_mb=memory_mb)
+
+    ps = ProfileSet([whole("a", 1000.0), whole("b", 60000.0)])
+    inv = Inventory((GpuClass("A100-80GB", ("n0/gpu0",), 1.0, False, True),))
+    a = Demand("a", 0.5 * replica_capacity(ps.get("a", "A100-80GB", "gpu"), 0.1, 0.5).rate, 0.1, headroom=1.0)
+    b = Demand("b", 10.0, 0.1)
+    with pytest.raises(SolverError, match=r"it needs 1 more GPU \(1 x A100-80GB\)"):
+        solve([a, b], ps, inv)
+    plan = solve([a, replace(b, priority="best-effort")], ps, inv)
+    plan.verify()
+    assert [(s.model, s.placed, s.gpus) for s in plan.shortfall] == [("b", 0.0, (("A100-80GB", 1),))]
