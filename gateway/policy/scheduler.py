@@ -338,7 +338,7 @@ class EdfScheduler(SequenceScheduling):
             self._poll_sequences(now, batches, rejects)
         for model in self._models.values():
             for group in model.groups.values():
-                healthy = self._healthy(group)
+                _, healthy, by_speed = self._taking(group)
                 if not healthy:
                     for r in group.clear():
                         rejects.append(self._reject(
@@ -349,7 +349,7 @@ class EdfScheduler(SequenceScheduling):
                     continue  # nothing to dispatch, expire or wake up for (the common case)
                 rejects += self._expire(group, healthy, now, model)
                 sent = len(batches)
-                for rep in self._by_speed(group):
+                for rep in by_speed:
                     while rep.has_slot() and group.queued:
                         if rep.inflight:  # pipelined: form the next batch just before it can start
                             ready_at = rep.start(now) - self.config.pipeline_lead_s
@@ -406,11 +406,9 @@ class EdfScheduler(SequenceScheduling):
         order; the list is shared until the fleet changes, so callers never modify it)."""
         return self._taking(group)[1]
 
-    def _by_speed(self, group: _Group) -> list[_Replica]:
-        """:meth:`_healthy`, fastest batch of one first (ties keep the group's order)."""
-        return self._taking(group)[2]
-
     def _taking(self, group: _Group) -> tuple[int, list[_Replica], list[_Replica]]:
+        """(fleet version, :meth:`_healthy`, the same fastest batch of one first, ties in the
+        group's order)."""
         cached = group.taking
         if cached is None or cached[0] != self._fleet:
             healthy = [r for i in group.replicas if (r := self._replicas[i]).healthy and not r.draining]
@@ -654,7 +652,11 @@ class EdfScheduler(SequenceScheduling):
         for queue in (group.guaranteed, group.best_effort):
             if not len(queue):
                 continue
-            longest = max(rep.table[min(queue.max_size, rep.info.max_batch)] for rep in healthy)
+            if len(healthy) == 1:
+                one = healthy[0]
+                longest = one.table[min(queue.max_size, one.info.max_batch)]
+            else:
+                longest = max(rep.table[min(queue.max_size, rep.info.max_batch)] for rep in healthy)
             for r in queue:
                 d = r.deadline
                 if d - longest >= best:
