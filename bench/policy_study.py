@@ -38,7 +38,7 @@ from profiles.profile import LatencyPoint, Profile, ProfileError, ProfileSet, Pr
 
 RATES = (150, 250, 300, 330, 350, 500, 1000)
 BOUND = "clairvoyant bound"  # not a policy: the most any scheduler could finish (bench.policy_bound)
-DEFAULT = "adaptive"  # the family whose config is SchedulerConfig()'s default
+PLAN = "adaptive"  # the default batcher with admission plan
 PROTECT = "adaptive admit-protect"  # the default batcher with every refusal made at arrival
 BURST = "adaptive admit-burst"  # protect only while arrivals outrun capacity
 SLO = 0.100
@@ -67,15 +67,17 @@ class System:
     family: str  # systems of one family are tuning variants; the table keeps each family's best
 
 
+# every system names its admission: the rows keep their meaning whatever SchedulerConfig()'s default
 SYSTEMS = (
-    System("triton default", SchedulerConfig(policy="take-all"), "triton default"),
+    System("triton default", SchedulerConfig(policy="take-all", admission="plan"), "triton default"),
     *(System(f"triton delay={d * 1e3:g}ms timeout={'-' if to is None else f'{to * 1e3:g}ms'}",
-             SchedulerConfig(policy="take-all", max_queue_delay_s=d, queue_timeout_s=to), "triton tuned")
+             SchedulerConfig(policy="take-all", admission="plan", max_queue_delay_s=d, queue_timeout_s=to),
+             "triton tuned")
       for d, to in ((0.002, None), (0.005, None), (0.0, SLO), (0.005, SLO), (0.0, 0.05))),
-    System("largest-prefix", SchedulerConfig(policy="largest-prefix"), "largest-prefix"),
-    System("skip-heads", SchedulerConfig(policy="skip-heads"), "skip-heads"),
-    System("adaptive", SchedulerConfig(policy="adaptive"), "adaptive"),
-    System("adaptive +wait", SchedulerConfig(policy="adaptive", wait=True), "adaptive +wait"),
+    System("largest-prefix", SchedulerConfig(policy="largest-prefix", admission="plan"), "largest-prefix"),
+    System("skip-heads", SchedulerConfig(policy="skip-heads", admission="plan"), "skip-heads"),
+    System("adaptive", SchedulerConfig(policy="adaptive", admission="plan"), "adaptive"),
+    System("adaptive +wait", SchedulerConfig(policy="adaptive", admission="plan", wait=True), "adaptive +wait"),
     System("adaptive admit-protect", SchedulerConfig(policy="adaptive", admission="protect"),
            "adaptive admit-protect"),
     System("adaptive admit-alone", SchedulerConfig(policy="adaptive", admission="alone"),
@@ -83,6 +85,8 @@ SYSTEMS = (
     System("adaptive admit-burst", SchedulerConfig(policy="adaptive", admission="burst"),
            "adaptive admit-burst"),
 )
+# the family whose config is SchedulerConfig()'s default
+DEFAULT = next(s.family for s in SYSTEMS if s.config == SchedulerConfig())
 
 
 def arrivals(arrival: str, rate: float, duration: float, seed: int) -> np.ndarray:
@@ -184,7 +188,7 @@ def markdown(result: dict) -> str:
     lines += ["", "## Reading", "",
               f"- At 330 req/s Poisson: largest-prefix {att('largest-prefix', 'poisson', 330.0)}, Triton's "
               f"take-all {att('triton default', 'poisson', 330.0)}, skip-heads {att('skip-heads', 'poisson', 330.0)}, "
-              f"adaptive {att(DEFAULT, 'poisson', 330.0)}: the largest-feasible-prefix rule starves throughput, "
+              f"adaptive {att(PLAN, 'poisson', 330.0)}: the largest-feasible-prefix rule starves throughput, "
               "skipping hopeless heads does not.",
               "- Waiting for a larger batch (adaptive +wait) never paid on this single-replica profile; it is "
               "off by default.",
@@ -192,11 +196,12 @@ def markdown(result: dict) -> str:
               "for about 1 point of attainment near capacity and 2-4% goodput under overload; 'alone' "
               "admits more and lets the batcher skip, best goodput under overload, latest rejects.",
               f"- Admitted requests on time at Gamma 350 (admitted = not refused at arrival): "
-              f"{adm(DEFAULT)} with admission plan, {adm(PROTECT)} with protect, {adm(BURST)} with burst. "
+              f"{adm(PLAN)} with admission plan, {adm(PROTECT)} with protect, {adm(BURST)} with burst. "
               "Plan admits requests that a later burst makes the batcher skip (refused from the queue before "
               "their deadline); protect refuses at arrival instead, at the cost above; burst protects only "
               "while the last 50 ms of arrivals run above 1.5x capacity, so steady load is admitted as by plan.",
-              f"- Default policy: {DEFAULT} (admission plan). Best on the study's criteria (99% rate, then "
+              f"- Default policy: {DEFAULT} (admission {SchedulerConfig().admission}, decided by "
+              "`bench.admission_tradeoff`). Best on the study's criteria (99% rate, then "
               f"Gamma goodput): {result['chosen']}.", ""]
     if BOUND in result["max_rate_99"]:
         lines[-1:-1] = [
@@ -222,7 +227,7 @@ def _loss_ratio(best: dict) -> str:
 
 def reported(result: dict) -> list[str]:
     """The families whose targets the study lists: the default, the study's pick, protect, burst."""
-    return list(dict.fromkeys([DEFAULT, result["chosen"], PROTECT, BURST]))
+    return list(dict.fromkeys([DEFAULT, PLAN, result["chosen"], PROTECT, BURST]))
 
 
 def targets(result: dict, chosen: str) -> list[dict]:

@@ -61,8 +61,9 @@ def test_request_that_cannot_finish_alone_is_rejected_at_submit() -> None:
 
 
 def test_admission_counts_work_queued_ahead() -> None:
-    # NOTE: 64 rows ahead on one max-batch-32 replica take two 83.5 ms batches (167 ms)
-    s = sched(wait=False)
+    # NOTE: 64 rows ahead on one max-batch-32 replica take two 83.5 ms batches (167 ms);
+    # admission "plan" (64 arrivals at once are a burst, where the default also protects)
+    s = sched(wait=False, admission="plan")
     s.add_replica(replica(), 0.0)
     for r in make_requests(64, slo=0.17):
         assert s.submit(r, 0.0) is None

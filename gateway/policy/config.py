@@ -22,7 +22,7 @@ class SchedulerConfig(BaseModel):
         default="p99", description="profile latency quantile used to predict batch completion"
     )
     admission: Literal["plan", "protect", "burst", "alone"] = Field(
-        default="plan",
+        default="burst",
         description="deadline-aware policies reject at submit a request predicted to miss its "
         "deadline: 'plan' counts the rows queued ahead of it in EDF order (answers early), "
         "'protect' also refuses a request whose admission would push an admitted request past "
