@@ -141,7 +141,7 @@ class EdfScheduler(SequenceScheduling):
         self._fleet = 0
         # the replicas' latency tables (kept, so an id is never reused while cached) -> the
         # most capacity they reach together at batches up to each size (see _needed_batch)
-        self._capacities: dict[tuple[int, ...], tuple[tuple[list[float], ...], list[float]]] = {}
+        self._capacities: dict[tuple[int, ...], tuple[tuple[list[float], ...], list[float] | None]] = {}
 
     # ------------------------------------------------------------------ replicas
 
@@ -501,10 +501,22 @@ class EdfScheduler(SequenceScheduling):
         tables = tuple(r.table for r in healthy)
         key = tuple(map(id, tables))
         hit = self._capacities.get(key)
+        top = max(r.info.max_batch for r in healthy)
         if hit is None or any(a is not b for a, b in zip(hit[0], tables, strict=True)):
+            # first sight of these tables (they may be about to change again): walk up from 1
             if len(self._capacities) >= 256:
                 self._capacities.clear()
-            top = max(r.info.max_batch for r in healthy)
+            self._capacities[key] = (tables, None)
+            for b in range(1, top + 1):
+                cap = 0.0
+                for r in healthy:
+                    k = min(b, r.info.max_batch)
+                    cap += k / r.table[k]
+                if cap >= want:
+                    return b
+            return top
+        best = hit[1]
+        if best is None:  # seen twice: worth the whole table
             best, running = [], 0.0  # running: the most capacity at any batch up to b rows
             for b in range(1, top + 1):
                 cap = 0.0
@@ -513,10 +525,10 @@ class EdfScheduler(SequenceScheduling):
                     cap += k / r.table[k]
                 running = max(running, cap) if b > 1 else cap
                 best.append(running)
-            hit = self._capacities[key] = (tables, best)
+            self._capacities[key] = (tables, best)
         # the first b whose capacity reaches want is the first where the running most does
-        i = bisect.bisect_left(hit[1], want)
-        return i + 1 if i < len(hit[1]) else len(hit[1])
+        i = bisect.bisect_left(best, want)
+        return i + 1 if i < top else top
 
     def _select(self, group: _Group, rep: _Replica, healthy: list[_Replica],
                 now: float) -> tuple[Batch | None, float | None]:
