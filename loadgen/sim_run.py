@@ -9,7 +9,8 @@ deadline margin; it counts as good when answered within the whole SLO (the load 
 ``slo_ms``, else the model's). Requests arriving in the warm-up are simulated, not recorded.
 
 Models that share no replica or slice (:meth:`SimFleet.groups`) can run in separate worker
-processes, each with its own core (as separate gateways would be); their recorders merge
+processes, each group with its own core (as separate gateways would be); a worker simulates its
+share of the groups one after another into one recorder, and the workers' recorders merge
 exactly.
 """
 
@@ -96,9 +97,10 @@ def client_slo(fleet: SimFleet, spec: LoadSpec) -> dict[str, float]:
     return {m: spec.slo_ms / 1e3 if spec.slo_ms else v.slo for m, v in fleet.models.items()}
 
 
-def simulate(fleet: SimFleet, spec: LoadSpec, sched: Schedule, opts: SimOptions) -> tuple[Recorder, _Tally]:
-    """One core over ``fleet`` fed ``sched``; the recorder and the tally."""
-    rec, tally = Recorder(spec.window_s), _Tally()
+def simulate(fleet: SimFleet, spec: LoadSpec, sched: Schedule, opts: SimOptions,
+             into: tuple[Recorder, _Tally] | None = None) -> tuple[Recorder, _Tally]:
+    """One core over ``fleet`` fed ``sched``; the recorder and the tally (``into``: add to these)."""
+    rec, tally = into if into is not None else (Recorder(spec.window_s), _Tally())
     slo = client_slo(fleet, spec)
     warm = spec.warmup_s
     record, reasons = rec.record, tally.reasons
@@ -118,22 +120,44 @@ def simulate(fleet: SimFleet, spec: LoadSpec, sched: Schedule, opts: SimOptions)
     faults = tuple(f for f in opts.faults if f.replica in {r.info.id for r in fleet.replicas})
     sim = Simulator(EdfScheduler(fleet.scheduler), fleet.replicas, service=opts.service, faults=faults,
                     overhead=opts.overhead, jitter=opts.jitter, transit=opts.transit, seed=spec.seed)
-    tally.unanswered = sim.feed(requests_of(sched, fleet, spec), sink)
-    tally.batches = len(sim.batch_rows)
-    tally.batch_rows = int(np.sum(sim.batch_rows, dtype=np.int64)) if sim.batch_rows else 0
+    tally.unanswered += sim.feed(requests_of(sched, fleet, spec), sink)
+    tally.batches += len(sim.batch_rows)
+    tally.batch_rows += int(np.sum(sim.batch_rows, dtype=np.int64)) if sim.batch_rows else 0
     return rec, tally
 
 
-def _only(sched: Schedule, models: Sequence[str]) -> Schedule:
-    keep = np.array([m in models for m in sched.models], dtype=bool)
-    mask = keep[sched.model_idx] if len(sched.models) else np.zeros(0, dtype=bool)
-    return Schedule(sched.times[mask], sched.model_idx[mask], sched.models)
+def split(sched: Schedule, groups: Sequence[Sequence[str]]) -> list[Schedule]:
+    """Each group's arrivals, in time order (one sort of the whole schedule by model)."""
+    order = np.argsort(sched.model_idx, kind="stable")  # by model, in time order within each
+    bounds = np.searchsorted(sched.model_idx[order], np.arange(len(sched.models) + 1))
+    index = {m: i for i, m in enumerate(sched.models)}
+    out = []
+    for g in groups:
+        parts = [order[bounds[index[m]]:bounds[index[m] + 1]] for m in g if m in index]
+        idx = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+        out.append(Schedule(sched.times[idx], sched.model_idx[idx], sched.models))
+    return out
 
 
-def _group_job(args: tuple[SimFleet, str, Schedule, SimOptions]) -> tuple[dict[str, Any], _Tally]:
-    fleet, spec_json, sched, opts = args
-    rec, tally = simulate(fleet, LoadSpec.model_validate_json(spec_json), sched, opts)
-    return rec.encode(), tally
+def shares(sizes: Sequence[int], bins: int) -> list[list[int]]:
+    """Indices of ``sizes`` dealt into ``bins`` lists of about equal total, largest first
+    (each list in ascending index order)."""
+    totals, out = [0] * bins, [[] for _ in range(bins)]
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        b = min(range(bins), key=totals.__getitem__)
+        totals[b] += sizes[i]
+        out[b].append(i)
+    return [sorted(b) for b in out if b]
+
+
+def _group_job(args: tuple[list[SimFleet], str, list[Schedule], SimOptions]) -> tuple[dict[str, Any], _Tally]:
+    """Several groups, each with its own core, one after another into one recorder."""
+    fleets, spec_json, scheds, opts = args
+    spec = LoadSpec.model_validate_json(spec_json)
+    into = (Recorder(spec.window_s), _Tally())
+    for fleet, sched in zip(fleets, scheds, strict=True):
+        simulate(fleet, spec, sched, opts, into)
+    return into[0].encode(), into[1]
 
 
 def run_sim(fleet: SimFleet, spec: LoadSpec, opts: SimOptions, extra: dict[str, Any] | None = None
@@ -151,7 +175,11 @@ def run_sim(fleet: SimFleet, spec: LoadSpec, opts: SimOptions, extra: dict[str, 
     if workers <= 1:
         rec, tally = simulate(fleet, spec, sched, opts)
     else:
-        jobs = [(fleet.subset(g), spec.model_dump_json(), _only(sched, g), opts) for g in groups]
+        parts = split(sched, groups)
+        # a few jobs per worker, of about equal arrivals, so the workers finish together
+        deal = shares([len(p) for p in parts], workers * 4)
+        spec_json = spec.model_dump_json()
+        jobs = [([fleet.subset(groups[i]) for i in d], spec_json, [parts[i] for i in d], opts) for d in deal]
         rec, tally = Recorder(spec.window_s), _Tally()
         with ProcessPoolExecutor(workers, mp_context=get_context("fork")) as pool:
             for encoded, t in pool.map(_group_job, jobs):
