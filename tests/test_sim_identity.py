@@ -109,3 +109,28 @@ def test_the_burst_window_count_resumes_exactly_as_a_scan_from_the_newest() -> N
                 est.rate(now)  # drops times older than its window, as submit does
             at = now - (0.03 if rng.random() < 0.1 else 0.0)  # sometimes asked a little earlier
             assert est.recent(at, 0.05) == scan(seen, at, 0.05)
+
+
+def test_the_protect_check_plans_only_past_the_shared_batches_with_the_same_verdict() -> None:
+    from gateway.policy.admission import Lane, plan_finishes, pushes_late
+
+    def whole(lanes: list[Lane], queue: list[Request], idx: int, size: int) -> bool:
+        before = plan_finishes(lanes, [r.size for r in queue])
+        after = plan_finishes(lanes, [r.size for r in queue[:idx]] + [size] + [r.size for r in queue[idx:]])
+        return any(b <= r.deadline < a for r, b, a in zip(queue, before, after[:idx] + after[idx + 1:], strict=True))
+
+    rng = np.random.default_rng(11)
+    verdicts = set()
+    for _ in range(3000):
+        lanes = [Lane(float(rng.uniform(0, 0.05)), fake_profile(max_batch=mb).latency, mb)
+                 for mb in rng.integers(1, 9, size=int(rng.integers(1, 4)))]
+        unit = bool(rng.random() < 0.5)
+        n = int(rng.integers(0, 40))
+        deadlines = np.sort(rng.uniform(0.0, 0.4, size=n))
+        queue = [Request(i, "m", 0.0, float(d), size=1 if unit else int(rng.integers(1, 10)))
+                 for i, d in enumerate(deadlines)]
+        idx, size = int(rng.integers(0, n + 1)), int(rng.integers(1, 4))
+        got = pushes_late(lanes, queue, idx, size, unit)
+        assert got == whole(lanes, queue, idx, size)
+        verdicts.add(got)
+    assert verdicts == {True, False}  # both verdicts were exercised

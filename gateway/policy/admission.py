@@ -12,6 +12,8 @@ import heapq
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from gateway.policy.types import Request
+
 
 class Lane(NamedTuple):
     """One replica as the planner sees it (a tuple: one is built per replica per admission)."""
@@ -55,11 +57,56 @@ def predict_finish(lanes: Sequence[Lane], rows_ahead: int, size: int) -> float:
 def plan_finishes(lanes: Sequence[Lane], sizes: Sequence[int]) -> list[float]:
     """Predicted finish of each request of an EDF-ordered queue (``sizes`` in rows) when the
     queue goes out in order, as many rows per batch as fit, on whichever replica starts first."""
-    out = [float("inf")] * len(sizes)
     if not lanes:
-        return out
+        return [float("inf")] * len(sizes)
     heap = [(ln.start, i) for i, ln in enumerate(lanes)]
     heapq.heapify(heap)
+    return _finishes(lanes, heap, sizes)
+
+
+def pushes_late(lanes: Sequence[Lane], queue: Sequence[Request], idx: int, size: int, unit: bool) -> bool:
+    """Whether a request of ``size`` rows joining the EDF-ordered ``queue`` at ``idx`` pushes a
+    queued request that :func:`plan_finishes` finishes in time past its deadline. ``unit``: every
+    queued request is one row.
+
+    The plans with and without it form the same batches up to the first that would reach
+    ``idx``; only the rest is planned, twice."""
+    if not lanes:
+        return False
+    heap = [(ln.start, i) for i, ln in enumerate(lanes)]
+    heapq.heapify(heap)
+    n, k = len(queue), 0
+    sizes = None if unit else [r.size for r in queue]
+    while k < n:  # the shared batches, without recording finishes
+        s, i = heap[0]
+        lane = lanes[i]
+        if unit:
+            rows = min(lane.max_batch, n - k)
+            end = k + rows
+        else:
+            rows, end = 0, k
+            while end < n and rows + sizes[end] <= lane.max_batch:
+                rows += sizes[end]
+                end += 1
+            if rows == 0:  # too large for this replica: plan_finishes skips it there
+                end = k + 1
+        if end >= idx:
+            break
+        heapq.heapreplace(heap, (s + lane.latency(rows) if rows else s, i))
+        k = end
+    tail = [1] * (n - k) if unit else sizes[k:]
+    before = _finishes(lanes, list(heap), tail)
+    after = _finishes(lanes, heap, [*tail[:idx - k], size, *tail[idx - k:]])
+    for j in range(k, n):
+        a = after[j - k] if j < idx else after[j - k + 1]
+        if before[j - k] <= queue[j].deadline < a:
+            return True
+    return False
+
+
+def _finishes(lanes: Sequence[Lane], heap: list[tuple[float, int]], sizes: Sequence[int]) -> list[float]:
+    """:func:`plan_finishes` from lanes free at the times in ``heap`` (which it uses up)."""
+    out = [float("inf")] * len(sizes)
     k = 0
     while k < len(sizes):
         s, i = heapq.heappop(heap)

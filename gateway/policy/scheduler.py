@@ -56,7 +56,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from gateway.policy.admission import Lane, plan_finishes, predict_finish
+from gateway.policy.admission import Lane, predict_finish, pushes_late
 from gateway.policy.batching import FIRST, SelectContext, get_policy, select_alike
 from gateway.policy.config import SchedulerConfig
 from gateway.policy.edf import EdfQueue
@@ -460,16 +460,11 @@ class EdfScheduler(SequenceScheduling):
             recent = model.rate.recent(now, self.config.burst_window_s)
             if recent <= self.config.burst_factor * self._capacity(healthy):
                 return True  # steady load: admission as by "plan"
-        queue = list(group.guaranteed)
-        if not queue:
+        queue = group.guaranteed
+        if not len(queue):
             return True
-        lanes = self._lanes(healthy, now)
-        before = plan_finishes(lanes, [r.size for r in queue])
-        idx = group.guaranteed.index_after(request.deadline)
-        with_new = queue[:idx] + [request] + queue[idx:]
-        after = plan_finishes(lanes, [r.size for r in with_new])
-        after_old = after[:idx] + after[idx + 1:]
-        return all(not (b <= r.deadline < a) for r, b, a in zip(queue, before, after_old, strict=True))
+        return not pushes_late(self._lanes(healthy, now), queue, queue.index_after(request.deadline),
+                               request.size, queue.rows == len(queue))
 
     def _plan(self, group: _Group, healthy: list[_Replica], request: Request, now: float) -> float:
         """Admission prediction of the request's finish if it joins ``group``."""
