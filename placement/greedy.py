@@ -1,7 +1,8 @@
 """The fast greedy: first-fit decreasing onto concrete GPUs, preferring room already opened.
 
 Guaranteed demand is placed first, then best-effort into what is left (room already opened
-first, then the GPUs still free). Within each class:
+first, then the GPUs still free); where the pool holds everything, a pass over every model
+together may be cheaper and is then taken. Within each pass:
 Phase 1 (bulk): for every model, in decreasing order of required rate, whole replicas of its
 most efficient candidate (capacity per unit of GPU cost) while they do not exceed what is left.
 Phase 2 (remainders, largest first): a replica that fits in room already opened (free MPS
@@ -84,7 +85,26 @@ def missing_text(inv: Inventory, missing: dict[int, int]) -> str:
 
 def greedy_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate],
                   opts: Options) -> Greedy:
-    """Guaranteed demand first, then best-effort into what is left (see the module's docstring)."""
+    """The greedy's plan. Guaranteed demand first, then best-effort into what is left; where
+    the pool holds everything either way, also every model in one pass, largest first, and the
+    cheaper of the two plans (placing by class only matters when the pool runs short)."""
+    first = _greedy(demands, inv, cands, opts, split=True)
+    if first.missing or first.unplaced or all(d.guaranteed for d in demands) or all(
+            not d.guaranteed for d in demands):
+        return first
+    together = _greedy(demands, inv, cands, opts, split=False)
+    if together.missing or together.unplaced:
+        return first
+
+    def spend(g: Greedy) -> float:
+        return sum(inv.weight(inv.classes[ci]) * len(los) for ci, los in g.start.layouts.items())
+
+    return together if spend(together) < spend(first) else first
+
+
+def _greedy(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
+            split: bool) -> Greedy:
+    """Guaranteed demand first (``split``), or every model in one pass."""
     index = {id(c): j for j, c in enumerate(cands)}
     chosen: dict[int, int] = defaultdict(int)
     by_model: dict[int, list[Candidate]] = defaultdict(list)
@@ -175,9 +195,12 @@ def greedy_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candida
                 place(c, s)
                 r -= c.cap.rate
 
-    fill([i for i, d in enumerate(demands) if d.guaranteed], reserved=True)
-    if not missing:
-        fill([i for i, d in enumerate(demands) if not d.guaranteed], reserved=False)
+    if not split:
+        fill(list(range(len(demands))), reserved=True)
+    else:
+        fill([i for i, d in enumerate(demands) if d.guaranteed], reserved=True)
+        if not missing:
+            fill([i for i, d in enumerate(demands) if not d.guaranteed], reserved=False)
     out = []
     layouts: dict[int, list[LayoutOption]] = defaultdict(list)
     opened: dict[int, int] = defaultdict(int)  # GPUs of each class taken so far: the next id
