@@ -164,11 +164,16 @@ def markdown(res: dict[str, Any]) -> str:
                      f"{c['requests_per_cpu_minute'] / 1e6:.2f}M | {met} |")
     if res.get("baseline"):
         lines += ["", "Before (the same commands on the simulator before its speed-ups, "
-                  f"commit {res['baseline']['commit']}):", ""]
+                  f"{res['baseline'].get('label') or 'commit ' + str(res['baseline']['commit'])}):", ""]
         for name, c in res["baseline"]["cases"].items():
             lines.append(f"- {name}: {c['requests_per_wall_minute'] / 1e6:.2f}M per wall minute, "
                          f"{c['requests_per_cpu_minute'] / 1e6:.2f}M per CPU minute "
                          f"({c['requests']:,} requests in {c['best_wall_s']:.2f} s wall, {c['cpu_s']:.2f} s CPU)")
+        bh = res["baseline"].get("hour")
+        if bh:
+            lines.append(f"- the fleet hour's first {bh['slice_s']:g} s: {bh['requests_per_wall_minute'] / 1e6:.2f}M per "
+                         f"wall minute in {bh['processes']} processes ({bh['wall_s']:g} s wall, {bh['cpu_s']:g} s CPU), "
+                         f"{bh['hour_wall_minutes_extrapolated']:g} minutes for the hour extrapolated")
     h = res.get("hour")
     if h:
         lines += ["", "## The fleet hour (extrapolated from a slice)", "",
