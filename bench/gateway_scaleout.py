@@ -351,11 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--counts", default="1,2,4", help="gateway process counts, comma-separated")
+    ap.add_argument("--out", default=str(RESULTS), help="where the JSON and markdown go")
     a = ap.parse_args(argv)
     exit_on_sigterm()
     counts = tuple(int(x) for x in a.counts.split(","))
     res = run(a.duration, a.rounds, a.concurrency, counts)
-    write_results(RESULTS, "gateway_scaleout", res, markdown(res))
+    write_results(a.out, "gateway_scaleout", res, markdown(res))
     print(markdown(res))
     return 0
 
