@@ -330,10 +330,8 @@ def markdown(res: dict[str, Any]) -> str:
     if two is not None:
         met = "met" if two >= TARGET_RATIO else "not met"
         lines += [f"Target 2 processes >= {TARGET_RATIO}x 1 process on a host with the cores: predicted "
-                  f"{two:.2f}x ({met}), from each worker's CPU per request measured here with the other core busy; "
-                  f"with both vCPUs busy this host gives any process {s['host_cpu_per_unit_ratio']:.2f}x the CPU per "
-                  f"unit of work (above), so on cores that do not slow each other the estimate is "
-                  f"{min(2.0, two * s['host_cpu_per_unit_ratio']):.2f}x. "
+                  f"{two:.2f}x ({met}), from each worker's CPU per request measured here (with both vCPUs busy, "
+                  f"this host charges any process {s['host_cpu_per_unit_ratio']:.2f}x the CPU per unit of work; above). "
                   f"Measured here {s['measured_ratio']['2']:.2f}x, on {res['cpus']} cores that also run the load "
                   "generator and the backend (cores busy), so the measured ratio is this host's, not the gateway's."]
     if "relay_cpu_us_per_request" in s:
