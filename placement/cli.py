@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 
 import yaml
 from pydantic import ValidationError
@@ -81,12 +82,32 @@ def load_profile_set(extra: list[str], derive: bool = True) -> ProfileSet:
 
 def derive_for(docs: Documents, inv: Inventory, profiles: ProfileSet) -> ProfileSet:
     """``profiles`` plus derived ones only where the plan can use them: the variants the
-    deployments allow, on the GPU models of the pool."""
+    deployments allow, on the GPU models of the pool. Variants whose profiles differ only in
+    their names (a fleet's copies of one family) are derived once, and the copies get those
+    profiles under their own names."""
     variants = set()
     for md in docs.deployments:
         allowed = set(md.spec.variant_names())
         variants |= {p.variant for p in profiles.find(model=md.spec.model) if not allowed or p.variant in allowed}
-    return with_derived(profiles, gpus=tuple(sorted({c.gpu for c in inv.classes})), variants=variants)
+    groups: dict[tuple, list[tuple[str, str]]] = {}
+    for v in sorted(variants):
+        mine = sorted(profiles.find(variant=v), key=lambda p: (p.gpu, p.slice))
+        if not mine:
+            continue
+        key = tuple((p.gpu, p.slice, p.max_batch, p.points, p.memory_mb, p.accuracy, p.mps_interference,
+                     p.provenance) for p in mine)
+        groups.setdefault(key, []).append((mine[0].model, v))
+    firsts = [members[0][1] for members in groups.values()]
+    out = with_derived(profiles, gpus=tuple(sorted({c.gpu for c in inv.classes})), variants=firsts)
+    for members in groups.values():
+        first = members[0][1]
+        derived = [p for p in out.find(variant=first) if p.key not in profiles]
+        for model, v in members[1:]:
+            for p in derived:
+                # its provenance names the profile it came from: the copy's own
+                source = p.provenance.source.replace(f"{first}@", f"{v}@", 1)
+                out.add(replace(p, model=model, variant=v, provenance=replace(p.provenance, source=source)))
+    return out
 
 
 def render(plan: Plan, console: Console) -> None:
