@@ -4,6 +4,7 @@ when a new batch would start on it. See :mod:`gateway.policy.scheduler` for the 
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 from gateway.policy.config import SchedulerConfig
@@ -97,3 +98,49 @@ def cost_per_answer(reps: list[Replica]) -> float | None:
     costs = [r.base[r.info.max_batch] / r.info.max_batch * r.info.price_per_hour / 3600.0
              for r in reps if r.info.price_per_hour is not None]
     return sum(costs) / len(costs) if costs else None
+
+
+class NeededBatch:
+    """The smallest batch (rows) at which replicas together keep up with a rate: a replica whose
+    max batch is smaller runs its max batch. Latency tables seen twice get their capacity by
+    batch size tabled once (kept with the tables, so an id is never reused while cached);
+    tables met once (a replica still learning retables often) walk up from one row."""
+
+    def __init__(self, limit: int = 256) -> None:
+        self.limit = limit
+        self._tables: dict[tuple[int, ...], tuple[tuple[list[float], ...], list[float] | None]] = {}
+
+    def __call__(self, reps: list[Replica], want: float) -> int:
+        tables = tuple(r.table for r in reps)
+        key = tuple(map(id, tables))
+        hit = self._tables.get(key)
+        top = max(r.info.max_batch for r in reps)
+        if hit is None or any(a is not b for a, b in zip(hit[0], tables, strict=True)):
+            if len(self._tables) >= self.limit:
+                self._tables.clear()
+            self._tables[key] = (tables, None)
+            for b in range(1, top + 1):
+                if _capacity(reps, b) >= want:
+                    return b
+            return top
+        best = hit[1]
+        if best is None:
+            best, running = [], 0.0  # running: the most capacity at any batch up to b rows
+            for b in range(1, top + 1):
+                cap = _capacity(reps, b)
+                running = max(running, cap) if b > 1 else cap
+                best.append(running)
+            self._tables[key] = (tables, best)
+        # the first b whose capacity reaches want is the first where the running most does
+        i = bisect.bisect_left(best, want)
+        return i + 1 if i < top else top
+
+
+def _capacity(reps: list[Replica], b: int) -> float:
+    """Requests per second the replicas serve together at batches of ``b`` rows (each capped
+    at its max batch), summed in their order."""
+    cap = 0.0
+    for r in reps:
+        k = min(b, r.info.max_batch)
+        cap += k / r.table[k]
+    return cap

@@ -53,7 +53,6 @@ Rules (each one is tested):
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 
 from gateway.policy.admission import Lane, predict_finish, pushes_late
@@ -62,8 +61,8 @@ from gateway.policy.config import SchedulerConfig
 from gateway.policy.edf import EdfQueue
 from gateway.policy.migrate import relocate
 from gateway.policy.rate import RateEstimator
+from gateway.policy.replica import NeededBatch, cost_per_answer
 from gateway.policy.replica import Replica as _Replica
-from gateway.policy.replica import cost_per_answer
 from gateway.policy.selector import (
     Level,
     VariantInfo,
@@ -139,9 +138,7 @@ class EdfScheduler(SequenceScheduling):
         # bumped whenever a replica is added, removed, drained or changes health: the groups'
         # lists of replicas taking new batches hold until then
         self._fleet = 0
-        # the replicas' latency tables (kept, so an id is never reused while cached) -> the
-        # most capacity they reach together at batches up to each size (see _needed_batch)
-        self._capacities: dict[tuple[int, ...], tuple[tuple[list[float], ...], list[float] | None]] = {}
+        self._needed = NeededBatch()
 
     # ------------------------------------------------------------------ replicas
 
@@ -489,48 +486,12 @@ class EdfScheduler(SequenceScheduling):
         self._forget(r)
         return Reject(r, reason, retry_after, message)
 
-    def _needed_batch(self, healthy: list[_Replica], rate: float) -> int:
-        """Smallest batch (rows) at which the healthy replicas together keep up with ``rate``
-        (a replica whose max batch is smaller runs its max batch)."""
-        want = rate * (1.0 + self.config.headroom)
-        tables = tuple(r.table for r in healthy)
-        key = tuple(map(id, tables))
-        hit = self._capacities.get(key)
-        top = max(r.info.max_batch for r in healthy)
-        if hit is None or any(a is not b for a, b in zip(hit[0], tables, strict=True)):
-            # first sight of these tables (they may be about to change again): walk up from 1
-            if len(self._capacities) >= 256:
-                self._capacities.clear()
-            self._capacities[key] = (tables, None)
-            for b in range(1, top + 1):
-                cap = 0.0
-                for r in healthy:
-                    k = min(b, r.info.max_batch)
-                    cap += k / r.table[k]
-                if cap >= want:
-                    return b
-            return top
-        best = hit[1]
-        if best is None:  # seen twice: worth the whole table
-            best, running = [], 0.0  # running: the most capacity at any batch up to b rows
-            for b in range(1, top + 1):
-                cap = 0.0
-                for r in healthy:
-                    k = min(b, r.info.max_batch)
-                    cap += k / r.table[k]
-                running = max(running, cap) if b > 1 else cap
-                best.append(running)
-            self._capacities[key] = (tables, best)
-        # the first b whose capacity reaches want is the first where the running most does
-        i = bisect.bisect_left(best, want)
-        return i + 1 if i < top else top
-
     def _select(self, group: _Group, rep: _Replica, healthy: list[_Replica],
                 now: float) -> tuple[Batch | None, float | None]:
         rate = group.rate.rate(now)
         ctx = SelectContext(
             now=now, start=rep.start(now), latency=self._latency(rep), max_batch=rep.info.max_batch,
-            needed_batch=self._needed_batch(healthy, rate), rate=rate, wait=self.config.wait,
+            needed_batch=self._needed(healthy, rate * (1.0 + self.config.headroom)), rate=rate, wait=self.config.wait,
             max_queue_delay=self.config.max_queue_delay_s, replica=rep.info.id,
         )
         chosen: list[Request] = []
