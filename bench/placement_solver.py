@@ -8,13 +8,19 @@ by a Lagrangian bound that keeps replicas integer; the LP relaxation alone is sh
 plan is verified. Ratios are within one run, so a noisy machine changes solve times, not GPU
 counts. Other seeds of the 100-model fleet get a short check (bounds, greedy, MILP).
 
+Fleet: the issue's generated fleet (:mod:`bench.fleet`, 1,000 models on 500 mixed GPUs, seed 17),
+planned end to end by ``headrace plan`` in a child process (wall time and peak RSS from
+``wait4``), greedy and MILP, with the GPUs against the plan's lower bound. The floor of this
+machine is measured in the same run: the interpreter starting ``headrace`` (imports alone) and
+libyaml parsing the fleet's profile file.
+
 Accuracy: fleets of copies of the imagenet family (ResNet-50 and ViT-B/16 on A100-80GB) planned
 for the highest mean accuracy within budgets from the fewest GPUs that serve them to the fewest
 that answer everything with ViT, and for the fewest GPUs under a mean-accuracy floor, MILP and
 greedy, with solve times.
 
     .venv/bin/python -m bench.placement_solver [--sizes 10,100,1000] [--seed 1] [--other-seeds 2,3]
-        [--accuracy-sizes 10,50]
+        [--accuracy-sizes 10,50] [--fleet 1000/500] [--fleet-milp-limit 60]
 """
 
 from __future__ import annotations
@@ -22,13 +28,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import yaml
 
+from bench.fleet import SEED as FLEET_SEED
+from bench.fleet import generate
 from bench.output import write_results
 from placement.plan import Demand, GpuClass, Inventory, Plan
 from placement.solver import DEFAULT, Options, SolverError, candidates, lower_bound, solve
@@ -134,6 +147,77 @@ def run_one(n: int, seed: int, base: ProfileSet, rates: tuple[float, float] = RA
     return row
 
 
+FLEET_TARGET_S = 10.0
+FLEET_TARGET_MB = 1024.0
+
+
+def _child(cmd: list[str], out: Path) -> tuple[int, float, float]:
+    """Run ``cmd`` with stdout to ``out``: (exit code, wall seconds, peak RSS in MB)."""
+    with out.open("wb") as f:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.PIPE)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {err.strip()[-500:]}")
+    return proc.returncode, wall, usage.ru_maxrss / 1024.0
+
+
+def run_fleet(models: int, gpus: int, milp_limit: float) -> dict:
+    """``headrace plan`` end to end on the generated fleet, greedy and MILP, with the floor."""
+    with tempfile.TemporaryDirectory(prefix="headrace-fleet-") as tmp:
+        paths = generate(models, gpus, FLEET_SEED).write(tmp)
+        py = [sys.executable, "-m"]
+        floor: dict = {}
+        _, floor["import_s"], floor["import_mb"] = _child(py + ["deploy.cli", "--help"], Path(tmp) / "help.txt")
+        parse = (f"from profiles.profile import load_profiles; load_profiles({str(paths['profiles'])!r})")
+        _, floor["parse_profiles_s"], floor["parse_profiles_mb"] = _child([sys.executable, "-c", parse],
+                                                                           Path(tmp) / "parse.txt")
+        row: dict = {"models": models, "gpus": gpus, "seed": FLEET_SEED, "floor": {k: round(v, 2) for k, v in floor.items()},
+                     "profiles_mb": round(paths["profiles"].stat().st_size / 2**20, 1), "plans": {}}
+        for method in ("greedy", "milp"):
+            out = Path(tmp) / f"{method}.yaml"
+            cmd = py + ["deploy.cli", "plan", "-f", str(paths["pool"]), "-f", str(paths["models"]), "--profiles",
+                        str(paths["profiles"]), "--method", method, "--time-limit", f"{milp_limit:g}", "--output", "yaml"]
+            _, wall, rss = _child(cmd, out)
+            doc = yaml.load(out.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            st = doc["status"]
+            lb = st["lower_bound"]
+            row["plans"][method] = {"wall_s": round(wall, 2), "peak_rss_mb": round(rss, 1), "gpus": st["gpus"],
+                                    "lower_bound": lb, "proven_bound": st["proven_bound"], "method": doc["metadata"]["method"],
+                                    "solve_s": st["solve_seconds"], "vs_bound": round(st["gpus"] / lb, 4) if lb else None,
+                                    "partial": st.get("partial"), "short_models": len(st.get("shortfall") or [])}
+            print(json.dumps({method: row["plans"][method]}), flush=True)
+    return row
+
+
+def fleet_markdown(row: dict | None) -> list[str]:
+    if not row:
+        return []
+    f = row["floor"]
+    lines = ["", f"## The generated fleet: {row['models']:,} models on {row['gpus']} GPUs, `headrace plan` end to end", "",
+             f"`bench.fleet` seed {row['seed']} (20% best-effort, headroom 1.1, A100-40GB/80GB, H100, H200, A30; "
+             f"its profile file {row['profiles_mb']} MB), each plan a `headrace plan -f pool.yaml -f models.yaml "
+             f"--profiles profiles.yaml --output yaml` child process. Floor of this machine in the same run: "
+             f"starting `headrace` (imports alone) {f['import_s']} s, {f['import_mb']:.0f} MB; libyaml parsing "
+             f"the profile file {f['parse_profiles_s']} s, {f['parse_profiles_mb']:.0f} MB.", "",
+             "| method | wall s | peak RSS MB | GPUs | lower bound | x lower bound | MILP proven bound | solve s (in the plan) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for method, p in row["plans"].items():
+        lines.append(f"| {method} ({p['method']}) | {p['wall_s']} | {p['peak_rss_mb']:.0f} | {p['gpus']} | "
+                     f"{p['lower_bound']:g} | {p['vs_bound']} | {p['proven_bound']:g} | {p['solve_s']} |")
+    g, m = row["plans"]["greedy"], row["plans"]["milp"]
+    lines += ["", f"Targets: greedy <= {FLEET_TARGET_S:g} s wall and <= {FLEET_TARGET_MB:g} MB: "
+                  f"{'met' if g['wall_s'] <= FLEET_TARGET_S and g['peak_rss_mb'] <= FLEET_TARGET_MB else 'not met'} "
+                  f"({g['wall_s']} s, {g['peak_rss_mb']:.0f} MB); greedy within 1.10x the bound: "
+                  f"{'met' if g['vs_bound'] and g['vs_bound'] <= 1.10 else 'not met'} ({g['vs_bound']}); "
+                  f"MILP <= 1.03x within 60 s: {'met' if m['vs_bound'] and m['vs_bound'] <= 1.03 else 'not met'} "
+                  f"({m['vs_bound']})."]
+    return lines
+
+
 ACCURACY_RATES = (50.0, 2000.0)
 ACCURACY_LIMIT = 30.0
 
@@ -227,7 +311,8 @@ def accuracy_markdown(rows: list[dict]) -> list[str]:
     return lines
 
 
-def markdown(rows: list[dict], meta: dict, others: list[dict] = (), accuracy: list[dict] = ()) -> str:
+def markdown(rows: list[dict], meta: dict, others: list[dict] = (), accuracy: list[dict] = (),
+             fleet_row: dict | None = None) -> str:
     lines = [
         "# Placement solver benchmark", "",
         f"`{meta['command']}` on {meta['machine']}, seed {meta['seed']}. Rates log-uniform "
@@ -264,8 +349,9 @@ def markdown(rows: list[dict], meta: dict, others: list[dict] = (), accuracy: li
                          f"{o['greedy_gpus']} ({o['greedy_s']}) | {o['milp_gpus']} ({o['milp_s']}) | {o['best_vs_bound']} |")
     lines += ["", "Targets: <= 1.03x the lower bound at 100 models; >= 25% fewer GPUs than whole-GPU-per-model "
               "and >= 10% fewer than MIG-only greedy; 1,000 models on 500 GPUs planned (greedy) in <= 10 s.", ""]
+    lines += fleet_markdown(fleet_row)
     lines += accuracy_markdown(list(accuracy))
-    return "\n".join(lines) + ("\n" if accuracy else "")
+    return "\n".join(lines) + ("\n" if accuracy or fleet_row else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,8 +361,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-sparse", action="store_true", help="skip the sparse 100-model fleet")
     ap.add_argument("--other-seeds", default="2,3", help="seeds of the short 100-model check ('' for none)")
     ap.add_argument("--accuracy-sizes", default="10,50", help="imagenet fleets planned for accuracy ('' for none)")
+    ap.add_argument("--fleet", default="1000/500", help="MODELS/GPUS of the generated fleet ('' for none)")
+    ap.add_argument("--fleet-milp-limit", type=float, default=60.0)
+    ap.add_argument("--only-fleet", action="store_true",
+                    help="the generated fleet alone, into placement_solver_fleet.{json,md}")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
+    fleet_row = None
+    if args.fleet:
+        n_models, n_gpus = (int(x) for x in args.fleet.split("/"))
+        fleet_row = run_fleet(n_models, n_gpus, args.fleet_milp_limit)
+    if args.only_fleet:
+        meta = {"command": "python -m bench.placement_solver " + " ".join(sys.argv[1:] if argv is None else argv),
+                "machine": f"{platform.machine()} {platform.python_version()}"}
+        text = "\n".join(["# Placement solver benchmark: the generated fleet", *fleet_markdown(fleet_row)]) + "\n"
+        write_results(args.out, "placement_solver_fleet", {"meta": meta, "fleet": fleet_row}, text)
+        print(text)
+        return 0
     base = with_derived(ProfileSet.reference())
     rows = []
     for n in (int(x) for x in args.sizes.split(",")):
@@ -294,12 +395,12 @@ def main(argv: list[str] | None = None) -> int:
     for n in (int(x) for x in args.accuracy_sizes.split(",") if x):
         accuracy.append(run_accuracy(n, args.seed, base))
         print(json.dumps(accuracy[-1]), flush=True)
-    meta = {"command": "python -m bench.placement_solver --sizes " + args.sizes + f" --seed {args.seed}",
+    meta = {"command": "python -m bench.placement_solver " + " ".join(sys.argv[1:] if argv is None else argv),
             "machine": f"{platform.machine()} {platform.python_version()}", "seed": args.seed,
             "other_seeds": [o["seed"] for o in others]}
-    text = markdown(rows, meta, others, accuracy)
+    text = markdown(rows, meta, others, accuracy, fleet_row)
     write_results(args.out, "placement_solver", {"meta": meta, "rows": rows, "other_seeds": others,
-                                                 "accuracy": accuracy}, text)
+                                                 "accuracy": accuracy, "fleet": fleet_row}, text)
     print(text)
     return 0
 
