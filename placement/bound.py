@@ -174,7 +174,7 @@ LAGRANGIAN_ROUNDS = 8  # column-generation rounds that may raise the Lagrangian 
 COVER_NODES = 20_000  # branch-and-bound nodes per cheapest-cover search before it settles for its LP bound
 
 
-def _cheapest_cover(items: Sequence[tuple[float, float, int]], need: float) -> tuple[float, dict[int, int]]:
+def cheapest_cover(items: Sequence[tuple[float, float, int]], need: float) -> tuple[float, dict[int, int]]:
     """Least total price of whole replicas, items ``(price, capacity, id)``, whose capacities
     add up to ``need``: a lower bound on that least price (exact unless the search runs out of
     nodes, then the LP bound) and the cheapest replica counts found.
@@ -258,7 +258,7 @@ def _lagrangian_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Can
         value = sum(min(0.0, float(reduced[cols].min())) * n for n, cols in class_layouts if len(cols))
         covers = []
         for mi in models:
-            v, counts = _cheapest_cover([(pi[kind_of[j]] * cands[j].share, cap[j], j) for j in by_model[mi]],
+            v, counts = cheapest_cover([(pi[kind_of[j]] * cands[j].share, cap[j], j) for j in by_model[mi]],
                                         demands[mi].required)
             value += v
             covers.append((mi, counts))

@@ -3,8 +3,10 @@
 Guaranteed demand is placed first, then best-effort into what is left (room already opened
 first, then the GPUs still free); where the pool holds everything, a pass over every model
 together may be cheaper and is then taken. Within each pass:
-Phase 1 (bulk): for every model, in decreasing order of required rate, whole replicas of its
-most efficient candidate (capacity per unit of GPU cost) while they do not exceed what is left.
+Phase 1, for every model in decreasing order of required rate, one of two (the greedy plans
+both and keeps the cheaper): bulk, whole replicas of its most efficient candidate (capacity
+per unit of GPU cost) while they do not exceed what is left; or cover, the set of whole
+replicas of least GPU cost that covers it (:func:`placement.bound.cheapest_cover`).
 Phase 2 (remainders, largest first): a replica that fits in room already opened (free MPS
 share on a slice, or a free slice of a GPU whose layout is chosen) when it covers what is left,
 or when it is nearly as efficient as a new GPU would be; otherwise a new GPU for the cheapest
@@ -21,6 +23,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from placement.bound import cheapest_cover
 from placement.candidates import (
     Candidate,
     LayoutOption,
@@ -87,24 +90,31 @@ def greedy_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candida
                   opts: Options) -> Greedy:
     """The greedy's plan. Guaranteed demand first, then best-effort into what is left; where
     the pool holds everything either way, also every model in one pass, largest first, and the
-    cheaper of the two plans (placing by class only matters when the pool runs short)."""
-    first = _greedy(demands, inv, cands, opts, split=True)
-    if first.missing or first.unplaced or all(d.guaranteed for d in demands) or all(
-            not d.guaranteed for d in demands):
-        return first
-    together = _greedy(demands, inv, cands, opts, split=False)
-    if together.missing or together.unplaced:
-        return first
-
+    cheaper of the plans (placing by class only matters when the pool runs short)."""
     def spend(g: Greedy) -> float:
         return sum(inv.weight(inv.classes[ci]) * len(los) for ci, los in g.start.layouts.items())
 
-    return together if spend(together) < spend(first) else first
+    def short(g: Greedy) -> tuple[float, float, float]:
+        return sum(g.missing.values()), sum(g.unplaced.values()), spend(g)
+
+    # NOTE: neither phase 1 is better everywhere: cheapest covers win on fleets of many small
+    # models, bulk replicas on fewer larger ones; the greedy keeps the cheaper plan
+    passes = [_greedy(demands, inv, cands, opts, split=True, cover=cover) for cover in (False, True)]
+    best = min(passes, key=short)
+    if best.missing or best.unplaced or len({d.guaranteed for d in demands}) < 2:
+        return best
+    cover = best is passes[1]
+    together = _greedy(demands, inv, cands, opts, split=False, cover=cover)
+    if together.missing or together.unplaced:
+        return best
+    return together if spend(together) < spend(best) else best
 
 
 def _greedy(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
-            split: bool) -> Greedy:
-    """Guaranteed demand first (``split``), or every model in one pass."""
+            split: bool, cover: bool) -> Greedy:
+    """Guaranteed demand first (``split``), or every model in one pass; phase 1 takes each
+    model's cheapest whole-replica cover (``cover``) or bulk replicas of its most efficient
+    candidate."""
     index = {id(c): j for j, c in enumerate(cands)}
     chosen: dict[int, int] = defaultdict(int)
     by_model: dict[int, list[Candidate]] = defaultdict(list)
@@ -166,6 +176,22 @@ def _greedy(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], o
         left = {mi: demands[mi].required for mi in order}
         # phase 1, bulk: whole replicas of each model's most efficient candidate
         for mi in order:
+            if cover:
+                # the least-spend set of whole replicas covering the model, as the bound prices it
+                usable = [c for c in by_model[mi] if budget[c.cls] > 0]
+                _, counts = cheapest_cover([(weight(c), min(c.cap.rate, left[mi]), k) for k, c in enumerate(usable)],
+                                           left[mi])
+                for k, n in sorted(counts.items(), key=lambda t: -usable[t[0]].share):
+                    c = usable[k]
+                    for _ in range(n):
+                        s = fitting(c)
+                        if s is None:
+                            if budget[c.cls] <= 0:
+                                break
+                            s = open_gpu(c)
+                        place(c, s)
+                        left[mi] -= c.cap.rate
+                continue
             while True:
                 usable = [c for c in by_model[mi] if budget[c.cls] > 0 or fitting(c) is not None]
                 if not usable:
