@@ -28,9 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from bench.fleet import Fleet
+from gateway.policy.types import Priority
 from loadgen.arrivals import AZURE_HEADER, read_azure_trace
 from loadgen.sim_cli import SIM_TARGET
-from loadgen.sim_fleet import load_fleet
+from loadgen.sim_fleet import SimFleet, load_fleet
 from loadgen.sim_run import SimOptions, run_sim
 from loadgen.spec import LoadSpec
 from placement import autoscale
@@ -38,6 +39,16 @@ from placement import autoscale
 SAMPLE = Path(__file__).parents[1] / "loadgen" / "data" / "azure_sample.csv"
 SPEC = autoscale.AutoscaleSpec(upscale_delay_s=0.0, downscale_delay_s=2.0, downscale_below=0.5,
                                target_utilization=0.7)  # times in epochs
+
+
+def by_class(fleet: SimFleet, rec) -> dict[str, tuple[int, int]]:  # noqa: ANN001
+    """(good, offered) of the guaranteed and the best-effort models."""
+    out = {"guaranteed": (0, 0), "best_effort": (0, 0)}
+    for model, series in rec.by_model().items():
+        cls = "best_effort" if fleet.models[model].priority == Priority.BEST_EFFORT else "guaranteed"
+        good, offered = out[cls]
+        out[cls] = (good + series.good, offered + series.offered)
+    return out
 
 
 def epoch_rates(fleet: Fleet, epochs: int, seed: int) -> dict[str, np.ndarray]:
@@ -95,13 +106,14 @@ def day(fleet: Fleet, epochs: int, minute_s: float, cv: float, seed: int, proces
         "autoscaled": autoscaled_rates(rates, headroom),
     }
     hours = 24.0 / epochs
-    out: dict = {"epochs": epochs, "epoch_hours": hours, "autoscale": SPEC.__dict__, "fleets": {}}
+    out: dict = {"epochs": epochs, "epoch_hours": hours, "epoch_s": minute_s, "autoscale": SPEC.__dict__, "fleets": {}}
     with tempfile.TemporaryDirectory(prefix="headrace-fleet-day-") as tmp:
         root = Path(tmp)
         profiles = fleet.write(root / "base")["profiles"].rename(root / "profiles.yaml")
         cache: dict[tuple, object] = {}
         for name, per_epoch in plans.items():
             offered = good = rejected = 0
+            classes = {"guaranteed": [0, 0], "best_effort": [0, 0]}
             gpu_hours, gpus, replans = 0.0, [], 0
             for k in range(epochs):
                 key = tuple(round(per_epoch[k][m], 1) for m in models)
@@ -119,7 +131,10 @@ def day(fleet: Fleet, epochs: int, minute_s: float, cv: float, seed: int, proces
                 spec = LoadSpec(target=SIM_TARGET, arrival="trace", trace=trace, trace_models=tuple(models),
                                 trace_cv=cv, time_scale=60.0 / minute_s, duration_s=minute_s * 0.9,
                                 warmup_s=minute_s * 0.1, seed=seed + k, window_s=minute_s)
-                summary, _ = run_sim(sim_fleet, spec, SimOptions(processes=processes))  # type: ignore[arg-type]
+                summary, rec = run_sim(sim_fleet, spec, SimOptions(processes=processes))  # type: ignore[arg-type]
+                for cls, (g, o) in by_class(sim_fleet, rec).items():  # type: ignore[arg-type]
+                    classes[cls][0] += g
+                    classes[cls][1] += o
                 offered += summary["offered"]
                 good += summary["good"]
                 rejected += summary["rejected"]
@@ -128,6 +143,8 @@ def day(fleet: Fleet, epochs: int, minute_s: float, cv: float, seed: int, proces
                 "max_gpus": int(max(gpus)), "min_gpus": int(min(gpus)), "plans": replans,
                 "offered": offered, "attainment": good / offered if offered else math.nan,
                 "rejected": rejected,
+                "guaranteed_attainment": classes["guaranteed"][0] / max(classes["guaranteed"][1], 1),
+                "best_effort_attainment": classes["best_effort"][0] / max(classes["best_effort"][1], 1),
             }
             print(f"{name}: {gpu_hours:.1f} GPU-hours, attainment {good / max(offered, 1):.4f}", flush=True)
     return out
@@ -136,15 +153,19 @@ def day(fleet: Fleet, epochs: int, minute_s: float, cv: float, seed: int, proces
 def markdown(r: dict) -> list[str]:
     lines = [
         "## Static plan against plan-plus-autoscaling, over a day", "",
-        f"A day of each model's trace shape in {r['epochs']} epochs of {r['epoch_hours'] * 60:g} minutes; "
-        "each epoch is simulated on the plan in force for it. The autoscaler is the operator's "
+        f"The same generated models at rate scale {r.get('rate_scale', '?')} (so whole GPUs are a small "
+        f"step of the fleet); a day of each model's trace shape in {r['epochs']} epochs of "
+        f"{r['epoch_hours'] * 60:g} minutes, each simulated for {r.get('epoch_s', '?')} s on the plan in force "
+        "for it. The autoscaler is the operator's "
         f"(`placement/autoscale.py`: up after {SPEC.upscale_delay_s:g} epochs above the plan, down after "
         f"{SPEC.downscale_delay_s:g} below {SPEC.downscale_below:g}x, re-planned at max/"
         f"{SPEC.target_utilization:g}), fed the epoch before's rates.", "",
-        "| fleet | GPU-hours per day | GPUs (min-mean-max) | plans | attainment | rejected |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| fleet | GPU-hours per day | GPUs (min-mean-max) | plans | attainment | guaranteed | best-effort "
+        "| rejected |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, f in r["fleets"].items():
         lines.append(f"| {name} | {f['gpu_hours']:.1f} | {f['min_gpus']}-{f['mean_gpus']:g}-{f['max_gpus']} | "
-                     f"{f['plans']} | {f['attainment']:.2%} | {f['rejected']} |")
+                     f"{f['plans']} | {f['attainment']:.2%} | {f['guaranteed_attainment']:.2%} | "
+                     f"{f['best_effort_attainment']:.2%} | {f['rejected']} |")
     return lines + [""]

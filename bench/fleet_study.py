@@ -68,6 +68,10 @@ def write_trace(fleet: SimFleet, path: Path, minutes: int, minute_s: float, seed
     return total
 
 
+def _share(pair: tuple[int, int]) -> float | None:
+    return pair[0] / pair[1] if pair[1] else None
+
+
 def run(models: int, gpus: int, rate_scale: float, minutes: int, minute_s: float, cv: float, seed: int,
         processes: int, loads: tuple[float, ...]) -> dict:
     out: dict = {"config": {"models": models, "gpus_in_pool": gpus, "rate_scale": rate_scale, "minutes": minutes,
@@ -95,11 +99,14 @@ def run(models: int, gpus: int, rate_scale: float, minutes: int, minute_s: float
                                 duration_s=minutes * minute_s - minute_s, warmup_s=minute_s, seed=seed,
                                 window_s=minute_s)
                 t0 = time.perf_counter()
-                summary, _ = run_sim(fleet, spec, SimOptions(processes=processes))
+                summary, rec = run_sim(fleet, spec, SimOptions(processes=processes))
                 wall = time.perf_counter() - t0
+                classes = fleet_autoscale.by_class(fleet, rec)
                 out["rows"].append({
                     "system": name, "load": load, "scheduler": overrides, "offered": summary["offered"],
                     "attainment": summary["attainment"], "goodput_rps": summary["goodput_rps"],
+                    "guaranteed_attainment": _share(classes["guaranteed"]),
+                    "best_effort_attainment": _share(classes["best_effort"]),
                     "p50_ms": summary["latency_ms"]["p50"], "p99_ms": summary["latency_ms"]["p99"],
                     "rejected": summary["rejected"], "late": summary["sim"]["late"],
                     "mean_batch": summary["sim"]["mean_batch"], "wall_s": round(wall, 1),
@@ -107,6 +114,10 @@ def run(models: int, gpus: int, rate_scale: float, minutes: int, minute_s: float
                 print(f"{name} x{load:g}: attainment {summary['attainment']:.4f} goodput "
                       f"{summary['goodput_rps']:.0f} req/s ({wall:.0f} s wall)", flush=True)
     return out
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2%}"
 
 
 def markdown(r: dict) -> str:
@@ -124,11 +135,13 @@ def markdown(r: dict) -> str:
         "", "Command: `python -m bench.fleet_study`.", "",
         "Load x1 offers the planned rates on average (their trace minutes peak above them); x1.25 and x1.5 "
         "offer more on the same GPUs.", "",
-        "| load | system | attainment | goodput req/s | p50 ms | p99 ms | rejected | answered late | mean batch |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| load | system | attainment | guaranteed | best-effort | goodput req/s | p50 ms | p99 ms | rejected "
+        "| answered late | mean batch |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in sorted(r["rows"], key=lambda s: s["load"]):
-        lines.append(f"| x{s['load']:g} | {s['system']} | {s['attainment']:.2%} | {s['goodput_rps']:.0f} | "
+        lines.append(f"| x{s['load']:g} | {s['system']} | {s['attainment']:.2%} | {_pct(s['guaranteed_attainment'])} | "
+                     f"{_pct(s['best_effort_attainment'])} | {s['goodput_rps']:.0f} | "
                      f"{s['p50_ms']:.1f} | {s['p99_ms']:.1f} | {s['rejected']} | {s['late']} | "
                      f"{s['mean_batch']:.1f} |")
     lines += ["", "Attainment = answered within SLO / offered. The Triton-style and AIMD batchers never "
@@ -150,14 +163,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=48, help="epochs of the static-vs-autoscaled day (0: skip it)")
+    ap.add_argument("--day-rate-scale", type=float, default=0.2,
+                    help="the day's rate scale (larger than the batch study's: GPUs come in whole units)")
+    ap.add_argument("--epoch-s", type=float, default=4.0, help="simulated seconds per epoch of the day")
     ap.add_argument("--loads", default="1,1.25,1.5", help="multiples of the planned rates, comma-separated")
     ap.add_argument("--out", type=Path, default=OUT)
     a = ap.parse_args(argv)
     r = run(a.models, a.gpus, a.rate_scale, a.minutes, a.minute_s, a.cv, a.seed, a.processes,
             tuple(float(x) for x in a.loads.split(",")))
     if a.epochs:
-        fleet = generate(a.models, a.gpus, a.seed, a.rate_scale)
-        r["day"] = fleet_autoscale.day(fleet, a.epochs, a.minute_s, a.cv, a.seed, a.processes)
+        fleet = generate(a.models, a.gpus, a.seed, a.day_rate_scale)
+        r["day"] = fleet_autoscale.day(fleet, a.epochs, a.epoch_s, a.cv, a.seed, a.processes)
+        r["day"]["rate_scale"] = a.day_rate_scale
     write_results(a.out, "fleet_study", r, markdown(r))
     print(markdown(r))
     return 0
