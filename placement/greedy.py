@@ -256,11 +256,11 @@ def _next(usable: list[Candidate], r: float, fitting, open_gpu, weight, efficien
     covering = [(c, s) for c, s in fits if c.cap.rate >= r and weight(c) <= dearest]
     good = [(c, s) for c, s in fits if min(c.cap.rate, r) / weight(c) >= FIT_EFFICIENCY * top]
     if covering:
-        return min(covering, key=lambda t: (weight(t[0]), -t[0].accuracy, -t[0].cap.rate))
+        return min(covering, key=lambda t: (weight(t[0]), -t[0].accuracy, -t[0].share, -t[0].cap.rate))
     if good:
         return max(good, key=lambda t: (t[0].cap.rate, t[0].accuracy))
     if not fresh:
         return max(fits, key=lambda t: (t[0].cap.rate, t[0].accuracy))
     cover = [c for c in fresh if c.cap.rate >= r]
-    c = min(cover, key=lambda c: (weight(c), -c.accuracy, -c.cap.rate)) if cover else most_efficient(fresh)
+    c = min(cover, key=lambda c: (weight(c), -c.accuracy, -c.share, -c.cap.rate)) if cover else most_efficient(fresh)
     return c, open_gpu(c)
