@@ -25,20 +25,16 @@ import argparse
 import json
 import platform
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from bench.fleet import SEED, generate
 from bench.output import write_results
-from gateway.config import parse_config, resolve
-from loadgen.sim_fleet import from_served, with_settings
+from loadgen.sim_fleet import plan_fleet
 from loadgen.sim_run import SimOptions, run_sim
 from loadgen.spec import LoadSpec
-from placement.diff import replica_ids
 from placement.plan import Demand, GpuClass, Inventory, Plan
-from placement.render import Endpoint, gateway_config
 from placement.solver import SolverError, solve
 from profiles.derive import with_derived
 from profiles.profile import ProfileSet
@@ -128,19 +124,8 @@ def planner_section(models: int, gpus: int, seed: int, milp_limit: float) -> dic
 
 
 def sim_fleet(plan: Plan, profiles: ProfileSet):  # noqa: ANN201  (loadgen's SimFleet)
-    """The plan rendered into the gateway's config as the operator renders it, as the simulator
-    runs it (every replica at the speed the planner predicted for it)."""
-    endpoints = []
-    for g in plan.gpus:
-        for s in g.slices:
-            for r, rid in zip(s.replicas, replica_ids(g, s), strict=True):
-                url = f"sim:{len(endpoints) + 1}"
-                endpoints.append(Endpoint(rid, r.model, r.variant, g.id, s.label, r.share, r.max_batch,
-                                          r.capacity, url, url))
-    with tempfile.TemporaryDirectory(prefix="headrace-sharing-") as tmp:
-        cfg = parse_config(gateway_config(plan, endpoints, profiles, Path(tmp)), "the rendered plan")
-        served = resolve(cfg)
-    return from_served(served, with_settings(cfg.scheduler, {}, "the rendered plan"), "plan")
+    """The plan as the simulator runs it (rendered as the operator renders it)."""
+    return plan_fleet(plan, profiles)
 
 
 def attainment(plan: Plan, profiles: ProfileSet, arrival: str, duration: float, seed: int) -> dict:

@@ -152,18 +152,28 @@ def load_fleet(paths: Sequence[str | Path], overrides: Mapping[str, Any] | None 
 def _operator_fleet(files: tuple[str, ...], overrides: Mapping[str, Any], method: str,
                     profiles: tuple[str, ...] = ()) -> SimFleet:
     from placement.cli import load
-    from placement.diff import replica_ids
-    from placement.render import Endpoint, gateway_config
     from placement.solver import solve
     from profiles.schema import load_documents
 
-    inv, demands, profiles = load(list(files), list(profiles))
+    inv, demands, profile_set = load(list(files), list(profiles))
     docs = load_documents(*files)
     if len(docs.gateways) > 1:
         raise FleetError(f"{list(files)}: at most one Gateway document, found {len(docs.gateways)}")
     settings = docs.gateways[0].spec.model_dump(mode="json") if docs.gateways else {}
-    plan = solve(demands, profiles, inv, method)
+    plan = solve(demands, profile_set, inv, method)
     plan.verify()
+    return plan_fleet(plan, profile_set, settings, overrides, "operator documents " + ", ".join(files), files)
+
+
+def plan_fleet(plan: Any, profiles: Any, settings: Mapping[str, Any] | None = None,
+               overrides: Mapping[str, Any] | None = None, source: str = "plan",
+               files: tuple[str, ...] = ()) -> SimFleet:
+    """A :class:`placement.plan.Plan` rendered into the gateway's config as the operator renders
+    it (``settings``: the Gateway spec), as the simulator runs it: every replica at the speed
+    the planner predicted for it."""
+    from placement.diff import replica_ids
+    from placement.render import Endpoint, gateway_config
+
     endpoints = []
     for g in plan.gpus:
         for s in g.slices:
@@ -172,19 +182,19 @@ def _operator_fleet(files: tuple[str, ...], overrides: Mapping[str, Any], method
                 endpoints.append(Endpoint(rid, r.model, r.variant, g.id, s.label, r.share, r.max_batch,
                                           r.capacity, url, url))
     if not endpoints:
-        raise FleetError(f"{list(files)}: the plan places no replica")
+        raise FleetError(f"{source}: the plan places no replica")
     with tempfile.TemporaryDirectory(prefix="headrace-sim-") as tmp:
-        raw = gateway_config(plan, endpoints, profiles, Path(tmp), settings)
+        raw = gateway_config(plan, endpoints, profiles, Path(tmp), dict(settings or {}))
         try:
             cfg = parse_config(raw, "the rendered plan")
             served = resolve(cfg)
         except ConfigError as e:
             raise FleetError(str(e)) from None
-    scheduler = with_settings(cfg.scheduler, overrides, "Gateway spec")
+    scheduler = with_settings(cfg.scheduler, overrides or {}, "Gateway spec")
     rates = {d.model: d.rate for d in plan.demands}
     summary = {"gpus": plan.gpu_count, "cost_per_hour": plan.cost_per_hour, "method": plan.method,
                "rates": rates, "replicas": [
                    {"id": e.replica_id, "model": e.model, "variant": e.variant, "slice": f"{e.gpu}/{e.slice}",
                     "share": e.share, "max_batch": e.max_batch, "capacity": round(e.capacity, 3)}
                    for e in endpoints]}
-    return from_served(served, scheduler, "operator documents " + ", ".join(files), files, summary)
+    return from_served(served, scheduler, source, files, summary)
