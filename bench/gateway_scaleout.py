@@ -99,14 +99,31 @@ class Serve:
                 urls[int(f[3])] = f"http://{f[7]}/metrics"
         return [urls[i] for i in sorted(urls)]
 
-    def worker_pids(self) -> list[int]:
-        if self.n == 1:
-            return [self.proc.pid]
-        pids = {}
+    def wait_for(self, text: str, timeout: float = 60.0, after: int = 0) -> str:
+        """The first output line from ``after`` on that contains ``text``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.lines[after:]:
+                if text in line:
+                    return line
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no {text!r} in the output:\n" + "\n".join(self.lines))
+
+    def pids(self) -> dict[int, int]:
+        """Worker index -> its latest pid, from the parent's lines."""
+        out = {}
         for line in self.lines:
             f = line.split()
             if line.startswith("headrace gateway: worker ") and len(f) > 5 and f[4] == "pid":
-                pids[int(f[3])] = int(f[5])
+                out[int(f[3])] = int(f[5])
+        return out
+
+    def worker_pids(self) -> list[int]:
+        if self.n == 1:
+            return [self.proc.pid]
+        pids = self.pids()
         return [pids[i] for i in sorted(pids)]
 
 

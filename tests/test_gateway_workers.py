@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import tritonclient.http as httpclient
 import yaml
 
 from bench.echo_backend import start_echo
-from bench.gateway_scaleout import scrape
+from bench.gateway_scaleout import Serve, scrape
 from gateway.app import GatewayThread
 from gateway.config import ConfigError, parse_config
 from gateway.workers import (
@@ -125,43 +124,6 @@ def socket_ports(pid: int) -> set[int]:
             if f[9] in inodes:
                 ports.add(int(f[1].rsplit(":", 1)[1], 16))
     return ports
-
-
-class Serve:
-    """``headrace serve --workers N`` in its own process group; its stdout lines collected."""
-
-    def __init__(self, cfg_path: Path, n: int, http_port: int, grpc_port: int) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "deploy.cli", "serve", "--config", str(cfg_path), "--workers", str(n),
-             "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--log-level", "WARNING"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip())
-
-    def wait_for(self, text: str, timeout: float = 60.0, after: int = 0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in self.lines[after:]:
-                if text in line:
-                    return line
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        raise AssertionError(f"no {text!r} in the output:\n" + "\n".join(self.lines))
-
-    def pids(self) -> dict[int, int]:
-        """Worker index -> its latest pid, from the parent's lines."""
-        out = {}
-        for line in self.lines:
-            if line.startswith("headrace gateway: worker ") and " pid " in line:
-                f = line.split()
-                out[int(f[3])] = int(f[5])
-        return out
 
 
 # --------------------------------------------------------------------------- the invariant, live
