@@ -31,10 +31,12 @@ from bench.fleet import Fleet
 from gateway.policy.types import Priority
 from loadgen.arrivals import AZURE_HEADER, read_azure_trace
 from loadgen.sim_cli import SIM_TARGET
-from loadgen.sim_fleet import SimFleet, load_fleet
+from loadgen.sim_fleet import SimFleet, plan_fleet
 from loadgen.sim_run import SimOptions, run_sim
 from loadgen.spec import LoadSpec
 from placement import autoscale
+from placement.cli import load
+from placement.solver import solve
 
 SAMPLE = Path(__file__).parents[1] / "loadgen" / "data" / "azure_sample.csv"
 SPEC = autoscale.AutoscaleSpec(upscale_delay_s=0.0, downscale_delay_s=2.0, downscale_below=0.5,
@@ -83,12 +85,6 @@ def autoscaled_rates(rates: dict[str, np.ndarray], headroom: dict[str, float]) -
     return out
 
 
-def _with_rates(fleet: Fleet, rates: dict[str, float]) -> Fleet:
-    deps = tuple({**d, "spec": {**d["spec"], "rate": round(max(rates[d["spec"]["model"]], 0.1), 1)}}
-                 for d in fleet.deployments)
-    return replace(fleet, deployments=deps)
-
-
 def _epoch_trace(path: Path, models: list[str], rates: dict[str, float], seconds: float) -> None:
     rows = [",".join(["fleet", "day", m, "http", str(int(round(rates[m] * seconds)))]) for m in models]
     path.write_text("\n".join([",".join([*AZURE_HEADER, "1"]), *rows]) + "\n")
@@ -109,8 +105,11 @@ def day(fleet: Fleet, epochs: int, minute_s: float, cv: float, seed: int, proces
     out: dict = {"epochs": epochs, "epoch_hours": hours, "epoch_s": minute_s, "autoscale": SPEC.__dict__, "fleets": {}}
     with tempfile.TemporaryDirectory(prefix="headrace-fleet-day-") as tmp:
         root = Path(tmp)
-        profiles = fleet.write(root / "base")["profiles"].rename(root / "profiles.yaml")
-        cache: dict[tuple, object] = {}
+        paths = fleet.write(root / "base")
+        # the documents are read and their profiles derived once; each epoch re-plans their
+        # demands at its rates (as a document with that rate would give them)
+        inv, demands, profiles = load([str(paths["pool"]), str(paths["models"])], [str(paths["profiles"])])
+        cache: dict[tuple, SimFleet] = {}
         for name, per_epoch in plans.items():
             offered = good = rejected = 0
             classes = {"guaranteed": [0, 0], "best_effort": [0, 0]}
@@ -118,14 +117,14 @@ def day(fleet: Fleet, epochs: int, minute_s: float, cv: float, seed: int, proces
             for k in range(epochs):
                 key = tuple(round(per_epoch[k][m], 1) for m in models)
                 if key not in cache:
-                    folder = root / f"plan{len(cache)}"
-                    written = _with_rates(fleet, per_epoch[k]).write(folder)
-                    written["profiles"].unlink()
-                    cache[key] = load_fleet([folder], overrides or {}, profiles=[profiles])
+                    plan = solve([replace(d, rate=round(max(per_epoch[k][d.model], 0.1), 1)) for d in demands],
+                                 profiles, inv, "greedy")
+                    plan.verify()
+                    cache[key] = plan_fleet(plan, profiles, overrides=overrides, source="fleet day")
                     replans += 1
                 sim_fleet = cache[key]
-                gpus.append(sim_fleet.plan["gpus"])  # type: ignore[attr-defined]
-                gpu_hours += sim_fleet.plan["gpus"] * hours  # type: ignore[attr-defined]
+                gpus.append(sim_fleet.plan["gpus"])  # type: ignore[index]
+                gpu_hours += sim_fleet.plan["gpus"] * hours  # type: ignore[index]
                 trace = root / "epoch.csv"
                 _epoch_trace(trace, models, {m: float(rates[m][k]) for m in models}, minute_s)
                 spec = LoadSpec(target=SIM_TARGET, arrival="trace", trace=trace, trace_models=tuple(models),

@@ -24,6 +24,7 @@ import argparse
 import platform
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,7 @@ from bench.fleet import SEED, generate
 from bench.output import write_results
 from loadgen.arrivals import AZURE_HEADER, read_azure_trace
 from loadgen.sim_cli import SIM_TARGET
-from loadgen.sim_fleet import SimFleet, load_fleet
+from loadgen.sim_fleet import SimFleet, load_fleet, with_settings
 from loadgen.sim_run import SimOptions, run_sim
 from loadgen.spec import LoadSpec
 
@@ -83,16 +84,14 @@ def run(models: int, gpus: int, rate_scale: float, minutes: int, minute_s: float
         written = generate(models, gpus, seed, rate_scale).write(folder)
         profiles = written["profiles"].rename(Path(tmp) / "profiles.yaml")  # not an operator document
         trace = Path(tmp) / "trace.csv"
-        first = None
+        planned = load_fleet([folder], {}, profiles=[profiles])  # planned once: every system runs this plan
+        out["offered_rps"] = round(write_trace(planned, trace, minutes, minute_s, seed), 1)
+        out["plan"] = {"gpus": planned.plan["gpus"], "replicas": len(planned.replicas),
+                       "cost_per_hour": round(planned.plan["cost_per_hour"], 2)}
+        base = planned.scheduler.model_dump(exclude_unset=True)
         for name, overrides in SYSTEMS.items():
-            fleet = load_fleet([folder], overrides, profiles=[profiles])
-            if first is None:
-                first = fleet
-                out["offered_rps"] = round(write_trace(fleet, trace, minutes, minute_s, seed), 1)
-                out["plan"] = {"gpus": fleet.plan["gpus"], "replicas": len(fleet.replicas),
-                               "cost_per_hour": round(fleet.plan["cost_per_hour"], 2)}
-            # every system on the one plan: the same replicas, only the scheduler differs
-            assert [r.info.id for r in fleet.replicas] == [r.info.id for r in first.replicas]
+            # the same replicas; only the scheduler differs
+            fleet = replace(planned, scheduler=with_settings(base, overrides, name))
             for load in loads:
                 spec = LoadSpec(target=SIM_TARGET, arrival="trace", trace=trace, trace_models=tuple(fleet.models),
                                 trace_cv=cv, rate_scale=load, time_scale=60.0 / minute_s,
