@@ -124,6 +124,14 @@ def test_triton_receives_what_was_sent_minus_the_gateways_own_plus_the_budget(ga
     assert res.as_numpy("y") is None  # not asked for
 
 
+def test_a_grpc_clients_own_deadline_caps_the_budget_triton_is_given(gateway) -> None:
+    # the model's SLO is 5 s; the client's gRPC deadline of 0.8 s is the tighter budget
+    (got,) = meta(grpc_infer(gateway, outputs=("meta",), client_timeout=0.8))
+    assert 0 < got["timeout"] <= 800_000, got["timeout"]
+    (loose,) = meta(grpc_infer(gateway, outputs=("meta",)))
+    assert 800_000 < loose["timeout"] <= 5_000_000, loose["timeout"]
+
+
 def test_a_request_naming_no_version_gets_tritons_default(gateway) -> None:
     (got,) = meta(http_infer(gateway))
     assert got["version"] == "2"  # version_policy all: Triton's default is the latest
