@@ -114,7 +114,10 @@ class ModelConfig(BaseModel):
         "its deadline; cost = the cheapest that meets its accuracy floor and deadline (best-effort "
         "requests always take the cheapest)",
     )
-    replicas: list[ReplicaConfig] = Field(min_length=1, description="where the model runs")
+    replicas: list[ReplicaConfig] = Field(
+        description="where the model runs; none: the model is addressable and refused no_replica (503, "
+        "Retry-After) until a replica is added, as a best-effort model a partial plan sheds",
+    )
 
 
 class GatewayConfig(GatewaySettings):

@@ -145,6 +145,8 @@ class Driver(Fleet):
         self._loop = asyncio.get_running_loop()
         deadline = self.clock() + startup_timeout
         for name, m in self.models.items():
+            if not m.served.replicas:  # refused no_replica until a replica is added
+                continue
             while True:
                 reps = [self.replicas[r.id] for r in m.served.replicas]
                 got = await asyncio.gather(*(r.client.model_info(r.variant) for r in reps), return_exceptions=True)
@@ -269,12 +271,13 @@ class Driver(Fleet):
         m = self.model(name, version)
         if self.draining:
             raise Unavailable("gateway is draining")
-        if m.info is None:
+        if m.info is None and m.served.replicas:
             raise Unavailable(f"model '{name}' is not ready")
         fwd = seq = choice = None
         try:
-            rows = validate(m.info.signature, name, inp)
-            if inp.parameters or inp.outputs or version:
+            # no signature: a model no replica has served yet, which the core refuses (no_replica)
+            rows = 1 if m.info is None else validate(m.info.signature, name, inp)
+            if m.info is not None and (inp.parameters or inp.outputs or version):
                 fwd = forward_of(inp, version, m.info.signature)
                 seq = sequence_of(inp)
             if inp.parameters or hints:

@@ -192,9 +192,11 @@ class Fleet:
             if replica.id in self.replicas:
                 raise ConfigError(f"replica '{replica.id}' is already served")
             m = self.models.get(model.name)
-            if m is not None:
+            # a model served with no replica so far (shed by a partial plan) takes ``model``'s settings
+            fresh = m is None or m.info is None
+            if not fresh:
                 check_signature(model.name, m.info.signature, info.signature, replica.variant)  # type: ignore[union-attr]
-            served = model if m is None else m.served
+            served = model if fresh else m.served  # type: ignore[union-attr]
             now = self.clock()
             try:
                 self.core.add_replica(replica_info(served, info.signature, replica), now)
@@ -211,6 +213,8 @@ class Fleet:
                                                   versions=versions_of(info))
         if m is None:
             self.models[model.name] = Model(replace(model, replicas=(replica,)), info)
+        elif fresh:
+            m.served, m.info = replace(model, replicas=(replica,)), info
         else:
             m.served = replace(m.served, replicas=(*m.served.replicas, replica))
         self._sync_versions(model.name)

@@ -2,7 +2,8 @@
 
 :func:`gateway_config` turns a plan, where each of its replicas serves (:class:`Endpoint`) and
 the Gateway document's settings into the ``headrace serve`` YAML shape (a dict the gateway
-validates). Each replica's latency profile is its slice's profile, slowed by its MPS share and
+validates). A model the plan gives no replica (best-effort shed by a partial plan) is kept with
+no replicas: clients address it and are refused ``no_replica`` (503, Retry-After), never 404. Each replica's latency profile is its slice's profile, slowed by its MPS share and
 interference where it shares the slice, as the planner predicted it; profiles are written as
 files into ``profile_dir`` and the config points at them.
 """
@@ -79,21 +80,24 @@ def replica_config(gpu: _Gpu, e: Endpoint, profiles: ProfileSet, profile_dir: Pa
 
 def gateway_config(plan: Plan, endpoints: Iterable[Endpoint], profiles: ProfileSet, profile_dir: Path,
                    settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The gateway config routing every planned model to its replicas' ``endpoints``.
+    """The gateway config routing every planned model to its replicas' ``endpoints``, and
+    every model the plan places no replica of to none (refused while it has none).
     ``settings``: the Gateway document's spec (listen, scheduler, ...), admin settings ignored."""
     by_model: dict[str, list[Endpoint]] = {}
     for e in endpoints:
         by_model.setdefault(e.model, []).append(e)
     gpus = _gpus(plan)
     profile_dir.mkdir(parents=True, exist_ok=True)
+    placed = {r.model for _, _, r in plan.replicas()}
     models = []
     for d in plan.demands:
         mine = by_model.get(d.model)
-        if not mine:
-            continue
-        models.append({"name": d.model, "slo_ms": d.slo * 1e3, "priority": d.priority, "objective": d.objective,
-                       "max_batch": min(e.max_batch for e in mine),
-                       "replicas": [replica_config(gpus[e.gpu], e, profiles, profile_dir) for e in mine]})
+        entry = {"name": d.model, "slo_ms": d.slo * 1e3, "priority": d.priority, "objective": d.objective}
+        if mine:
+            models.append({**entry, "max_batch": min(e.max_batch for e in mine),
+                           "replicas": [replica_config(gpus[e.gpu], e, profiles, profile_dir) for e in mine]})
+        elif d.model not in placed:  # shed: addressable, refused no_replica until a re-plan places it
+            models.append({**entry, "replicas": []})
     cfg = {k: v for k, v in dict(settings or {}).items() if k != "admin"}
     cfg.setdefault("listen", {"host": "127.0.0.1", "http_port": 0, "grpc_port": 0})
     cfg["models"] = models

@@ -266,7 +266,7 @@ class Controller:
 
     async def _add_to_gateway(self, plan: Plan, want: Desired, ep: Endpoint) -> None:
         cfg = self._render(plan, want, [ep])
-        served = resolve(cfg)[0]
+        served = next(m for m in resolve(cfg) if m.name == ep.model)  # models shed by the plan come too
         await self.gateway.add_replica(served, served.replicas[0])  # type: ignore[union-attr]
 
     def _render(self, plan: Plan, want: Desired, endpoints) -> GatewayConfig:  # noqa: ANN001
