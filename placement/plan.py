@@ -392,16 +392,21 @@ class Plan:
         return out
 
     def _check_floor(self, variant_caps: dict[str, dict[str, float]]) -> list[PlanError]:
-        """Each model's mean accuracy, from capacities re-derived from the profiles, meets the floor."""
+        """Each model's mean accuracy, from capacities re-derived from the profiles, meets the
+        floor (a best-effort model reported short and given nothing has no answers to check)."""
         floor, out = self.inventory.mean_accuracy_floor, []
         if floor is None:
             return out
+        short = {s.model for s in self.shortfall}
         for d in self.demands:
             if d.rate <= 0 or not has_known_accuracy(d, self.profiles):
                 continue
             acc = self._accuracy_of()
             split = fill_split(d.rate, [(v, acc.get(v), c) for v, c in variant_caps.get(d.model, {}).items()])
-            mean = mean_accuracy(split, acc) or 0.0
+            mean = mean_accuracy(split, acc)
+            if mean is None and d.model in short:
+                continue
+            mean = mean or 0.0
             if mean + ACCURACY_EPS < floor:
                 shown = ", ".join(f"{v} {r:.0f} req/s" for v, r in split.items() if r > 0) or "nothing served"
                 out.append(PlanError("accuracy", f"model {d.model}: predicted mean accuracy {mean:.4f} "
