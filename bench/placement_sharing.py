@@ -176,6 +176,18 @@ def sim_section(models: int, gpus: int, seed: int, rate_scale: float, duration: 
     return out
 
 
+def _share(part: float, whole: float) -> str:
+    return f"{part / whole:.1%}" if whole else "-"
+
+
+def _attained(a: dict) -> str:
+    """``98.50% (0.9712)``: a class's attainment and its worst model's, "-" for a class with no
+    requests (a fleet without best-effort models)."""
+    if a["attainment"] is None:
+        return "- (no requests)"
+    return f"{a['attainment']:.2%} ({a['worst_model']})"
+
+
 def markdown(planner: dict, sim: dict, meta: dict) -> str:
     lines = ["# Guaranteed and best-effort placement: GPUs saved at equal guaranteed attainment", "",
              f"`{meta['command']}` on {meta['machine']}. Fleet: `bench.fleet` seed {planner['seed']} "
@@ -199,7 +211,7 @@ def markdown(planner: dict, sim: dict, meta: dict) -> str:
         without = "planned" if c["without_split"] == "planned" else "no plan (" + c["without_split"][9:80] + "...)"
         lines.append(f"| {c['pool_gpus']} | {without} | {c['gpus']} | {c['guaranteed_placed_rps']:g} of "
                      f"{c['guaranteed_rps']:g} req/s | {c['best_effort_placed_rps']:g} of {c['best_effort_rps']:g} "
-                     f"req/s ({c['best_effort_placed_rps'] / c['best_effort_rps']:.1%}) | {c['short_models']} |")
+                     f"req/s ({_share(c['best_effort_placed_rps'], c['best_effort_rps'])}) | {c['short_models']} |")
     ex = next((c["example_shortfall"] for c in planner["overfull"] if c["example_shortfall"]), None)
     if ex:
         lines += ["", f"A shortfall as the plan reports it: \"{ex}\"."]
@@ -217,7 +229,7 @@ def markdown(planner: dict, sim: dict, meta: dict) -> str:
             a = r[arrival]
             g, b = a["guaranteed"], a["best_effort"]
             lines.append(f"| {name.replace('_', ' ')} | {r['gpus']} | {arrival if arrival == 'poisson' else 'gamma cv 2'} "
-                         f"| {g['attainment']:.2%} ({g['worst_model']}) | {b['attainment']:.2%} ({b['worst_model']}) |")
+                         f"| {_attained(g)} | {_attained(b)} |")
     return "\n".join(lines) + "\n"
 
 
