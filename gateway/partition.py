@@ -13,7 +13,9 @@ The rule, pure and deterministic (every worker and every host computes the same 
 - a model with fewer replicas than N is split over r gateways, one replica each (one gateway
   when it has one replica), chosen among the least loaded; the others do not serve it, and
   :attr:`Partition.owners` says where it lives (a load balancer routes by model, or a gateway
-  forwards to an owner).
+  forwards to an owner);
+- a model with no replica (a best-effort model a partial plan sheds) is in every gateway, with
+  none: each answers it with the no-replica refusal.
 
 Load is counted in replicas: a gateway's work grows with the batches it forms and sends.
 """
@@ -83,7 +85,8 @@ def partition(cfg: GatewayConfig, n: int) -> Partition:
     owners: dict[str, tuple[int, ...]] = {}
     # the models with the fewest replicas are placed last, on whatever is lightest by then
     for m in sorted(cfg.models, key=lambda m: -len(m.replicas)):
-        shares = _deal(m.replicas, _lightest(load, min(n, len(m.replicas))))
+        # a model with no replica (shed by a partial plan) is in every gateway, each refusing it
+        shares = _deal(m.replicas, _lightest(load, min(n, len(m.replicas)) or n))
         for i, reps in shares.items():
             per_gateway[i].append(m.model_copy(update={"replicas": reps}, deep=True))
             load[i] += len(reps)

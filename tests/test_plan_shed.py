@@ -119,3 +119,12 @@ def test_a_shed_model_is_served_once_a_replica_is_added(tmp_path: Path) -> None:
         status, _, body = post(gw, "b")
         assert status == 200, body
         assert fakes["fake:7000"].calls == [("b", 1)]
+
+
+def test_a_shed_model_is_in_every_gateway_of_a_partition(tmp_path: Path) -> None:
+    from gateway.partition import partition
+
+    plan = shedding_plan()
+    p = partition(parse_config(gateway_config(plan, endpoints(plan), PS, tmp_path)), 3)
+    assert p.owners["b"] == (0, 1, 2) and p.owners["g"] == (0, 1, 2)
+    assert all([m.replicas for m in c.models if m.name == "b"] == [[]] for c in p.configs)
