@@ -134,3 +134,72 @@ def test_the_protect_check_plans_only_past_the_shared_batches_with_the_same_verd
         assert got == whole(lanes, queue, idx, size)
         verdicts.add(got)
     assert verdicts == {True, False}  # both verdicts were exercised
+
+
+def _small_fleet():
+    """Models shaped like the fleet hour's: each on its own replica with its own profile (p99
+    above p50, so the core keeps learning how much faster batches run than it plans), a few
+    tens of requests per second each, one model with two unlike replicas and two models
+    time-slicing one slice."""
+    from loadgen.sim_fleet import SimFleet, SimModel
+
+    shapes = [(6.0, 1.1, 8), (3.0, 0.4, 64), (9.5, 2.0, 16), (4.2, 0.9, 32), (12.0, 3.1, 4)]
+    reps, models = [], {}
+    for k, (a, c, mb) in enumerate(shapes):
+        name = f"m{k}"
+        models[name] = SimModel(name, 0.05 + 0.02 * k, 0.05 * (k % 2))
+        p = fake_profile(a, c, mb, p99_factor=1.3)
+        reps.append(SimReplica(ReplicaInfo(f"{name}-r0", name, "m", p, mb)))
+    reps.append(SimReplica(ReplicaInfo("m3-r1", "m3", "m", fake_profile(5.0, 0.7, 16, p99_factor=1.1), 16)))
+    for k in (5, 6):
+        models[f"m{k}"] = SimModel(f"m{k}", 0.1)
+        reps.append(SimReplica(ReplicaInfo(f"m{k}-r0", f"m{k}", "m", fake_profile(p99_factor=1.2), 32),
+                               slice_id="shared"))
+    return SimFleet(SchedulerConfig(), models, tuple(reps), "test")
+
+
+def small_models() -> list:
+    """The small fleet under one core with the default settings, Gamma cv 2 per model."""
+    fleet = _small_fleet()
+    rng = np.random.default_rng(12)
+    reqs: list[Request] = []
+    for k, (name, m) in enumerate(fleet.models.items()):
+        ts = times(Gamma(15.0 + 25 * k, 2.0), 20, rng)
+        reqs += make_requests(ts, name, m.slo * (1 - m.margin), start_id=len(reqs))
+    return Simulator(EdfScheduler(fleet.scheduler), fleet.replicas).run(reqs).records
+
+
+def run_digest(processes: int) -> str:
+    """``headrace sim``'s whole summary of the small fleet over a trace replay (warm-up, per-model
+    tables, timeline), split into its groups over ``processes`` worker processes."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from loadgen.arrivals import AZURE_HEADER
+    from loadgen.sim_cli import SIM_TARGET
+    from loadgen.sim_run import SimOptions, run_sim
+    from loadgen.spec import LoadSpec
+
+    fleet = _small_fleet()
+    rng = np.random.default_rng(13)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.csv"
+        rows = [",".join([*AZURE_HEADER, "1", "2"])]
+        rows += [f"o,a,f{k},http,{int(rng.integers(200, 3000))},{int(rng.integers(200, 3000))}"
+                 for k in range(len(fleet.models))]
+        trace.write_text("\n".join(rows) + "\n")
+        spec = LoadSpec(target=SIM_TARGET, arrival="trace", trace=trace, trace_models=tuple(fleet.models),
+                        trace_cv=2.0, time_scale=3.0, duration_s=25.0, warmup_s=5.0, seed=14, window_s=5.0)
+        summary, _ = run_sim(fleet, spec, SimOptions(processes=processes))
+    keep = {k: v for k, v in summary.items() if k not in ("elapsed_s", "run", "processes")}
+    keep["sim"] = {k: v for k, v in summary["sim"].items() if k != "requests_per_wall_minute"}
+    return hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def test_a_fleet_of_small_models_gives_exactly_the_same_answers_in_one_process_or_two() -> None:
+    assert digest(small_models()) == SMALL_GOLDEN["small_models"]
+    assert run_digest(1) == run_digest(2) == SMALL_GOLDEN["run"]
+
+
+SMALL_GOLDEN = {"small_models": "eea5ee8fa7398418", "run": "00595bce45e281a6"}
