@@ -57,8 +57,8 @@ HEALTHY_AFTER_S = 30.0  # a worker that lived this long starts its restart delay
 
 def local_partition(cfg: GatewayConfig, n: int) -> Partition:
     """``cfg`` split over ``n`` workers on one host; :class:`ConfigError` when a model has
-    fewer than ``n`` replicas (some worker could not answer it)."""
-    short = {m.name: len(m.replicas) for m in cfg.models if len(m.replicas) < n}
+    fewer than ``n`` replicas (some worker could not answer it), but none (each refuses it)."""
+    short = {m.name: len(m.replicas) for m in cfg.models if 0 < len(m.replicas) < n}
     if short:
         named = ", ".join(f"{k} ({v})" for k, v in short.items())
         raise ConfigError(

@@ -128,3 +128,11 @@ def test_a_shed_model_is_in_every_gateway_of_a_partition(tmp_path: Path) -> None
     p = partition(parse_config(gateway_config(plan, endpoints(plan), PS, tmp_path)), 3)
     assert p.owners["b"] == (0, 1, 2) and p.owners["g"] == (0, 1, 2)
     assert all([m.replicas for m in c.models if m.name == "b"] == [[]] for c in p.configs)
+
+
+def test_a_shed_model_does_not_stop_one_host_workers(tmp_path: Path) -> None:
+    from gateway.workers import local_partition
+
+    plan = shedding_plan()
+    p = local_partition(parse_config(gateway_config(plan, endpoints(plan), PS, tmp_path)), 2)
+    assert p.everywhere()
