@@ -33,8 +33,35 @@ class _Program:
 CUTS_PER_MODEL = 6
 
 
-def _rounding_cuts(a, demands: Sequence[Demand], inv: Inventory, cands: list[Candidate],
-                   uncut: frozenset[int] = frozenset()):
+@dataclass(frozen=True)
+class _Columns:
+    """The candidates as arrays: model, share, capacity and that capacity capped at the
+    model's requirement, GPU cost per replica, and slice-kind row."""
+
+    model: np.ndarray
+    share: np.ndarray
+    rate: np.ndarray
+    capped: np.ndarray
+    spend: np.ndarray  # the class's weight x the candidate's GPU fraction
+    kind: np.ndarray  # index into the program's kinds
+    required: np.ndarray  # per model
+
+
+def _columns(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate],
+             kind_row: dict[tuple[int, str], int]) -> _Columns:
+    n = len(cands)
+    required = np.array([d.required for d in demands], dtype=float)
+    weight = np.array([inv.weight(c) for c in inv.classes], dtype=float)
+    model = np.fromiter((c.model for c in cands), dtype=np.int64, count=n)
+    rate = np.fromiter((c.cap.rate for c in cands), dtype=float, count=n)
+    frac = np.fromiter((c.gpu_fraction for c in cands), dtype=float, count=n)
+    cls = np.fromiter((c.cls for c in cands), dtype=np.int64, count=n)
+    return _Columns(model, np.fromiter((c.share for c in cands), dtype=float, count=n), rate,
+                    np.minimum(rate, required[model]), weight[cls] * frac,
+                    np.fromiter((kind_row[(c.cls, c.slice)] for c in cands), dtype=np.int64, count=n), required)
+
+
+def _rounding_cuts(a, cols: _Columns, uncut: frozenset[int] = frozenset()):
     """Append Chvatal-Gomory rounding cuts of each model's capacity row: for a divisor ``d``,
     ``sum_j ceil(c_j / d) x_j >= ceil(req / d)`` holds for integer replicas (``c_j`` the capped
     capacities). Divisors: the capacities of the model's most cost-efficient candidates. They
@@ -42,33 +69,32 @@ def _rounding_cuts(a, demands: Sequence[Demand], inv: Inventory, cands: list[Can
     ``uncut`` get none (their demand may be placed in part, where the cuts do not hold)."""
     from scipy.sparse import coo_matrix, vstack
 
-    by_model: dict[int, list[int]] = defaultdict(list)
-    for j, c in enumerate(cands):
-        by_model[c.model].append(j)
-    rows, cols, vals, rhs = [], [], [], []
-    for mi, js in by_model.items():
-        if mi in uncut:
+    # each model's candidates in their order, then by cost efficiency (best first, stable)
+    by_model = np.argsort(cols.model, kind="stable")
+    starts = np.searchsorted(cols.model[by_model], np.arange(len(cols.required) + 1))
+    neg_eff = -cols.rate / cols.spend
+    rows, cols_i, vals, rhs = [], [], [], []
+    for mi in range(len(cols.required)):
+        js = by_model[starts[mi]:starts[mi + 1]]
+        if not len(js) or mi in uncut:
             continue
-        req = demands[mi].required
-        eff = sorted(js, key=lambda j: -cands[j].cap.rate / (inv.weight(inv.classes[cands[j].cls])
-                                                             * cands[j].gpu_fraction))
+        req = float(cols.required[mi])
         divisors: list[float] = []
-        for j in eff:
-            d = cands[j].cap.rate
+        for j in js[np.argsort(neg_eff[js], kind="stable")]:
+            d = float(cols.rate[j])
             if d < req and all(abs(d - e) > 1e-9 * d for e in divisors):
                 divisors.append(d)
             if len(divisors) == CUTS_PER_MODEL:
                 break
         for d in divisors:
-            r = len(rhs)
-            for j in js:
-                rows.append(r)
-                cols.append(j)
-                vals.append(math.ceil(min(cands[j].cap.rate, req) / d - 1e-9))
+            rows.append(np.full(len(js), len(rhs)))
+            cols_i.append(js)
+            vals.append(np.ceil(cols.capped[js] / d - 1e-9))
             rhs.append(math.ceil(req / d - 1e-9))
     if not rhs:
         return a, np.zeros(0)
-    cuts = coo_matrix((vals, (rows, cols)), shape=(len(rhs), a.shape[1]))
+    cuts = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols_i))),
+                      shape=(len(rhs), a.shape[1]))
     return vstack([a, cuts]).tocsr(), np.array(rhs, dtype=float)
 
 
@@ -80,6 +106,7 @@ def _program(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], 
     n_x, n = len(cands), len(cands) + len(y_index)
     kinds = sorted({(c.cls, c.slice) for c in cands})
     kind_row = {k: i for i, k in enumerate(kinds)}
+    cols = _columns(demands, inv, cands, kind_row)
     n_cls = len(inv.classes)
     rows = n_cls + len(kinds) + len(demands)
     r_i: list[int] = []
@@ -94,35 +121,34 @@ def _program(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], 
     for ci, c in enumerate(inv.classes):
         hi[ci] = len(c.ids)
     base = n_cls + len(kinds)
-    for j, cand in enumerate(cands):
-        r_i.append(n_cls + kind_row[(cand.cls, cand.slice)]), c_i.append(j), v_i.append(cand.share)
-        # capped at the requirement: one replica that covers it counts as covering (valid for
-        # integers, and it keeps the LP from using slivers of a huge replica)
-        r_i.append(base + cand.model), c_i.append(j), v_i.append(min(cand.cap.rate, demands[cand.model].required))
-    for mi, d in enumerate(demands):
-        lo[base + mi], hi[base + mi] = d.required, np.inf
-    a = coo_matrix((v_i, (r_i, c_i)), shape=(rows, n)).tocsr()
+    # per candidate, its share on its slice kind's row and (capped at the requirement: one
+    # replica that covers it counts as covering, valid for integers, and it keeps the LP from
+    # using slivers of a huge replica) its capacity on its model's row
+    j = np.arange(n_x)
+    a = coo_matrix((np.r_[v_i, np.column_stack([cols.share, cols.capped]).ravel()],
+                    (np.r_[np.asarray(r_i, dtype=np.int64), np.column_stack([n_cls + cols.kind, base + cols.model]).ravel()],
+                     np.r_[np.asarray(c_i, dtype=np.int64), np.repeat(j, 2)])), shape=(rows, n)).tocsr()
+    lo[base:base + len(demands)], hi[base:base + len(demands)] = cols.required, np.inf
     cost = np.zeros(n)
     for yi, (ci, _) in enumerate(y_index):
         cost[n_x + yi] = inv.weight(inv.classes[ci])
     ub = np.zeros(n)
-    for j, cand in enumerate(cands):
-        ub[j] = math.ceil(demands[cand.model].required / cand.cap.rate)
+    ub[:n_x] = np.ceil(cols.required[cols.model] / cols.rate)
     for yi, (ci, _) in enumerate(y_index):
         ub[n_x + yi] = len(inv.classes[ci].ids)
     if cuts:
-        a, rhs = _rounding_cuts(a, demands, inv, cands, uncut)
+        a, rhs = _rounding_cuts(a, cols, uncut)
         lo = np.concatenate([lo, rhs])
         hi = np.concatenate([hi, np.full(len(rhs), np.inf)])
     if tie_break:
         # lower accuracy and idle share cost a little, never as much as one GPU in total
         wmin = min(inv.weight(c) for c in inv.classes)
-        best_acc: dict[int, float] = defaultdict(lambda: -1.0)
-        for cand in cands:
-            best_acc[cand.model] = max(best_acc[cand.model], cand.accuracy)
+        acc = np.fromiter((c.accuracy for c in cands), dtype=float, count=n_x)
+        best_acc = np.full(len(demands), -1.0)
+        np.maximum.at(best_acc, cols.model, acc)
         per = 0.5 * wmin / max(1.0, float(ub[:n_x].sum()))
-        for j, cand in enumerate(cands):
-            cost[j] = per * (0.5 * min(1.0, best_acc[cand.model] - cand.accuracy) + 0.5 * cand.gpu_fraction)
+        frac = np.fromiter((c.gpu_fraction for c in cands), dtype=float, count=n_x)
+        cost[:n_x] = per * (0.5 * np.minimum(1.0, best_acc[cols.model] - acc) + 0.5 * frac)
     return _Program(cost, a, lo, hi, ub, n_x, y_index, kinds)
 
 
@@ -250,7 +276,8 @@ def _lagrangian_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Can
     for j, c in enumerate(cands):
         by_model[c.model].append(j)
     models = sorted(by_model)
-    cap = [min(c.cap.rate, demands[c.model].required) for c in cands]
+    req = [d.required for d in demands]
+    cap = [min(c.cap.rate, req[c.model]) for c in cands]
     kind_of = [kind_row[(c.cls, c.slice)] for c in cands]
 
     def evaluate(pi: np.ndarray) -> tuple[float, list[tuple[int, dict[int, int]]]]:
@@ -259,7 +286,7 @@ def _lagrangian_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Can
         covers = []
         for mi in models:
             v, counts = cheapest_cover([(pi[kind_of[j]] * cands[j].share, cap[j], j) for j in by_model[mi]],
-                                        demands[mi].required)
+                                        req[mi])
             value += v
             covers.append((mi, counts))
         return value, covers
@@ -295,7 +322,11 @@ def _lagrangian_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Can
 
     best, covers = evaluate(np.maximum(0.0, duals[n_cls:n_cls + n_kinds]))
     for j, c in enumerate(cands):  # one column per candidate alone, so the master is feasible
-        add(c.model, {j: math.ceil(demands[c.model].required / cap[j] - 1e-9)} if cap[j] > 0 else {})
+        counts = {j: math.ceil(req[c.model] / cap[j] - 1e-9)} if cap[j] > 0 else {}
+        key = (c.model, tuple(counts.items()))
+        if key not in seen:
+            seen.add(key)
+            columns.append((c.model, counts))
     for mi, counts in covers:
         add(mi, counts)
     for _ in range(LAGRANGIAN_ROUNDS):

@@ -91,57 +91,55 @@ def _slice_kinds(c: GpuClass, opts: Options) -> tuple[str, ...]:
 
 def candidates(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventory,
                opts: Options = DEFAULT) -> list[Candidate]:
-    """Every useful (model, variant, class, slice kind, share), dominated variants pruned:
-    per (model, class, slice, share) a variant is kept only if no kept one has both more
-    capacity and at least its accuracy."""
+    """Every useful (model, variant, class, slice kind, share), dominated ones pruned: per
+    (model, class, slice, share) a variant is kept only if no kept one has both more capacity
+    and at least its accuracy; then per (model, class, slice) a candidate is dropped when one
+    of variant accuracy as good or better takes no more share and serves at least as much of
+    the model's requirement (capacity beyond it serves nothing): it can never be the better
+    pick. Candidates are built only for what survives both."""
     out: list[Candidate] = []
     curves = CurveCapacity()
+    caps: dict[tuple, Capacity | None] = {}  # by (curve, interference, max batch, share, SLO)
     kinds = []  # per class: (class index, [(slice kind, memory MB, fraction, shares)])
     for ci, c in enumerate(inv.classes):
         g = gpu_model(c.gpu)
         kinds.append((ci, c.gpu, [(k, g.slice_memory_gb(k) * 1024.0, g.slice_fraction(k),
                                    legal_shares(g, k, c.mps and opts.mps)) for k in _slice_kinds(c, opts)]))
     for mi, d in enumerate(demands):
-        by_slice: dict[tuple[str, str], list[Profile]] = defaultdict(list)
+        req, slo = d.required, d.slo
+        by_slice: dict[tuple[str, str], list[tuple[Profile, float]]] = defaultdict(list)
         for p in profiles.find(model=d.model):
             if d.allows(p):
-                by_slice[(p.gpu, p.slice)].append(p)
+                by_slice[(p.gpu, p.slice)].append((p, p.accuracy if p.accuracy is not None else -1.0))
         for ci, gpu, slices in kinds:
             for k, memory_mb, frac, shares in slices:
                 profs = by_slice.get((gpu, k))
                 if not profs:
                     continue
+                kept: list[tuple[float, float, float, Profile, Capacity]] = []  # share, served, accuracy
                 for share in shares:
-                    group: list[Candidate] = []
-                    for p in profs:
+                    group: list[tuple[float, float, Profile, Capacity]] = []
+                    for p, acc in profs:
                         if p.memory_mb > memory_mb * share:
                             continue
-                        cap = curves.capacity(p, d.slo, share)
+                        key = (id(p.points), p.mps_interference, p.max_batch, share, slo)
+                        cap = caps.get(key, False)
+                        if cap is False:
+                            cap = caps[key] = curves.capacity(p, slo, share)
                         if cap is not None:
-                            group.append(Candidate(mi, p, ci, k, share, cap, share * frac))
-                    group.sort(key=lambda x: (-x.cap.rate, -x.accuracy))
+                            group.append((cap.rate, acc, p, cap))
+                    group.sort(key=lambda t: (-t[0], -t[1]))
                     best_acc = -2.0
-                    for cand in group:
-                        if cand.accuracy > best_acc:
-                            out.append(cand)
-                            best_acc = cand.accuracy
-    return _prune_shares(out, demands)
-
-
-def _prune_shares(cands: list[Candidate], demands: Sequence[Demand]) -> list[Candidate]:
-    """Drop a candidate when one of the same model, variant accuracy or better, class and slice
-    kind takes no more share and serves at least as much of the model's requirement (capacity
-    beyond it serves nothing): it can never be the better pick."""
-    groups: dict[tuple, list[tuple[float, float, float, Candidate]]] = defaultdict(list)
-    for c in cands:
-        groups[(c.model, c.cls, c.slice)].append((c.share, min(c.cap.rate, demands[c.model].required),
-                                                  c.accuracy, c))
-    out = []
-    for group in groups.values():
-        for share, rate, acc, c in group:
-            if not any(o is not c and s <= share and r >= rate and a >= acc and (s, -r, -a) < (share, -rate, -acc)
-                       for s, r, a, o in group):
-                out.append(c)
+                    for rate, acc, p, cap in group:
+                        if acc > best_acc:
+                            kept.append((share, min(rate, req), acc, p, cap))
+                            best_acc = acc
+                for share, rate, acc, p, cap in kept:
+                    for s, r, a, _, _ in kept:
+                        if s <= share and r >= rate and a >= acc and (s < share or r > rate or a > acc):
+                            break  # dominated
+                    else:
+                        out.append(Candidate(mi, p, ci, k, share, cap, share * frac))
     return out
 
 

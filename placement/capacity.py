@@ -27,12 +27,13 @@ its share (``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``), so memory packs with it.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
 from profiles.catalogue import GpuModel
 from profiles.profile import Profile, Quantile
-from profiles.sharing import mps_latency
+from profiles.sharing import mps_latencies, mps_latency
 
 SHARES = (1.0, 0.5, 0.25, 0.125)
 QUANTILE: Quantile = "p99"
@@ -57,9 +58,23 @@ def batch_latency(profile: Profile, batch: int, share: float = 1.0) -> float:
 def arrivals_during(batch: int) -> int:
     """The :data:`ARRIVAL_QUANTILE` of the number of Poisson arrivals while one batch runs, in
     the steady state where ``batch`` arrive on average."""
-    from scipy.stats import poisson
+    return max(1, poisson_quantile(ARRIVAL_QUANTILE, float(batch)))
 
-    return max(1, int(poisson.ppf(ARRIVAL_QUANTILE, batch)))
+
+def poisson_quantile(q: float, mean: float) -> int:
+    """The least ``k`` with ``P(N <= k) >= q`` for a Poisson count ``N`` of mean ``mean``
+    (``scipy.stats.poisson.ppf``, without importing scipy.stats). The CDF is summed from
+    twelve standard deviations below the mean, where the mass left out is below 1e-30."""
+    if not 0.0 < q < 1.0 or mean <= 0.0:
+        raise ValueError(f"need 0 < q < 1 and mean > 0 (got {q}, {mean})")
+    k = max(0, math.floor(mean - 12.0 * math.sqrt(mean)))
+    pmf = math.exp(k * math.log(mean) - mean - math.lgamma(k + 1.0))
+    cdf = pmf
+    while cdf < q:
+        k += 1
+        pmf *= mean / k
+        cdf += pmf
+    return k
 
 
 def worst_wait(profile: Profile, batch: int, share: float, top: int) -> float:
@@ -92,7 +107,8 @@ class _Table:
 
     @classmethod
     def build(cls, profile: Profile, share: float, top: int) -> _Table:
-        lat = [0.0] + [batch_latency(profile, b, share) for b in range(1, top + 1)]  # each batch once
+        # each batch once, as batch_latency predicts it
+        lat = profile.latencies(top, QUANTILE) if share >= 1.0 else mps_latencies(profile, top, share, QUANTILE)
         pts = sorted((_wait(lat.__getitem__, b, top), b) for b in range(1, top + 1))
         best: list[Capacity] = []
         for _, b in pts:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
 
 import yaml
 from pydantic import ValidationError
@@ -19,7 +18,7 @@ from placement.spec import SpecError, check_profiles, demand, inventory, profile
 from profiles.catalogue import CatalogueError
 from profiles.derive import with_derived
 from profiles.digits import MEASURED_DIR
-from profiles.profile import ProfileError, ProfileSet
+from profiles.profile import ProfileError, ProfileSet, Provenance
 from profiles.schema import Documents, GpuPool, format_error, load_documents
 
 HELP = """Plan MIG layouts, MPS shares and replicas for the models in -f files on the GPU pool
@@ -105,8 +104,10 @@ def derive_for(docs: Documents, inv: Inventory, profiles: ProfileSet) -> Profile
         for model, v in members[1:]:
             for p in derived:
                 # its provenance names the profile it came from: the copy's own
-                source = p.provenance.source.replace(f"{first}@", f"{v}@", 1)
-                out.add(replace(p, model=model, variant=v, provenance=replace(p.provenance, source=source)))
+                pv = p.provenance
+                source = pv.source.replace(f"{first}@", f"{v}@", 1)
+                out.add(p.renamed(model, v, Provenance(source, pv.kind, pv.measured_batches, pv.notes,
+                                                       pv.accuracy_source)))
     return out
 
 

@@ -127,8 +127,11 @@ def _greedy(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], o
     missing: dict[int, int] = defaultdict(int)
     unplaced: dict[int, float] = {}
 
+    class_weight = [inv.weight(c) for c in inv.classes]
+    weights = {id(c): class_weight[c.cls] * c.gpu_fraction for c in cands}
+
     def weight(c: Candidate) -> float:
-        return inv.weight(inv.classes[c.cls]) * c.gpu_fraction
+        return weights[id(c)]
 
     def fitting(c: Candidate) -> _Slot | None:
         # best fit: the slot with the least room that still takes the share

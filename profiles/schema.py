@@ -467,7 +467,10 @@ def yaml_files(paths: list[str | Path] | tuple[str | Path, ...]) -> list[Path]:
 def parse_documents(text: str, where: str, docs: Documents, base_dir: Path | None = None) -> None:
     """Validate every document of one YAML stream into ``docs``."""
     try:
-        raw = [d for d in yaml.safe_load_all(text) if d is not None]
+        try:  # libyaml where PyYAML has it (a fleet's documents); its errors are worded by the pure loader
+            raw = [d for d in yaml.load_all(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if d is not None]
+        except yaml.YAMLError:
+            raw = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

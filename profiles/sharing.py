@@ -125,10 +125,22 @@ def mps_terms(profile: Profile, batch: int, quantile: Quantile = "p99",
               fixed_share: float = FIXED) -> tuple[float, float, float]:
     """(floor, fixed, scalable) of one batch as fractions of its solo latency (see the module
     docstring); what :class:`ActiveJob` carries so shared time follows the profile's curve."""
-    t = profile.latency(batch, quantile)
-    floor, a, c = curve_split(profile.points, quantile)
+    return _terms(profile.latency(batch, quantile), curve_split(profile.points, quantile), batch, fixed_share)
+
+
+def _terms(t: float, split: tuple[float, float, float], batch: int, fixed_share: float) -> tuple[float, float, float]:
+    floor, a, c = split
     fixed = fixed_share * a
     return floor / t, fixed / t, (a - fixed + c * batch) / t
+
+
+def mps_latencies(profile: Profile, top: int, share: float, quantile: Quantile = "p99") -> list[float]:
+    """:func:`mps_latency` with busy neighbours of the same kind for every batch ``1..top``
+    (index ``b``; index 0 unused), the curve read once: the planner's capacity tables."""
+    solo = profile.latencies(top, quantile)
+    split = curve_split(profile.points, quantile)
+    busy = 1.0 + pair_interference(profile.mps_interference, profile.mps_interference)
+    return [0.0] + [solo[b] * share_slowdown(_terms(solo[b], split, b, FIXED), share) * busy for b in range(1, top + 1)]
 
 
 def mps_latency(profile: Profile, batch: int, share: float, busy_neighbours: bool,
