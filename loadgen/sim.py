@@ -153,24 +153,24 @@ def make_requests(
 # ------------------------------------------------------------------------------ events
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Wake:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Finish:
     slice_key: str
     replica: str
     version: int  # stale if the slice's schedule changed since
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Deliver:  # a dispatched batch reaches its replica
     batch: Batch
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Done:  # a finished batch's answer reaches the driver
     batch: Batch
 
@@ -462,6 +462,22 @@ class Simulator:
         """Advance the slice's running jobs to ``now``, start backlog on idle replicas of the
         slice, and schedule each running job's finish at the current sharing rates."""
         sl = self._slices[key]
+        rate = sl.solo_rate
+        if rate is not None:  # one replica alone on its slice (the common case), step by step
+            rid = sl.members[0]
+            job = sl.jobs.get(rid)
+            if job is not None and sl.updated != now:
+                job.remaining = max(0.0, job.remaining - rate * (now - sl.updated))
+            sl.updated = now
+            if job is None:
+                backlog = self._backlog[rid]
+                if not backlog:
+                    sl.version += 1
+                    return []
+                b = backlog.popleft()
+                job = sl.jobs[rid] = _Job(b, self._service(rid, b.rows))
+            sl.version += 1
+            return [(now + job.remaining / rate, P_FINISH, _Finish(key, rid, sl.version))]
         self._advance(key, sl, now)
         for rid in sl.members:
             if rid not in sl.jobs and self._backlog[rid]:

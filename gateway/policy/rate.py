@@ -30,6 +30,11 @@ class RateEstimator:
             self._first = now
         elif times and now < times[-1]:
             self._ordered = False
+        if rows == 1:
+            if len(times) == times.maxlen:
+                self._dropped += 1
+            times.append(now)
+            return
         for _ in range(rows):
             if len(times) == times.maxlen:
                 self._dropped += 1

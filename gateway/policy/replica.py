@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import add
 
 from gateway.policy.config import SchedulerConfig
 from gateway.policy.types import Batch, ReplicaInfo
@@ -56,8 +58,10 @@ class Replica:
         exact = (self.run_excess, self.overhead) == (0.0, 0.0) != (g, o)  # back to the profile itself
         if moved or exact:
             self.applied = (self.run_excess, self.overhead)
-            self.run = [0.0] + [t + self.run_excess for t in self.base[1:]]
-            self.table = [0.0] + [t + self.overhead for t in self.run[1:]]
+            self.run = run = list(map(add, self.base, repeat(self.run_excess)))
+            # NOTE: run times are positive, so adding an overhead of 0.0 changes none of them
+            self.table = table = list(run) if self.overhead == 0.0 else list(map(add, run, repeat(self.overhead)))
+            run[0] = table[0] = 0.0
 
     def dispatch(self, batch: Batch) -> None:
         """``batch`` (planned with the current tables) is in flight on this replica."""
@@ -102,38 +106,63 @@ def cost_per_answer(reps: list[Replica]) -> float | None:
 
 class NeededBatch:
     """The smallest batch (rows) at which replicas together keep up with a rate: a replica whose
-    max batch is smaller runs its max batch. Latency tables seen twice get their capacity by
-    batch size tabled once (kept with the tables, so an id is never reused while cached);
-    tables met once (a replica still learning retables often) walk up from one row."""
+    max batch is smaller runs its max batch. Per set of latency tables it keeps the most
+    capacity at any batch up to b rows, for b = 1, 2, ... as far as a question has needed
+    (the first b whose capacity reaches a rate is the first where that running most does), so
+    a question is answered by a bisection or by extending the walk from where it stopped. The
+    tables are kept with their entry, so an id is never reused while cached; a replica still
+    learning retables often, and each new table starts a short walk."""
 
     def __init__(self, limit: int = 256) -> None:
         self.limit = limit
-        self._tables: dict[tuple[int, ...], tuple[tuple[list[float], ...], list[float] | None]] = {}
+        # ids of the tables -> (the tables, running most capacity by batch size - 1)
+        self._tables: dict[object, tuple[tuple[list[float], ...], list[float]]] = {}
 
     def __call__(self, reps: list[Replica], want: float) -> int:
-        tables = tuple(r.table for r in reps)
-        key = tuple(map(id, tables))
-        hit = self._tables.get(key)
-        top = max(r.info.max_batch for r in reps)
-        if hit is None or any(a is not b for a, b in zip(hit[0], tables, strict=True)):
-            if len(self._tables) >= self.limit:
-                self._tables.clear()
-            self._tables[key] = (tables, None)
-            for b in range(1, top + 1):
-                if _capacity(reps, b) >= want:
+        if len(reps) == 1:
+            one = reps[0]
+            table, top = one.table, one.info.max_batch
+            key: object = id(table)
+            hit = self._tables.get(key)
+            if hit is None or hit[0][0] is not table:
+                hit = self._entry(key, (table,))
+        else:
+            tables = tuple(r.table for r in reps)
+            key = tuple(map(id, tables))
+            top = max(r.info.max_batch for r in reps)
+            hit = self._tables.get(key)
+            if hit is None or any(a is not b for a, b in zip(hit[0], tables, strict=True)):
+                hit = self._entry(key, tables)
+        best = hit[1]
+        if best and best[-1] >= want:
+            return bisect.bisect_left(best, want) + 1
+        b = len(best)
+        running = best[-1] if best else 0.0
+        if len(reps) == 1:
+            while b < top:
+                b += 1
+                cap = b / table[b]
+                if b == 1 or cap > running:
+                    running = cap
+                best.append(running)
+                if cap >= want:
                     return b
             return top
-        best = hit[1]
-        if best is None:
-            best, running = [], 0.0  # running: the most capacity at any batch up to b rows
-            for b in range(1, top + 1):
-                cap = _capacity(reps, b)
-                running = max(running, cap) if b > 1 else cap
-                best.append(running)
-            self._tables[key] = (tables, best)
-        # the first b whose capacity reaches want is the first where the running most does
-        i = bisect.bisect_left(best, want)
-        return i + 1 if i < top else top
+        while b < top:
+            b += 1
+            cap = _capacity(reps, b)
+            if b == 1 or cap > running:
+                running = cap
+            best.append(running)
+            if cap >= want:
+                return b
+        return top
+
+    def _entry(self, key: object, tables: tuple[list[float], ...]) -> tuple[tuple[list[float], ...], list[float]]:
+        if len(self._tables) >= self.limit:
+            self._tables.clear()
+        hit = self._tables[key] = (tables, [])
+        return hit
 
 
 def _capacity(reps: list[Replica], b: int) -> float:
