@@ -133,24 +133,15 @@ class NeededBatch:
             hit = self._tables.get(key)
             if hit is None or any(a is not b for a, b in zip(hit[0], tables, strict=True)):
                 hit = self._entry(key, tables)
+            table = None
         best = hit[1]
         if best and best[-1] >= want:
             return bisect.bisect_left(best, want) + 1
         b = len(best)
         running = best[-1] if best else 0.0
-        if len(reps) == 1:
-            while b < top:
-                b += 1
-                cap = b / table[b]
-                if b == 1 or cap > running:
-                    running = cap
-                best.append(running)
-                if cap >= want:
-                    return b
-            return top
         while b < top:
             b += 1
-            cap = _capacity(reps, b)
+            cap = b / table[b] if table is not None else _capacity(reps, b)  # one replica: inline
             if b == 1 or cap > running:
                 running = cap
             best.append(running)
