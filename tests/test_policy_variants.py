@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.policy import EdfScheduler, SchedulerConfig
-from gateway.policy.selector import Level, VariantInfo, candidate_order, next_level
+from gateway.policy.selector import Level, VariantInfo, candidate_order, choose, fallback_spare, next_level
 from gateway.policy.types import Request
 from loadgen.sim import SimReplica, Simulator
 from tests.policy_builders import fake_profile, replica
@@ -99,3 +99,40 @@ def test_overload_of_the_accurate_variant_overflows_to_the_cheaper_one_and_back(
     assert 0.1 < small < 0.5 and answered > 0.99
     assert shares(end1 + 3.0, end1 + 6.0)[0] < 0.05  # load fell: all on the accurate one
     assert core.level("m") == 0
+
+
+def test_the_spare_is_the_least_time_any_later_fallback_needs_and_zero_under_cost() -> None:
+    alone = {"a": 30.0, "b": 8.0, "c": 12.0}.__getitem__
+    assert fallback_spare(["a", "b", "c"], alone) == [8.0, 12.0, 0.0]
+    assert fallback_spare(["c", "a"], alone) == [30.0, 0.0]
+    assert fallback_spare(["a", "b", "c"], alone, objective="cost") == [0.0, 0.0, 0.0]
+    assert fallback_spare(["a", "b", "c"], alone, cheapest=True) == [0.0, 0.0, 0.0]
+    assert fallback_spare(["a"], alone) == [0.0]
+
+
+def test_choose_takes_the_first_with_its_spare_else_the_first_in_time_else_none() -> None:
+    finish = {"a": (0.095, True), "b": (0.050, True), "c": (0.200, True)}
+    plan = finish.__getitem__
+    # a would finish in time but not 10 ms early; b would, with no spare needed (last fallback)
+    assert choose(["a", "b"], plan, 0.1, [0.010, 0.0]) == ("b", 0.050)
+    # with a spare a meets, a is taken
+    assert choose(["a", "b"], plan, 0.1, [0.004, 0.0]) == ("a", 0.095)
+    # nobody meets its spare: the first in time is taken, so the spare never refuses
+    assert choose(["a", "c"], plan, 0.1, [0.010, 0.0]) == ("a", 0.095)
+    # admission's other rules (the bool) veto a variant; nothing in time: none, with the earliest finish
+    assert choose(["a", "c"], {"a": (0.095, False), "c": (0.2, True)}.__getitem__, 0.1, [0.0, 0.0]) == (None, 0.095)
+
+
+def test_under_accuracy_the_accurate_variant_keeps_room_for_its_fallback() -> None:
+    # BIG answers one request alone in 24 ms, SMALL in 5 ms: a request BIG can only finish
+    # within 5 ms of its deadline goes to SMALL, where it finishes with time to spare
+    s = two_variants()
+    assert s.submit(Request(1, "m", 0.0, 0.027), 0.0) is None  # big: 24 ms, 3 ms to spare < 5
+    assert s.submit(Request(2, "m", 0.0, 0.040), 0.0) is None  # big: 24 ms, 16 ms to spare
+    d = s.poll(0.0)
+    assert {r.id: b.variant for b in d.batches for r in b.requests} == {1: "small", 2: "big"}
+    # with SMALL gone, the same request takes BIG rather than be refused
+    t = EdfScheduler(SchedulerConfig())
+    t.add_replica(replica("big0", BIG, max_batch=16), 0.0)
+    assert t.submit(Request(3, "m", 0.0, 0.027), 0.0) is None
+    assert {r.id: b.variant for b in t.poll(0.0).batches for r in b.requests} == {3: "big"}

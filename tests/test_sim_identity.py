@@ -80,7 +80,7 @@ def test_fixed_seeded_runs_give_exactly_the_same_answers() -> None:
     assert got == GOLDEN
 
 
-GOLDEN = {"single": "8eaf822ad5eada27", "bursty": "a1896b0d43e31902", "variants_shared": "95affb1144ddaa71",
+GOLDEN = {"single": "8eaf822ad5eada27", "bursty": "a1896b0d43e31902", "variants_shared": "3c609af0d65d5cb2",
           "fleet": "aab3e0c5575cfe43", "fleet_default": "8a1a01d0e3d82d9e"}
 
 

@@ -67,7 +67,9 @@ from gateway.policy.selector import (
     Level,
     VariantInfo,
     candidate_order,
+    choose,
     describe_constraints,
+    fallback_spare,
     next_level,
 )
 from gateway.policy.sequences import Sequences
@@ -250,20 +252,22 @@ class EdfScheduler(SequenceScheduling):
                 request, RejectReason.INFEASIBLE, self.config.min_retry_after_s,
                 f"request rows ({request.size}) exceed the largest max batch of model {request.model!r}")
         best_effort = request.priority == Priority.BEST_EFFORT
-        choice, finish = fits[0], float("inf")
+        choice = fits[0]
         if self.policy.deadline_aware:
-            for v in fits:
+            def plan(v: str) -> tuple[float, bool]:
                 f = self._plan(model.groups[v], live[v], request, now)
-                if f <= request.deadline and self._protects(model, model.groups[v], live[v], request, now):
-                    choice, finish = v, f
-                    break
-                finish = min(finish, f)
-            else:
+                return f, f <= request.deadline and self._protects(model, model.groups[v], live[v], request, now)
+            spare = fallback_spare(fits, lambda v: min(r.table[request.size] for r in live[v]
+                                                       if r.info.max_batch >= request.size),
+                                   objective=model.objective, cheapest=best_effort)
+            pick, finish = choose(fits, plan, request.deadline, spare)
+            if pick is None:
                 reason = RejectReason.SHED if best_effort else RejectReason.INFEASIBLE
                 return self._reject(
                     request, reason, max(self.config.min_retry_after_s, finish - request.deadline),
                     f"predicted finish {(finish - now) * 1e3:.1f} ms from now is past the deadline "
                     f"{(request.deadline - now) * 1e3:.1f} ms from now")
+            choice = pick
         group = model.groups[choice]
         group.rate.observe(now, request.size)
         group.queue_of(request).push(request)

@@ -15,6 +15,16 @@ until one is predicted to meet its deadline given that variant's queue:
   deviations of a Poisson count over the estimator's window), at most once per dwell time.
 - ``cost``: cheapest per answer first (INFaaS's objective), so a floor is met at least cost.
 
+Under ``accuracy`` a request takes a variant with fallbacks after it only if it is predicted
+to finish there with time to spare for a fallback: the least time its fallbacks need to answer
+it alone (:func:`fallback_spare`, from their latency tables). The accurate variant runs full,
+so the last requests it admits are predicted to finish right at the deadline; with the spare
+they finish that much sooner, so a plan that slips while they queue still leaves time to move
+them (dispatch time), and their answers do not land at the edge of the deadline, where any
+delay the gateway cannot see (the client's send, the network) makes them late. A request no
+variant takes with its spare takes the first that meets the deadline at all (:func:`choose`),
+so the spare never refuses one.
+
 Best-effort requests always try the cheapest first, whatever the objective. A variant of
 unknown accuracy never meets a floor; one of unknown cost never meets a cap and comes last
 in cost order.
@@ -25,7 +35,7 @@ Pure functions; the level is state in, state out.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gateway.policy.types import Request
@@ -77,6 +87,40 @@ def candidate_order(variants: Sequence[VariantInfo], floor: float | None, level:
     ok = by_accuracy(ok)
     skip = min(level.skip, max(0, len(ok) - 1))
     return [v.name for v in ok[skip:] + ok[:skip][::-1]]
+
+
+def fallback_spare(order: Sequence[str], alone: Callable[[str], float], *, objective: str = "accuracy",
+                   cheapest: bool = False) -> list[float]:
+    """Per variant of ``order`` (a request's candidates), the seconds it must finish the request
+    before its deadline: under ``accuracy``, the least ``alone(w)`` (a lone request's predicted
+    time on w's quickest replica) over the variants after it, 0 for the last; 0 for every
+    variant under ``cost`` or with ``cheapest`` (those take the first feasible one as it is)."""
+    out = [0.0] * len(order)
+    if cheapest or objective != "accuracy":
+        return out
+    least = float("inf")
+    for i in range(len(order) - 1, 0, -1):
+        least = min(least, alone(order[i]))
+        out[i - 1] = least
+    return out
+
+
+def choose(order: Sequence[str], plan: Callable[[str], tuple[float, bool]], deadline: float,
+           spare: Sequence[float]) -> tuple[str | None, float]:
+    """Admission's pick among ``order``: the first variant predicted to finish the request its
+    ``spare`` seconds before ``deadline``, else the first predicted to finish by ``deadline``,
+    else None; with that variant's predicted finish (None: the earliest of any).
+    ``plan(v)``: the predicted finish on ``v``, and whether admission's other rules take it there."""
+    first, earliest = None, float("inf")
+    for v, s in zip(order, spare, strict=True):
+        finish, ok = plan(v)
+        if ok and finish <= deadline:
+            if finish <= deadline - s:
+                return v, finish
+            if first is None:
+                first = (v, finish)
+        earliest = min(earliest, finish)
+    return first if first is not None else (None, earliest)
 
 
 def next_level(level: Level, variants: Sequence[VariantInfo], rate: float, now: float, *,
