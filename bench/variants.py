@@ -32,6 +32,7 @@ import platform
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,18 @@ import yaml
 
 from bench.gateway_slo import wait_idle
 from bench.output import write_results
+from bench.variants_step import (
+    CLIENT_LAG_S,
+    STEP,
+    STEP_WINDOW_S,
+    TRANSITION_S,
+    drive,
+    read_access_log,
+    schedule,
+    summarise,
+    triton_delta,
+    triton_stats,
+)
 from loadgen.run import run_load
 from loadgen.spec import LoadSpec
 from placement.capacity import replica_capacity
@@ -75,15 +88,19 @@ def cost_per_answer(p: Profile) -> float:
     return p.latency(MAX_BATCH) / MAX_BATCH * PRICE / 3600
 
 
+TRITON_MODELS = (f"{VIT}-a", f"{VIT}-b", f"{R50}-a", f"{R50}-b")
+
+
 def write_repo(repo: Path, profs: dict[str, Profile]) -> None:
     """Four replicas, each an emulated 2g.20gb slice of its own (two per emulated GPU)."""
-    for i, name in enumerate((f"{VIT}-a", f"{VIT}-b", f"{R50}-a", f"{R50}-b")):
+    for i, name in enumerate(TRITON_MODELS):
         write_emulated_model(repo, name, profs[name.rsplit("-", 1)[0]], slice_id=f"gpu{i // 2}/{SLICE}@{2 * (i % 2)}")
 
 
 def gateway_doc(http_port: int, triton_http: str, objective: str, replicas: tuple[str, ...],
-                profile_files: dict[str, Path]) -> dict[str, Any]:
-    return {"listen": {"http_port": http_port, "grpc_port": free_port()},
+                profile_files: dict[str, Path], access_log: Path | None = None) -> dict[str, Any]:
+    log = {"access_log": {"enabled": True, "path": str(access_log)}} if access_log else {}
+    return {"listen": {"http_port": http_port, "grpc_port": free_port()}, **log,
             "models": [{"name": "imagenet", "slo_ms": SLO_MS, "max_batch": MAX_BATCH, "objective": objective,
                         "replicas": [{"url": triton_http, "variant": r, "price_per_hour": PRICE, "id": r,
                                       "profile": str(profile_files[r.rsplit("-", 1)[0]])} for r in replicas]}]}
@@ -165,75 +182,26 @@ async def tritonclient_floor(url: str, rate: float, n: int, profs: dict[str, Pro
             "below_floor": below, "cost_per_1000": cost}
 
 
-STEP = ((0.5, 10.0), (4.0, 10.0), (0.5, 10.0))  # (x ViT capacity, seconds): the load step
-STEP_WINDOW_S = 1.0
-CLIENT_LAG_S = 0.010  # a request the client sent later than this after its schedule: the client stalled
+STEP_SYSTEMS = ("headrace-accuracy", "fixed-resnet50")  # headrace, and the floor: no choice, ample capacity
 
 
-async def load_step(url: str, cap: float, profs: dict[str, Profile], phases=STEP) -> dict[str, Any]:
-    """Open-loop Poisson arrivals from tritonclient's asyncio HTTP client at each phase's rate,
-    latency counted from each request's scheduled send: per window, attainment (answered OK
-    within the SLO) and mean accuracy of the answers."""
+async def step_run(url: str, triton_http: str, sched: list[float], prefix: str) -> dict[str, Any]:
+    """One pass of the load step at the gateway on ``url`` (host:port): what the client saw,
+    Triton's work and the gateway's variant moves over it."""
+    await wait_idle(triton_http)
     client = aiohttpclient.InferenceServerClient(url, conn_limit=400)
-    x = await one_row(client)
-    rng = np.random.default_rng(11)
-    sched: list[float] = []
-    t0 = 0.0
-    for load, seconds in phases:
-        t = t0
-        while True:
-            t += rng.exponential(1 / (load * cap))
-            if t >= t0 + seconds:
-                break
-            sched.append(t)
-        t0 += seconds
-    results: list[tuple[float, bool, str | None, float]] = []  # (scheduled, on time, variant, send lag)
-
-    async def one(at: float, start: float) -> None:
-        lag = time.monotonic() - start - at  # the client's own delay before sending
-        try:
-            r = await client.infer("imagenet", [x])
-            variant = variant_of(r.get_response()["parameters"]["headrace_variant"])
-            results.append((at, time.monotonic() - start - at <= SLO_MS / 1e3, variant, lag))
-        except Exception:  # noqa: BLE001  (a refusal or error: answered, not on time)
-            results.append((at, False, None, lag))
-
-    start = time.monotonic()
-    tasks = []
-    for at in sched:
-        delay = start + at - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(at, start)))
-    await asyncio.gather(*tasks)
-    await client.close()
-    windows = []
-    for w in range(int(t0 / STEP_WINDOW_S)):
-        rs = [r for r in results if w * STEP_WINDOW_S <= r[0] < (w + 1) * STEP_WINDOW_S]
-        served = [r[2] for r in rs if r[2] is not None]
-        lags = sorted(r[3] for r in rs)
-        windows.append({"t": w * STEP_WINDOW_S, "offered": len(rs),
-                        "send_lag_p99_ms": lags[int(0.99 * (len(lags) - 1))] * 1e3 if lags else None,
-                        "attainment": sum(r[1] for r in rs) / len(rs) if rs else None,
-                        "mean_accuracy": sum(profs[v].accuracy for v in served) / len(served) if served else None})
-    # a transition: up to two hysteresis windows (2 x the default dwell, 2 s) after each step
-    edges, t = [], 0.0
-    for _, seconds in phases[:-1]:
-        t += seconds
-        edges.append(t)
-    steady = [r for r in results if not any(e <= r[0] < e + 4.0 for e in edges)]
-    # requests the client itself sent late (it stalled: the machine's floor, not the gateway's)
-    prompt = [r for r in steady if r[3] <= CLIENT_LAG_S]
-    last = [r[2] for r in results if r[0] >= t0 - 3.0 and r[2] is not None]
-    return {"phases": [{"load": load, "seconds": sec} for load, sec in phases], "requests": len(results),
-            "windows": windows, "transition_s": 4.0,
-            "steady_attainment": sum(r[1] for r in steady) / len(steady) if steady else None,
-            "client_late": len(steady) - len(prompt), "client_lag_limit_ms": CLIENT_LAG_S * 1e3,
-            "steady_attainment_sent_on_time": sum(r[1] for r in prompt) / len(prompt) if prompt else None,
-            "final_mean_accuracy": sum(profs[v].accuracy for v in last) / len(last) if last else None}
+    try:
+        x = await one_row(client)
+        before, moved = triton_stats(triton_http), moves(int(url.rsplit(":", 1)[1]))
+        sents = await drive(client, x, sched, prefix)
+        after, moved2 = triton_stats(triton_http), moves(int(url.rsplit(":", 1)[1]))
+    finally:
+        await client.close()
+    return {"sents": sents, "triton": triton_delta(before, after),
+            "moves": {k: moved2[k] - moved.get(k, 0.0) for k in moved2}}
 
 
-async def run(duration: float, warmup: float, loads: tuple[float, ...]) -> dict[str, Any]:
+async def run(duration: float, warmup: float, loads: tuple[float, ...], step_repeats: int) -> dict[str, Any]:
     profs = profiles()
     cap = replica_capacity(profs[VIT], SLO_MS / 1e3, max_batch=MAX_BATCH)
     assert cap is not None
@@ -250,20 +218,28 @@ async def run(duration: float, warmup: float, loads: tuple[float, ...]) -> dict[
                                             "accuracy_source": p.provenance.accuracy_source}
                                         for v, p in profs.items()},
                            "points": []}
+    # the load step's gateways are their own, with access logs (the points' run without)
+    systems = {name: SYSTEMS[name] for name in SYSTEMS if loads} | {
+        f"step-{name}": SYSTEMS[name] for name in STEP_SYSTEMS if step_repeats}
+    runs: list[tuple[str, int, dict[str, Any]]] = []
+    sched = schedule(cap.rate, STEP, seed=11)
     with TritonServer(work / "repo", ready_timeout=120) as triton:
         ports: dict[str, int] = {}
         procs = []
         try:
-            for name, (objective, replicas) in SYSTEMS.items():
+            for name, (objective, replicas) in systems.items():
                 hp = ports[name] = free_port()
                 cfg = work / f"{name}.yaml"
-                cfg.write_text(yaml.safe_dump(gateway_doc(hp, triton.http_url, objective, replicas, files)))
+                log = work / f"{name}.access.jsonl" if name.startswith("step-") else None
+                cfg.write_text(yaml.safe_dump(gateway_doc(hp, triton.http_url, objective, replicas, files, log)))
                 procs.append(start_serve(cfg, f"127.0.0.1:{hp}", cfg.with_suffix(".log")))
             for hp in ports.values():  # warm every path once
                 await point(f"http://127.0.0.1:{hp}", 10, 1.0, 0.5, 99)
             for load in loads:
                 rate = load * cap.rate
                 for name, hp in ports.items():
+                    if name.startswith("step-"):
+                        continue
                     before = moves(hp)
                     r = await point(f"http://127.0.0.1:{hp}", rate, duration, warmup, 1)
                     after = moves(hp)
@@ -274,16 +250,57 @@ async def run(duration: float, warmup: float, loads: tuple[float, ...]) -> dict[
                     print(f"{name:18s} {load:3.1f}x {rate:6.1f}/s  attainment {r['attainment'] or 0:.4f}  "
                           f"accuracy {acc or 0:.4f}  $/1000 {cost or 0:.6f}  shares {shares}", flush=True)
                     r["idle_wait_s"] = await wait_idle(triton.http_url)
-            low = loads[0] * cap.rate
-            out["tritonclient_floor"] = await tritonclient_floor(
-                f"127.0.0.1:{ports['headrace-cost']}", low, max(50, int(low * duration)), profs)
-            await wait_idle(triton.http_url)
-            out["load_step"] = await load_step(f"127.0.0.1:{ports['headrace-accuracy']}", cap.rate, profs)
+            if loads:
+                low = loads[0] * cap.rate
+                out["tritonclient_floor"] = await tritonclient_floor(
+                    f"127.0.0.1:{ports['headrace-cost']}", low, max(50, int(low * duration)), profs)
+            for rep in range(step_repeats):  # interleaved, the first system alternating: drift hits both alike
+                for name in STEP_SYSTEMS[::1 if rep % 2 == 0 else -1]:
+                    r = await step_run(f"127.0.0.1:{ports[f'step-{name}']}", triton.http_url, sched, f"{rep}-")
+                    runs.append((name, rep, r))
+                    print(f"load step {name:18s} run {rep}: {len(r['sents'])} requests", flush=True)
         finally:
             for proc in procs:
-                stop_group(proc)
+                stop_group(proc)  # NOTE: stopping a gateway flushes its access log
+    if runs:
+        out["load_step"] = step_results(runs, work, {m: profs[variant_of(m)].accuracy for m in TRITON_MODELS})
     out["targets"] = targets(out)
     return out
+
+
+def step_results(runs: list[tuple[str, int, dict[str, Any]]], work: Path,
+                 accuracy: dict[str, float]) -> dict[str, Any]:
+    """Each run summarised with its access log, and each system's runs pooled."""
+    out: dict[str, Any] = {"phases": [{"load": load, "seconds": sec} for load, sec in STEP],
+                           "transition_s": TRANSITION_S, "client_lag_limit_ms": CLIENT_LAG_S * 1e3,
+                           "window_s": STEP_WINDOW_S, "systems": {}}
+    for name in STEP_SYSTEMS:
+        mine = [(rep, r) for n, rep, r in runs if n == name]
+        logs = [read_access_log(work / f"step-{name}.access.jsonl", f"{rep}-") for rep, _ in mine]
+        each = []
+        for (rep, r), log in zip(mine, logs, strict=True):
+            s = summarise(r["sents"], log, STEP, accuracy, SLO_MS / 1e3)
+            each.append(s | {"run": rep, "triton": r["triton"], "moves": r["moves"]})
+        out["systems"][name] = {"runs": each, "pooled": pool(each)}
+    return out
+
+
+def pool(each: list[dict[str, Any]]) -> dict[str, Any]:
+    """Attainment over all runs' steady requests (weighted by requests), the worst run's, and
+    misses summed."""
+    def weighted(key: str, n_key: str) -> float | None:
+        pairs = [(r[key], r[n_key]) for r in each if r[key] is not None]
+        n = sum(k for _, k in pairs)
+        return sum(a * k for a, k in pairs) / n if n else None
+
+    misses: Counter = Counter()
+    for r in each:
+        misses.update(r["steady_misses"])
+    return {"runs": len(each), "steady_attainment": weighted("steady_attainment", "steady_requests"),
+            "steady_attainment_sent_on_time": weighted("steady_attainment_sent_on_time", "steady_prompt"),
+            "worst_run_steady_attainment": min((r["steady_attainment"] or 0 for r in each), default=None),
+            "steady_misses": dict(misses), "client_late": sum(r["client_late"] for r in each),
+            "final_mean_accuracy": min((r["final_mean_accuracy"] or 0 for r in each), default=None)}
 
 
 def _pt(points: list[dict], system: str, load: float) -> dict | None:
@@ -305,11 +322,16 @@ def targets(res: dict[str, Any]) -> dict[str, Any]:
     step = res.get("load_step")
     if step:
         top = res["variants"][VIT]["accuracy"]
-        out["load_step"] = {"steady_attainment": step["steady_attainment"],
-                            "steady_attainment_sent_on_time": step["steady_attainment_sent_on_time"],
-                            "final_mean_accuracy": step["final_mean_accuracy"],
-                            "met": (step["steady_attainment"] or 0) >= 0.99
-                            and abs((step["final_mean_accuracy"] or 0) - top) < 1e-9}
+        hr, fl = (step["systems"][n]["pooled"] for n in STEP_SYSTEMS)
+        back = hr["final_mean_accuracy"] is not None and abs(hr["final_mean_accuracy"] - top) < 1e-9
+        gap = (fl["steady_attainment"] or 0) - (hr["steady_attainment"] or 0)
+        out["load_step"] = {"steady_attainment": hr["steady_attainment"],
+                            "steady_attainment_sent_on_time": hr["steady_attainment_sent_on_time"],
+                            "final_mean_accuracy": hr["final_mean_accuracy"],
+                            "floor_steady_attainment": fl["steady_attainment"], "cost_of_choice": gap,
+                            "met": (hr["steady_attainment"] or 0) >= 0.99 and back,
+                            # variant choice itself loses at most the 1% the target allows
+                            "met_against_floor": gap <= 0.01 and back}
     cost, top = _pt(pts, "headrace-cost", 0.5), _pt(pts, "fixed-vit-b16", 0.5)
     tc = res.get("tritonclient_floor")
     if cost and top and cost["cost_per_1000"] and top["cost_per_1000"]:
@@ -350,14 +372,7 @@ def markdown(res: dict[str, Any]) -> str:
                   f"{tc['cost_per_1000']:.6f} $ per 1,000."]
     st = res.get("load_step")
     if st:
-        phases = " -> ".join(f"{p['load']:g}x for {p['seconds']:g} s" for p in st["phases"])
-        lines += ["", f"Load step on `headrace-accuracy` (tritonclient aio HTTP, open loop, latency from the "
-                  f"scheduled send): {phases}, {st['requests']} requests. Per {STEP_WINDOW_S:g} s window:", "",
-                  "| t (s) | offered | attainment | mean accuracy | client send lag p99 (ms) |",
-                  "|---|---|---|---|---|"]
-        for w in st["windows"]:
-            lines.append(f"| {w['t']:g} | {w['offered']} | {_f(w['attainment'], '.4f')} | "
-                         f"{_f(w['mean_accuracy'], '.4f')} | {_f(w['send_lag_p99_ms'], '.1f')} |")
+        lines += step_markdown(st)
     t = res.get("targets", {})
     lines += ["", "Targets:"]
     if "at_2x" in t:
@@ -367,12 +382,16 @@ def markdown(res: dict[str, Any]) -> str:
                      f"({_f(a['best_fixed_holding_slo'], '.4f')}): **{'met' if a['met'] else 'not met'}**")
     if "load_step" in t:
         s2 = t["load_step"]
-        lines.append(f"- load step: attainment outside the {st['transition_s']:g} s after each step "
-                     f"{_f(s2['steady_attainment'], '.4f')} (>= 0.99; "
-                     f"{_f(s2['steady_attainment_sent_on_time'], '.4f')} over the requests the client itself sent "
-                     f"within {st['client_lag_limit_ms']:g} ms of their schedule, {st['client_late']} were not), "
-                     f"mean accuracy in the last 3 s "
-                     f"{_f(s2['final_mean_accuracy'], '.4f')} (back to ViT-B/16's): **{'met' if s2['met'] else 'not met'}**")
+        verdict = "met" if s2["met"] else "not met"
+        floor_verdict = "met" if s2["met_against_floor"] else "not met"
+        lines.append(f"- load step: `headrace-accuracy`'s attainment outside the {st['transition_s']:g} s after "
+                     f"each step {_f(s2['steady_attainment'], '.4f')} over all runs (>= 0.99: **{verdict}**; "
+                     f"{_f(s2['steady_attainment_sent_on_time'], '.4f')} over the requests the client sent within "
+                     f"{st['client_lag_limit_ms']:g} ms of their schedule). The floor, the same step and client on "
+                     f"two ResNet-50 slices with no variant choice: {_f(s2['floor_steady_attainment'], '.4f')}; "
+                     f"variant choice costs {_f(s2['cost_of_choice'] * 100, '.2f')} points of attainment "
+                     f"(<= 1 point: **{floor_verdict}**). Mean accuracy in the last 3 s "
+                     f"{_f(s2['final_mean_accuracy'], '.4f')} (back to ViT-B/16's)")
     if "at_half_cost" in t:
         c = t["at_half_cost"]
         lines.append(f"- at 0.5x, `headrace-cost` costs {c['ratio_to_always_most_accurate']:.2f}x of always the "
@@ -381,16 +400,82 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def step_markdown(st: dict[str, Any]) -> list[str]:
+    phases = " -> ".join(f"{p['load']:g}x for {p['seconds']:g} s" for p in st["phases"])
+    systems = st["systems"]
+    names = list(systems)
+    n_runs = max(len(v["runs"]) for v in systems.values())
+    first = next(iter(systems.values()))["runs"][0]
+    lines = ["", "## Load step", "",
+             f"tritonclient aio HTTP, open loop, latency from the scheduled send: {phases} "
+             f"({first['requests']} requests, one schedule), {n_runs} runs per system, interleaved. "
+             f"`{names[0]}` (ViT-B/16 + ResNet-50 slices, objective accuracy) against the floor `{names[1]}` "
+             "(two ResNet-50 slices: no variant choice, ample capacity at 4x), each on its own gateway with "
+             "the access log on, so every miss is placed: `refused` (the gateway said 429/503), `late in "
+             "gateway` (its own time from reading the request to answering it passed the SLO), `late outside` "
+             "(the gateway answered within the SLO and the client saw it late: its send lag, loopback, "
+             "parsing), `error`.", "",
+             "| system | run | attainment outside transitions | sent on time | refused / late in gateway / "
+             "late outside / error | sent > 10 ms late | level moves (down/up/late) |",
+             "|---|---|---|---|---|---|---|"]
+    for name, d in systems.items():
+        for r in d["runs"]:
+            m, mv = r["steady_misses"], r["moves"]
+            lines.append(f"| {name} | {r['run']} | {_f(r['steady_attainment'], '.4f')} | "
+                         f"{_f(r['steady_attainment_sent_on_time'], '.4f')} | {m.get('refused', 0)} / "
+                         f"{m.get('late_in_gateway', 0)} / {m.get('late_outside', 0)} / {m.get('error', 0)} | "
+                         f"{r['client_late']} | {mv.get('down', 0):.0f}/{mv.get('up', 0):.0f}/{mv.get('late', 0):.0f} |")
+        p, m = d["pooled"], d["pooled"]["steady_misses"]
+        lines.append(f"| {name} | all | **{_f(p['steady_attainment'], '.4f')}** | "
+                     f"{_f(p['steady_attainment_sent_on_time'], '.4f')} | {m.get('refused', 0)} / "
+                     f"{m.get('late_in_gateway', 0)} / {m.get('late_outside', 0)} / {m.get('error', 0)} | "
+                     f"{p['client_late']} | |")
+    lines += ["", "At 4x outside the transition, by Triton model that served it (refusals under `-`): "
+              "requests, misses, the gateway's own time and the client's, p50 / p99 (ms):", "",
+              "| system | run | served by | requests | misses | gateway ms | client ms |", "|---|---|---|---|---|---|---|"]
+    for name, d in systems.items():
+        for r in d["runs"]:
+            for v, x in sorted(r["high_by_variant"].items()):
+                miss = ", ".join(f"{k} {n}" for k, n in sorted(x["misses"].items())) or "0"
+                lines.append(f"| {name} | {r['run']} | {v} | {x['requests']} | {miss} | "
+                             f"{_f(x['gateway_ms_p50'], '.1f')} / {_f(x['gateway_ms_p99'], '.1f')} | "
+                             f"{_f(x['client_ms_p50'], '.1f')} / {_f(x['client_ms_p99'], '.1f')} |")
+    lines += ["", "Triton's own statistics over each run (per Triton model: executions, rows per execution, "
+              "queue and compute ms per execution):", "",
+              "| system | run | Triton model | executions | rows / execution | queue ms | compute ms |",
+              "|---|---|---|---|---|---|---|"]
+    for name, d in systems.items():
+        for r in d["runs"]:
+            for model, x in sorted(r["triton"].items()):
+                lines.append(f"| {name} | {r['run']} | {model} | {x['executions']:.0f} | {x['rows_per_batch']:.2f} | "
+                             f"{x['queue_ms_per_batch']:.2f} | {x['compute_ms_per_batch']:.1f} |")
+    lines += ["", f"Per {st['window_s']:g} s window, each run's attainment (`{names[0]}` | `{names[1]}`), "
+              f"`{names[0]}`'s mean accuracy (first run) and the worst client send lag p99 of any run:", "",
+              f"| t (s) | offered | {names[0]} | {names[1]} | mean accuracy | send lag p99 (ms) |",
+              "|---|---|---|---|---|---|"]
+    for k, w in enumerate(first["windows"]):
+        cols = [" ".join(_f(r["windows"][k]["attainment"], ".3f") for r in systems[n]["runs"]) for n in names]
+        lag = max((r["windows"][k]["send_lag_p99_ms"] or 0.0) for d in systems.values() for r in d["runs"])
+        lines.append(f"| {w['t']:g} | {w['offered']} | {cols[0]} | {cols[1]} | {_f(w['mean_accuracy'], '.4f')} | "
+                     f"{lag:.1f} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=15.0, help="measured seconds per point")
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--quick", action="store_true", help="loads 0.5x and 2x only, 5 s each (a smoke run)")
+    ap.add_argument("--step-runs", type=int, default=3,
+                    help="runs of the load step per system (headrace and the floor, interleaved); 0: none")
+    ap.add_argument("--only-step", action="store_true", help="the load step alone, no load points")
     ap.add_argument("--out", type=Path, default=RESULTS)
     a = ap.parse_args(argv)
+    if a.step_runs < 0 or (a.only_step and a.step_runs == 0):
+        ap.error(f"--step-runs ({a.step_runs}) must be >= 0, and >= 1 with --only-step")
     exit_on_sigterm()
-    loads = (0.5, 2.0) if a.quick else LOADS
-    res = asyncio.run(run(5.0 if a.quick else a.duration, a.warmup, loads))
+    loads = () if a.only_step else (0.5, 2.0) if a.quick else LOADS
+    res = asyncio.run(run(5.0 if a.quick else a.duration, a.warmup, loads, a.step_runs))
     write_results(a.out, "variants", res, markdown(res))
     print(markdown(res))
     return 0
