@@ -368,8 +368,10 @@ def solve_accuracy(demands: Sequence[Demand], profiles: ProfileSet, inv: Invento
             gpus, label = greedy_accuracy(demands, profiles, inv, cands, opts), label + "->greedy"
     placed = Plan(gpus, tuple(demands), inv, profiles=profiles).capacities()
     short = shortfalls(demands, inv, cands, opts, {mi: placed[d.model] for mi, d in enumerate(demands)})
+    tb = clock()
     lb = lower_bound(demands, inv, cands, opts) if bound and not short else 0.0
-    return Plan(gpus, tuple(demands), inv, label, lb, clock() - t0, profiles, proven, acc_bound, shortfall=short)
+    return Plan(gpus, tuple(demands), inv, label, lb, clock() - t0, profiles, proven, acc_bound, shortfall=short,
+                bound_seconds=clock() - tb)
 
 
 __all__ = ["greedy_accuracy", "over_budget", "solve_accuracy"]

@@ -215,6 +215,7 @@ class Plan:
     proven_bound: float = 0.0  # the MILP's branch-and-bound lower bound; 0 if none
     accuracy_bound: float = 0.0  # objective accuracy: the MILP's upper bound on the mean accuracy; 0 if none
     shortfall: tuple[Shortfall, ...] = ()  # best-effort models an overfull pool could not place whole
+    bound_seconds: float = 0.0  # of solve_seconds, computing lower_bound (after the plan was chosen)
 
     @property
     def partial(self) -> bool:
@@ -496,6 +497,7 @@ class Plan:
                 "proven_bound": round(self.proven_bound, 4),
                 "gap": None if self.gap == float("inf") else round(self.gap, 4),
                 "solve_seconds": round(self.solve_seconds, 3),
+                "bound_seconds": round(self.bound_seconds, 3),
                 "partial": self.partial,
                 "shortfall": [s.to_dict() for s in self.shortfall],
                 "models": [{"model": d.model, "rate": d.rate, "slo_ms": d.slo * 1e3, "priority": d.priority,

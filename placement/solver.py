@@ -155,5 +155,7 @@ def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
             gpus, chosen = g.gpus, g.start.chosen
             label += "->greedy"
     short = shortfalls(demands, inventory, cands, options, capacities(cands, chosen))
+    tb = clock()
     lb = lower_bound(demands, inventory, cands, options) if bound and not short else 0.0
-    return Plan(gpus, tuple(demands), inventory, label, lb, clock() - t0, profiles, proven, shortfall=short)
+    return Plan(gpus, tuple(demands), inventory, label, lb, clock() - t0, profiles, proven, shortfall=short,
+                bound_seconds=clock() - tb)
