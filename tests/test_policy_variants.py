@@ -8,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.policy import EdfScheduler, SchedulerConfig
-from gateway.policy.selector import Level, VariantInfo, candidate_order, choose, fallback_spare, next_level
+from gateway.policy.selector import (
+    Level,
+    VariantInfo,
+    candidate_order,
+    choose,
+    fallback_spare,
+    next_level,
+)
 from gateway.policy.types import Request
 from loadgen.sim import SimReplica, Simulator
 from tests.policy_builders import fake_profile, replica
