@@ -107,7 +107,10 @@ def test_committed_measured_profiles_load_with_labels_and_accuracy():
         p = found[name]
         # the files say slice "cpu"; a ProfileSet keys a host's one device as the whole slice
         assert (p.gpu, p.slice, p.provenance.kind) == ("cpu", "gpu", "measured")
-        # NOTE: recorded accuracy is the held-out accuracy the cached weights reproduce
-        assert p.accuracy == pytest.approx(load_or_train(name).accuracy, abs=1e-4)
+        # NOTE: recorded accuracy is the held-out accuracy the weights reproduce. Training is
+        # seeded, but BLAS kernels differ by CPU, so weights trained on another host may answer
+        # one or two of the held-out digits differently: at most two samples apart
+        w = load_or_train(name)
+        assert abs(p.accuracy - w.accuracy) <= 2 / w.test_rows + 1e-4, (name, p.accuracy, w.accuracy)
         lat = [p.latency(b, "p50") for b in range(1, p.max_batch + 1)]
         assert lat == sorted(lat)  # usable by "largest batch within budget"
