@@ -94,10 +94,13 @@ def test_constraints_hold_and_refusals_are_only_when_no_allowed_variant_passes_a
                     variant=k["pin"])
         allowed = [v for v, *_ in FAMILY if (r.accuracy_floor is None or accuracy(v) >= r.accuracy_floor)
                    and (r.max_cost is None or c[v] <= r.max_cost) and (r.variant is None or v == r.variant)]
-        # the core's own admission test for each allowed variant, taken before the submit
+        # the core's own admission test for each allowed variant, taken before the submit: its
+        # predicted finish is in time, and (admission protect / burst) admitting it there pushes
+        # no queued request late
+        model = core._models["m"]  # noqa: SLF001
         feasible = [v for v in allowed
-                    if core._plan(core._models["m"].groups[v], core._healthy(core._models["m"].groups[v]),  # noqa: SLF001
-                                  r, 0.0) <= r.deadline]
+                    if core._plan(model.groups[v], core._healthy(model.groups[v]), r, 0.0) <= r.deadline  # noqa: SLF001
+                    and core._protects(model, model.groups[v], core._healthy(model.groups[v]), r, 0.0)]  # noqa: SLF001
         rj = core.submit(r, 0.0)
         if rj is not None:
             assert not feasible, (r, rj)
