@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from itertools import repeat
 
 
 class RateEstimator:
@@ -30,15 +31,12 @@ class RateEstimator:
             self._first = now
         elif times and now < times[-1]:
             self._ordered = False
+        n = len(times)
         if rows == 1:
-            if len(times) == times.maxlen:
-                self._dropped += 1
             times.append(now)
-            return
-        for _ in range(rows):
-            if len(times) == times.maxlen:
-                self._dropped += 1
-            times.append(now)
+        else:
+            times.extend(repeat(now, rows))
+        self._dropped += n + rows - len(times)  # what the deque's maxlen pushed off the left
 
     def rate(self, now: float) -> float:
         if self._first is None:
