@@ -125,8 +125,6 @@ class _Model:
     upgrades: int = 0  # and back
 
 
-_NO_SPARE = (0.0,)
-
 class EdfScheduler(SequenceScheduling):
     """Deadline-aware batching core implementing :class:`gateway.policy.types.SchedulerCore`."""
 
@@ -259,10 +257,9 @@ class EdfScheduler(SequenceScheduling):
             def plan(v: str) -> tuple[float, bool]:
                 f = self._plan(model.groups[v], live[v], request, now)
                 return f, f <= request.deadline and self._protects(model, model.groups[v], live[v], request, now)
-            spare = (_NO_SPARE if len(fits) == 1 else  # one variant: nothing to fall back to
-                     fallback_spare(fits, lambda v: min(r.table[request.size] for r in live[v]
-                                                        if r.info.max_batch >= request.size),
-                                    objective=model.objective, cheapest=best_effort))
+            spare = fallback_spare(fits, lambda v: min(r.table[request.size] for r in live[v]
+                                                       if r.info.max_batch >= request.size),
+                                   objective=model.objective, cheapest=best_effort)
             pick, finish = choose(fits, plan, request.deadline, spare)
             if pick is None:
                 reason = RejectReason.SHED if best_effort else RejectReason.INFEASIBLE
