@@ -60,6 +60,7 @@ from placement.solver import (
     candidates,
     lower_bound,
     pack,
+    timed_bound,
 )
 from profiles.profile import ProfileSet
 
@@ -368,10 +369,9 @@ def solve_accuracy(demands: Sequence[Demand], profiles: ProfileSet, inv: Invento
             gpus, label = greedy_accuracy(demands, profiles, inv, cands, opts), label + "->greedy"
     placed = Plan(gpus, tuple(demands), inv, profiles=profiles).capacities()
     short = shortfalls(demands, inv, cands, opts, {mi: placed[d.model] for mi, d in enumerate(demands)})
-    tb = clock()
-    lb = lower_bound(demands, inv, cands, opts) if bound and not short else 0.0
+    lb, lb_s = timed_bound(demands, inv, cands, opts, bound and not short, clock)
     return Plan(gpus, tuple(demands), inv, label, lb, clock() - t0, profiles, proven, acc_bound, shortfall=short,
-                bound_seconds=clock() - tb)
+                bound_seconds=lb_s)
 
 
 __all__ = ["greedy_accuracy", "over_budget", "solve_accuracy"]

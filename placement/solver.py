@@ -48,7 +48,7 @@ from profiles.catalogue import WHOLE, Instance
 from profiles.profile import ProfileSet
 
 __all__ = ["DEFAULT", "METHODS", "Candidate", "LayoutOption", "MilpTimeout", "Options", "SolverError",
-           "candidates", "layout_options", "lower_bound", "pack", "solve"]
+           "candidates", "layout_options", "lower_bound", "pack", "solve", "timed_bound"]
 
 METHODS = ("greedy", "milp")
 _check_coverable = check_coverable  # the accuracy planner's name for it
@@ -155,7 +155,15 @@ def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
             gpus, chosen = g.gpus, g.start.chosen
             label += "->greedy"
     short = shortfalls(demands, inventory, cands, options, capacities(cands, chosen))
-    tb = clock()
-    lb = lower_bound(demands, inventory, cands, options) if bound and not short else 0.0
+    lb, lb_s = timed_bound(demands, inventory, cands, options, bound and not short, clock)
     return Plan(gpus, tuple(demands), inventory, label, lb, clock() - t0, profiles, proven, shortfall=short,
-                bound_seconds=clock() - tb)
+                bound_seconds=lb_s)
+
+
+def timed_bound(demands: Sequence[Demand], inventory: Inventory, cands: list[Candidate], options: Options,
+                wanted: bool, clock: Callable[[], float]) -> tuple[float, float]:
+    """The plan's lower bound (0 when not ``wanted``: a partial plan has none) and the seconds
+    of ``clock`` it took, which a plan reports apart from the time to choose it."""
+    t = clock()
+    lb = lower_bound(demands, inventory, cands, options) if wanted else 0.0
+    return lb, clock() - t
