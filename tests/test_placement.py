@@ -177,6 +177,17 @@ def test_seven_one_g_replicas_per_gpu_is_optimal(method):
 
 
 @pytest.mark.parametrize("method", ["greedy", "milp"])
+def test_a_plan_tells_the_seconds_of_its_bound_apart_from_the_whole_solve(method):
+    # a clock that moves one second per reading: the bound is read twice around it
+    ticks = iter(range(1_000_000))
+    ps = ProfileSet([fake_profile("m", "1g.10gb")])
+    cap = replica_capacity(ps.get("m", "A100-80GB", "1g.10gb"), 0.1).rate
+    plan = solve([Demand("m", 2.5 * cap, 0.1)], ps, pool(2, mps=False), method, clock=lambda: float(next(ticks)))
+    assert plan.bound_seconds == 1.0 and plan.solve_seconds > plan.bound_seconds
+    assert plan.to_dict()["status"]["bound_seconds"] == 1.0
+
+
+@pytest.mark.parametrize("method", ["greedy", "milp"])
 def test_four_g_and_three_g_share_a_gpu(method):
     # a needs two 3g, b one 4g: 4g+3g on one GPU and a 3g on another is optimal (2 GPUs)
     ps = ProfileSet([fake_profile("a", "3g.40gb"), fake_profile("b", "4g.40gb")])
