@@ -120,6 +120,11 @@ def moves(http_port: int) -> dict[str, float]:
     return out
 
 
+def moves_since(http_port: int, before: dict[str, float]) -> dict[str, float]:
+    """The gateway's variant moves by kind since ``before`` (a :func:`moves` reading)."""
+    return {k: v - before.get(k, 0.0) for k, v in moves(http_port).items()}
+
+
 def score(per_variant: list[dict[str, Any]], profs: dict[str, Profile]) -> tuple[float | None, float | None, dict]:
     """Mean accuracy and cost per 1,000 answers of the answered requests, and the shares."""
     counts = {variant_of(d["variant"]): d["ok"] for d in per_variant if d["variant"] != "-" and d["ok"]}
@@ -192,13 +197,14 @@ async def step_run(url: str, triton_http: str, sched: list[float], prefix: str) 
     client = aiohttpclient.InferenceServerClient(url, conn_limit=400)
     try:
         x = await one_row(client)
-        before, moved = triton_stats(triton_http), moves(int(url.rsplit(":", 1)[1]))
+        port = int(url.rsplit(":", 1)[1])
+        before, moved = triton_stats(triton_http), moves(port)
         sents = await drive(client, x, sched, prefix)
-        after, moved2 = triton_stats(triton_http), moves(int(url.rsplit(":", 1)[1]))
+        moved = moves_since(port, moved)
+        after = triton_stats(triton_http)
     finally:
         await client.close()
-    return {"sents": sents, "triton": triton_delta(before, after),
-            "moves": {k: moved2[k] - moved.get(k, 0.0) for k in moved2}}
+    return {"sents": sents, "triton": triton_delta(before, after), "moves": moved}
 
 
 async def run(duration: float, warmup: float, loads: tuple[float, ...], step_repeats: int) -> dict[str, Any]:
@@ -242,10 +248,10 @@ async def run(duration: float, warmup: float, loads: tuple[float, ...], step_rep
                         continue
                     before = moves(hp)
                     r = await point(f"http://127.0.0.1:{hp}", rate, duration, warmup, 1)
-                    after = moves(hp)
+                    moved = moves_since(hp, before)
                     acc, cost, shares = score(r.pop("per_variant"), profs)
                     r.update(system=name, load=load, rate=rate, mean_accuracy=acc, cost_per_1000=cost,
-                             shares=shares, moves={k: after[k] - before.get(k, 0.0) for k in after})
+                             shares=shares, moves=moved)
                     out["points"].append(r)
                     print(f"{name:18s} {load:3.1f}x {rate:6.1f}/s  attainment {r['attainment'] or 0:.4f}  "
                           f"accuracy {acc or 0:.4f}  $/1000 {cost or 0:.6f}  shares {shares}", flush=True)
@@ -418,18 +424,18 @@ def step_markdown(st: dict[str, Any]) -> list[str]:
              "| system | run | attainment outside transitions | sent on time | refused / late in gateway / "
              "late outside / error | sent > 10 ms late | level moves (down/up/late) |",
              "|---|---|---|---|---|---|---|"]
+    def row(name: str, run: str, r: dict[str, Any], attainment: str, moved: str) -> str:
+        m = r["steady_misses"]
+        return (f"| {name} | {run} | {attainment} | {_f(r['steady_attainment_sent_on_time'], '.4f')} | "
+                f"{m.get('refused', 0)} / {m.get('late_in_gateway', 0)} / {m.get('late_outside', 0)} / "
+                f"{m.get('error', 0)} | {r['client_late']} | {moved}{' ' if moved else ''}|")
+
     for name, d in systems.items():
         for r in d["runs"]:
-            m, mv = r["steady_misses"], r["moves"]
-            lines.append(f"| {name} | {r['run']} | {_f(r['steady_attainment'], '.4f')} | "
-                         f"{_f(r['steady_attainment_sent_on_time'], '.4f')} | {m.get('refused', 0)} / "
-                         f"{m.get('late_in_gateway', 0)} / {m.get('late_outside', 0)} / {m.get('error', 0)} | "
-                         f"{r['client_late']} | {mv.get('down', 0):.0f}/{mv.get('up', 0):.0f}/{mv.get('late', 0):.0f} |")
-        p, m = d["pooled"], d["pooled"]["steady_misses"]
-        lines.append(f"| {name} | all | **{_f(p['steady_attainment'], '.4f')}** | "
-                     f"{_f(p['steady_attainment_sent_on_time'], '.4f')} | {m.get('refused', 0)} / "
-                     f"{m.get('late_in_gateway', 0)} / {m.get('late_outside', 0)} / {m.get('error', 0)} | "
-                     f"{p['client_late']} | |")
+            mv = r["moves"]
+            lines.append(row(name, str(r["run"]), r, _f(r["steady_attainment"], ".4f"),
+                             f"{mv.get('down', 0):.0f}/{mv.get('up', 0):.0f}/{mv.get('late', 0):.0f}"))
+        lines.append(row(name, "all", d["pooled"], f"**{_f(d['pooled']['steady_attainment'], '.4f')}**", ""))
     lines += ["", "At 4x outside the transition, by Triton model that served it (refusals under `-`): "
               "requests, misses, the gateway's own time and the client's, p50 / p99 (ms):", "",
               "| system | run | served by | requests | misses | gateway ms | client ms |", "|---|---|---|---|---|---|---|"]
