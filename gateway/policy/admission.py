@@ -25,10 +25,7 @@ class Lane(NamedTuple):
 
 def predict_finish(lanes: Sequence[Lane], rows_ahead: int, size: int) -> float:
     """Predicted finish of a request of ``size`` rows behind ``rows_ahead`` rows."""
-    if len(lanes) == 1:
-        usable = [0] if lanes[0].max_batch >= size else []
-    else:
-        usable = [i for i, ln in enumerate(lanes) if ln.max_batch >= size]
+    usable = [i for i, ln in enumerate(lanes) if ln.max_batch >= size]
     if not usable:
         return float("inf")
     if len(usable) == 1:  # one replica: the same steps without the heap
