@@ -30,6 +30,9 @@ class _Program:
     kinds: list[tuple[int, str]]  # (class, slice kind) of each slice-kind row, after the class rows
 
 
+Cover = tuple[int, dict[int, int]]  # a model and whole replicas of its candidates that cover it
+
+
 CUTS_PER_MODEL = 6
 
 
@@ -170,14 +173,28 @@ def lower_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
     if not cands:
         return 0.0
     p = _program(demands, inv, cands, opts, tie_break=False, cuts=True)
+    return rounded(inv, bound_and_covers(demands, inv, cands, p, lagrangian)[0])
+
+
+def rounded(inv: Inventory, bound: float) -> float:
+    """``bound`` as a plan's cost can be: with the GPU count as objective, an integer."""
+    return float(math.ceil(bound - 1e-6)) if inv.unit == "gpus" else float(bound)
+
+
+def bound_and_covers(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], p: _Program,
+                     lagrangian: bool = True) -> tuple[float, list[Cover]]:
+    """The bound of :func:`lower_bound` on ``p`` (the program with rounding cuts) before
+    rounding, and the whole-replica covers its Lagrangian pricing went through: every
+    candidate alone, and each model's cheapest covers at each price vector tried (none without
+    ``lagrangian``). The covers are the columns of :func:`placement.milp.master_choice`."""
     lp = _solve_lp(p)
     if lp is None:
-        return 0.0
+        return 0.0, []
     best, duals = lp
-    if lagrangian:
-        best = max(best, _lagrangian_bound(demands, inv, cands, p, duals))
-    # with the GPU count as objective the optimum is an integer
-    return float(math.ceil(best - 1e-6)) if inv.unit == "gpus" else float(best)
+    if not lagrangian:
+        return best, []
+    lagrange, covers = _lagrangian_bound(demands, inv, cands, p, duals)
+    return max(best, lagrange), covers
 
 
 def _solve_lp(p: _Program) -> tuple[float, np.ndarray] | None:
@@ -250,9 +267,10 @@ def cheapest_cover(items: Sequence[tuple[float, float, int]], need: float) -> tu
 
 
 def _lagrangian_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], p: _Program,
-                      duals: np.ndarray) -> float:
+                      duals: np.ndarray) -> tuple[float, list[Cover]]:
     """The best Lagrangian bound over the slice-kind prices tried: first the LP's duals, then
-    those of a restricted Dantzig-Wolfe master (columns: each model's whole-replica sets).
+    those of a restricted Dantzig-Wolfe master (columns: each model's whole-replica sets); and
+    those columns.
 
     Validity: for any prices ``pi >= 0`` on the slice-kind rows, moving those rows into the
     objective only lowers the optimum (a plan's rows are <= 0, so ``pi`` times them is <= 0),
@@ -291,7 +309,7 @@ def _lagrangian_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Can
             covers.append((mi, counts))
         return value, covers
 
-    columns: list[tuple[int, dict[int, int]]] = []
+    columns: list[Cover] = []
     seen: set[tuple] = set()
 
     def add(mi: int, counts: dict[int, int]) -> bool:
@@ -341,6 +359,6 @@ def _lagrangian_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Can
         best = max(best, value)
         if not any([add(mi, counts) for mi, counts in covers if counts]):
             break
-    return best
+    return best, columns
 
 

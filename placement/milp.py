@@ -1,10 +1,15 @@
 """The integer program solved by HiGHS (through ``highspy``), started from the greedy's plan.
 
-Stage 1 minimises GPUs (or cost) under the rounding cuts, from the greedy's replica counts and
-layouts as its first incumbent: whatever the time limit, the answer is never worse than the
-greedy's, and HiGHS spends its time improving it and proving the bound, not looking for a
-first solution (a 1,000-model fleet is one program, not a sequence of chunks). Stage 2 holds
-that spend and prefers the most accurate variants and the least share (no idle replicas).
+Stage 1 minimises GPUs (or cost). It starts with the integer master of the lower bound's
+Dantzig-Wolfe pricing ("price and branch"): each model takes one of the whole-replica covers
+that pricing went through (the greedy's own among them) and GPUs take layouts whose slices hold
+the covers' shares. That program is small, and on a fleet of many small models its optimum is
+usually the bound itself, which proves it. Only where it leaves a gap to the bound does HiGHS go
+on with the whole program under the rounding cuts, started from the master's plan. Either way
+the greedy's replica counts and layouts are the first incumbent: whatever the time limit, the
+answer is never worse than the greedy's (a 1,000-model fleet is one program, not a sequence of
+chunks). Stage 2 holds that spend and prefers the most accurate variants and the least share
+(no idle replicas).
 ``scipy.optimize.milp`` wraps the same HiGHS but takes no starting solution.
 
 On an overfull pool (the greedy left best-effort demand unplaced) each best-effort model's
@@ -23,11 +28,12 @@ import highspy
 import numpy as np
 from scipy.sparse import coo_matrix, csc_matrix, hstack, vstack
 
-from placement.bound import _Program, _program
+from placement.bound import Cover, _Program, _program, bound_and_covers, rounded
 from placement.candidates import Candidate, LayoutOption, MilpTimeout, Options, SolverError, Start
 from placement.plan import Demand, Inventory
 
 STAGE1_SHARE = 0.8  # of the time limit; stage 2 gets what is left
+MASTER_SHARE = 0.5  # of stage 1's time: the integer master; the whole program gets the rest
 STAGE2_MIN_SECONDS = 0.5
 
 
@@ -81,6 +87,69 @@ def _run(c: np.ndarray, a, lo: np.ndarray, hi: np.ndarray, ub: np.ndarray, time_
     return np.asarray(h.getSolution().col_value), float(info.mip_dual_bound), status
 
 
+class _Master:
+    """The integer master over ``covers`` and the covers of ``start`` (a plan as program
+    values): one cover per model, GPUs per layout within the pool, each slice kind's shares
+    within its slices. Its columns: the layouts (as in ``p``), then the covers."""
+
+    def __init__(self, p: _Program, inv: Inventory, covers: Sequence[Cover], cands: list[Candidate],
+                 start: np.ndarray) -> None:
+        n_cls, n_kinds, ny = len(inv.classes), len(p.kinds), len(p.y_index)
+        kind_row = {k: i for i, k in enumerate(p.kinds)}
+        own: dict[int, dict[int, int]] = defaultdict(dict)
+        for j in np.flatnonzero(start[:p.n_x] > 0.5):
+            own[cands[j].model][int(j)] = int(round(start[j]))
+        index: dict[tuple, int] = {}
+        self.columns: list[Cover] = []
+        for mi, counts in [*covers, *own.items()]:
+            key = (mi, tuple(sorted((j, k) for j, k in counts.items() if k)))
+            if key not in index:
+                index[key] = len(self.columns)
+                self.columns.append((mi, dict(key[1])))
+        models = {mi: r for r, mi in enumerate(sorted({mi for mi, _ in self.columns}))}
+        rows, cols, vals = [], [], []
+        for q, (mi, counts) in enumerate(self.columns):
+            for j, k in counts.items():
+                rows.append(n_cls + kind_row[(cands[j].cls, cands[j].slice)])
+                cols.append(q)
+                vals.append(cands[j].share * k)
+            rows.append(n_cls + n_kinds + models[mi]), cols.append(q), vals.append(1.0)
+        top = p.a[:n_cls + n_kinds, p.n_x:]  # the layouts' class and slice-kind rows
+        self.a = hstack([vstack([top, csc_matrix((len(models), ny))]),
+                         coo_matrix((vals, (rows, cols)), shape=(n_cls + n_kinds + len(models), len(self.columns)))])
+        self.lo = np.r_[np.full(n_cls + n_kinds, -np.inf), np.ones(len(models))]
+        self.hi = np.r_[p.hi[:n_cls], np.zeros(n_kinds), np.ones(len(models))]
+        self.ub = np.r_[p.ub[p.n_x:], np.ones(len(self.columns))]
+        self.start = np.r_[start[p.n_x:], np.zeros(len(self.columns))]
+        for mi in models:
+            self.start[ny + index[(mi, tuple(sorted(own.get(mi, {}).items())))]] = 1.0
+        self.p, self.ny = p, ny
+
+    def cost(self, program_cost: np.ndarray) -> np.ndarray:
+        """A program objective over the master's columns: each cover costs its replicas'."""
+        covers = [sum(program_cost[j] * k for j, k in counts.items()) for _, counts in self.columns]
+        return np.r_[program_cost[self.p.n_x:self.p.n_x + self.ny], covers]
+
+    def solve(self, cost: np.ndarray, time_limit: float, gap: float, spend: float | None = None
+              ) -> np.ndarray | None:
+        """The master's optimum of ``cost`` from its start (within ``spend``, the plan's cost,
+        if given) as program values, or None if HiGHS returns none."""
+        a, lo, hi = self.a, self.lo, self.hi
+        if spend is not None:
+            a = vstack([a, np.r_[self.p.c[self.p.n_x:self.p.n_x + self.ny], np.zeros(len(self.columns))]])
+            lo, hi = np.r_[lo, -np.inf], np.r_[hi, spend + 1e-6]
+        x, _, _ = _run(cost, a, lo, hi, self.ub, time_limit, gap, self.start)
+        if x is None:
+            return None
+        self.start = np.round(x)
+        out = np.zeros(len(self.p.c))
+        out[self.p.n_x:] = self.start[:self.ny]
+        for q in np.flatnonzero(self.start[self.ny:] > 0.5):
+            for j, k in self.columns[q][1].items():
+                out[j] += k
+        return out
+
+
 def _with_slack(p: _Program, demands: Sequence[Demand], inv: Inventory, cands: list[Candidate],
                 slack: Sequence[int]) -> _Program:
     """``p`` with a continuous column per model of ``slack`` on its capacity row: the req/s
@@ -107,27 +176,46 @@ def milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
     p = _program(demands, inv, cands, opts, tie_break=False, cuts=True, uncut=frozenset(slack))
     n_int = len(p.c)
     x0 = _vector(p, start) if start is not None else None
+    proven = 0.0
     if slack:
         p = _with_slack(p, demands, inv, cands, slack)
         if x0 is not None:
             x0 = np.r_[x0, [(start_unplaced or {}).get(mi, 0.0) for mi in slack]]
-    left = time_limit - (clock() - t0)
-    x, proven, status = _run(p.c, p.a, p.lo, p.hi, p.ub, STAGE1_SHARE * left, 1e-6, x0, n_int)
-    if x is None:
-        if "limit" in status.lower():
-            raise MilpTimeout(f"MILP found no feasible plan within {time_limit:g} s")
-        raise SolverError(f"MILP found no feasible plan ({status})")
-    best = np.r_[np.round(x[:n_int]), x[n_int:]]
-    if x0 is not None and float(p.c @ x0) < float(p.c @ best) - 1e-9:
-        best = x0  # NOTE: HiGHS keeps the start as incumbent; this only guards against rounding
+    master = None
+    if x0 is not None and not slack:
+        bound, covers = bound_and_covers(demands, inv, cands, p)
+        proven = rounded(inv, bound)
+        left = time_limit - (clock() - t0)
+        master = _Master(p, inv, covers, cands, x0)
+        xm = master.solve(master.cost(p.c), MASTER_SHARE * STAGE1_SHARE * left, 1e-6)
+        if xm is not None and float(p.c @ xm) < float(p.c @ x0):
+            x0 = xm
+    if x0 is not None and float(p.c @ x0) <= proven * (1 + 1e-6):
+        best = x0  # the master's plan meets the bound: nothing to search
+    else:
+        master = None  # the whole program's plan may be no cover of the master's
+        left = time_limit - (clock() - t0)
+        x, dual, status = _run(p.c, p.a, p.lo, p.hi, p.ub, STAGE1_SHARE * left, 1e-6, x0, n_int)
+        if x is None:
+            if "limit" in status.lower():
+                raise MilpTimeout(f"MILP found no feasible plan within {time_limit:g} s")
+            raise SolverError(f"MILP found no feasible plan ({status})")
+        proven = max(proven, dual)
+        best = np.r_[np.round(x[:n_int]), x[n_int:]]
+        if x0 is not None and float(p.c @ x0) < float(p.c @ best) - 1e-9:
+            best = x0  # NOTE: HiGHS keeps the start as incumbent; this only guards against rounding
     left = time_limit - (clock() - t0)
     if left > STAGE2_MIN_SECONDS:
         tie = np.r_[_program(demands, inv, cands, opts, tie_break=True).c, p.c[n_int:]]
         tie[p.n_x:n_int] = 0.0
-        a2 = vstack([p.a, p.c.reshape(1, -1)]).tocsr()
-        lo2 = np.r_[p.lo, -np.inf]
-        hi2 = np.r_[p.hi, float(p.c @ best) + 1e-6]
-        x2, _, _ = _run(tie, a2, lo2, hi2, p.ub, left, 1e-3, best, n_int)
+        tie /= max(float(tie.max()), 1e-12)  # NOTE: the same optimum; HiGHS warns of, and slows on, tiny costs
+        if master is not None:  # the master's covers, at the plan's spend
+            x2 = master.solve(master.cost(tie), left, 1e-3, float(p.c @ best))
+        else:
+            a2 = vstack([p.a, p.c.reshape(1, -1)]).tocsr()
+            lo2 = np.r_[p.lo, -np.inf]
+            hi2 = np.r_[p.hi, float(p.c @ best) + 1e-6]
+            x2, _, _ = _run(tie, a2, lo2, hi2, p.ub, left, 1e-3, best, n_int)
         if x2 is not None:
             best = np.r_[np.round(x2[:n_int]), x2[n_int:]]
     x = np.round(best[:n_int]).astype(int)

@@ -14,7 +14,7 @@ slices (first-fit decreasing); the integer program is therefore exact for that g
 
 Methods: ``greedy`` (:mod:`placement.greedy`) fills concrete GPUs first-fit decreasing;
 ``milp`` (:mod:`placement.milp`) solves the program with HiGHS under a time limit, started from
-the greedy's plan. Both report a lower bound, hence a gap: the better of the LP relaxation
+the greedy's plan, first over the whole-replica covers the lower bound's pricing finds. Both report a lower bound, hence a gap: the better of the LP relaxation
 (with rounding cuts) and a Lagrangian bound that keeps each model's replicas integer
 (:func:`placement.bound.lower_bound`). Candidates and layouts: :mod:`placement.candidates`.
 
