@@ -172,8 +172,12 @@ def run_sim(fleet: SimFleet, spec: LoadSpec, opts: SimOptions, extra: dict[str, 
                          f"served: {sorted(fleet.models)}")
     groups = [g for g in fleet.groups() if any(m in sched.models for m in g)]
     workers = min(opts.processes, len(groups))
-    if workers <= 1:
+    if len(groups) <= 1:
         rec, tally = simulate(fleet, spec, sched, opts)
+    elif workers <= 1:  # one core over groups that share nothing: each with its own simulator
+        rec, tally = Recorder(spec.window_s), _Tally()
+        for g, part in zip(groups, split(sched, groups), strict=True):
+            simulate(fleet.subset(g), spec, part, opts, (rec, tally))
     else:
         parts = split(sched, groups)
         # a few jobs per worker, of about equal arrivals, so the workers finish together
