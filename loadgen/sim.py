@@ -462,20 +462,21 @@ class Simulator:
         """Advance the slice's running jobs to ``now``, start backlog on idle replicas of the
         slice, and schedule each running job's finish at the current sharing rates."""
         sl = self._slices[key]
-        self._advance(key, sl, now)
         rate = sl.solo_rate
         if rate is not None:  # one replica alone on its slice (the common case), step by step
             rid = sl.members[0]
-            job = sl.jobs.get(rid)
-            if job is None:
-                backlog = self._backlog[rid]
-                if not backlog:
-                    sl.version += 1
-                    return []
-                b = backlog.popleft()
-                job = sl.jobs[rid] = _Job(b, self._service(rid, b.rows))
+            if rid in sl.jobs:
+                return []  # running alone at a fixed rate: its finish, already scheduled, stands
+            sl.updated = now
+            backlog = self._backlog[rid]
+            if not backlog:
+                sl.version += 1
+                return []
+            b = backlog.popleft()
+            job = sl.jobs[rid] = _Job(b, self._service(rid, b.rows))
             sl.version += 1
             return [(now + job.remaining / rate, P_FINISH, _Finish(key, rid, sl.version))]
+        self._advance(key, sl, now)
         for rid in sl.members:
             if rid not in sl.jobs and self._backlog[rid]:
                 b = self._backlog[rid].popleft()
