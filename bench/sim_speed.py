@@ -117,6 +117,7 @@ def hour_slice(slice_s: float, settings: list[str], processes: int = 2) -> dict[
         t1, c1 = time.perf_counter(), _cpu()
         summary, _ = run_sim(fleet, spec, SimOptions(processes=processes))
         wall, cpu = time.perf_counter() - t1, _cpu() - c1
+        core = core_share(fleet, spec)
     n = summary["offered"] + summary.get("warmup_offered", 0)
     per_wall_min = n / wall * 60
     hour_requests = offered * 3600
@@ -126,7 +127,52 @@ def hour_slice(slice_s: float, settings: list[str], processes: int = 2) -> dict[
             "setup_s": round(setup, 1), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
             "requests_per_wall_minute": round(per_wall_min), "requests_per_cpu_minute": round(n / cpu * 60),
             "attainment": summary["attainment"], "hour_requests": round(hour_requests),
-            "hour_wall_minutes_extrapolated": round(hour_requests / per_wall_min, 1)}
+            "hour_wall_minutes_extrapolated": round(hour_requests / per_wall_min, 1),
+            "core": {**core, "hour_floor_minutes": round(hour_requests * core["core_us_per_request"] * 1e-6
+                                                         / processes / 60, 1)}}
+
+
+def core_share(fleet: Any, spec: Any) -> dict[str, Any]:
+    """The slice again on one core, the gateway's ``EdfScheduler`` (which the simulator runs by
+    design) timed apart: its seconds per request are a floor no simulator around it can beat."""
+    import loadgen.sim_run as sim_run
+    from gateway.policy import EdfScheduler
+
+    class Timed(EdfScheduler):
+        spent = 0.0
+
+        def submit(self, request, now):  # type: ignore[no-untyped-def]
+            t = time.perf_counter()
+            try:
+                return super().submit(request, now)
+            finally:
+                Timed.spent += time.perf_counter() - t
+
+        def poll(self, now):  # type: ignore[no-untyped-def]
+            t = time.perf_counter()
+            try:
+                return super().poll(now)
+            finally:
+                Timed.spent += time.perf_counter() - t
+
+        def on_complete(self, batch, now, retry=()):  # type: ignore[no-untyped-def]
+            t = time.perf_counter()
+            try:
+                return super().on_complete(batch, now, retry)
+            finally:
+                Timed.spent += time.perf_counter() - t
+
+    sim_run.EdfScheduler = Timed  # NOTE: this process only (the run above used its workers)
+    try:
+        c0 = _cpu()
+        summary, _ = sim_run.run_sim(fleet, spec, sim_run.SimOptions(processes=1))
+        cpu = _cpu() - c0
+    finally:
+        sim_run.EdfScheduler = EdfScheduler
+    n = summary["offered"] + summary.get("warmup_offered", 0)
+    return {"requests": n, "cpu_s": round(cpu, 2), "core_s": round(Timed.spent, 2),
+            "core_share": round(Timed.spent / cpu, 3), "core_us_per_request": round(Timed.spent / n * 1e6, 1),
+            "sim_us_per_request": round(cpu / n * 1e6, 1)}
 
 
 def measure(repeat: int, settings: list[str]) -> dict[str, Any]:
@@ -188,6 +234,14 @@ def markdown(res: dict[str, Any]) -> str:
                   f"hour would take **{h['hour_wall_minutes_extrapolated']:g} minutes** of wall time (target 30); "
                   "extrapolated, not run: later minutes of the trace run at other rates, and a longer run "
                   "holds more state.", ""]
+        c = h.get("core")
+        if c:
+            lines += [f"The floor: the same slice on one core with the gateway's `EdfScheduler` (submit, poll, "
+                      f"on_complete; the simulator runs it by design) timed apart: {c['core_s']:g} of "
+                      f"{c['cpu_s']:g} CPU s ({c['core_share']:.0%}), {c['core_us_per_request']:g} µs of "
+                      f"{c['sim_us_per_request']:g} µs per request. With this scheduler the hour cannot take less "
+                      f"than **{c['hour_floor_minutes']:g} minutes** on {h['processes']} cores, however little "
+                      "the simulator around it costs.", ""]
     return "\n".join(lines) + "\n"
 
 
