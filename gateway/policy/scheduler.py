@@ -257,10 +257,14 @@ class EdfScheduler(SequenceScheduling):
             def plan(v: str) -> tuple[float, bool]:
                 f = self._plan(model.groups[v], live[v], request, now)
                 return f, f <= request.deadline and self._protects(model, model.groups[v], live[v], request, now)
-            spare = fallback_spare(fits, lambda v: min(r.table[request.size] for r in live[v]
-                                                       if r.info.max_batch >= request.size),
-                                   objective=model.objective, cheapest=best_effort)
-            pick, finish = choose(fits, plan, request.deadline, spare)
+            if len(fits) == 1:  # NOTE: what choose() gives for one variant (its spare is 0)
+                finish, ok = plan(choice)
+                pick = choice if ok else None
+            else:
+                spare = fallback_spare(fits, lambda v: min(r.table[request.size] for r in live[v]
+                                                           if r.info.max_batch >= request.size),
+                                       objective=model.objective, cheapest=best_effort)
+                pick, finish = choose(fits, plan, request.deadline, spare)
             if pick is None:
                 reason = RejectReason.SHED if best_effort else RejectReason.INFEASIBLE
                 return self._reject(
@@ -439,7 +443,11 @@ class EdfScheduler(SequenceScheduling):
             push=lambda v, r: model.groups[v].queue_of(r).push(r), objective=model.objective)
 
     def _capacity(self, reps: list[_Replica]) -> float:
-        return sum(r.info.max_batch / r.table[r.info.max_batch] for r in reps)
+        total = 0.0  # NOTE: a loop, not sum() over a generator: on every admission in burst mode
+        for r in reps:
+            top = r.info.max_batch
+            total += top / r.table[top]
+        return total
 
     def _variant_infos(self, model: _Model, live: dict[str, list[_Replica]]) -> list[VariantInfo]:
         return [VariantInfo(v, model.groups[v].accuracy, self._capacity(reps), cost_per_answer(reps))
@@ -624,11 +632,11 @@ class EdfScheduler(SequenceScheduling):
         for queue in (group.guaranteed, group.best_effort):
             if not len(queue):
                 continue
-            if len(healthy) == 1:
-                one = healthy[0]
-                longest = one.table[min(queue.max_size, one.info.max_batch)]
-            else:
-                longest = max(rep.table[min(queue.max_size, rep.info.max_batch)] for rep in healthy)
+            longest = 0.0  # NOTE: loops, not max()/min() over generators: on every poll with a queue
+            for rep in healthy:
+                t = rep.table[min(queue.max_size, rep.info.max_batch)]
+                if t > longest:
+                    longest = t
             for r in queue:
                 d = r.deadline
                 if d - longest >= best:
@@ -637,8 +645,11 @@ class EdfScheduler(SequenceScheduling):
                 if size in shortest:
                     t = shortest[size]
                 else:
-                    t = shortest[size] = min((rep.table[size] for rep in healthy if rep.info.max_batch >= size),
-                                             default=None)
+                    t = None
+                    for rep in healthy:
+                        if rep.info.max_batch >= size and (t is None or rep.table[size] < t):
+                            t = rep.table[size]
+                    shortest[size] = t
                 # NOTE: the latest start over replicas is the deadline less the shortest run
                 # (subtraction is monotone, so this is exactly the max over replicas)
                 last_start = now if t is None else d - t
