@@ -34,6 +34,7 @@ class Replica:
     overhead: float = 0.0  # learned seconds from a batch's end on the replica to its answers
     applied: tuple[float, float] = (0.0, 0.0)  # the (run_excess, overhead) the tables were built with
     last_done: float | None = None  # when the last batch came back
+    free_at: float | None = None  # when the batches in flight let a new one begin (-inf: none); None: not known
 
     def __post_init__(self) -> None:
         if not self.table:
@@ -67,6 +68,16 @@ class Replica:
         """``batch`` (planned with the current tables) is in flight on this replica."""
         self.inflight.append(batch)
         self.ends.append(batch.predicted_finish - self.applied[1])
+        self.free_at = None
+
+    def remove(self, batch: Batch) -> None:
+        """``batch`` is no longer in flight (by identity, else by equality)."""
+        for i, b in enumerate(self.inflight):
+            if b is batch or b == batch:
+                del self.inflight[i]
+                del self.ends[i]
+                self.free_at = None
+                break
 
     def reanchor(self, now: float) -> None:
         """A batch came back at ``now``: the replica was done with it by then, so the batches
@@ -76,20 +87,24 @@ class Replica:
         for i, b in enumerate(self.inflight):
             t += self.run[b.rows]
             self.ends[i] = t
+        self.free_at = None
 
     def start(self, now: float) -> float:
         """When a new batch would begin executing: with room to pipeline, when the replica is
         done with the batches in flight (it already holds the next one); else once their
         answers are back."""
-        inflight = self.inflight
-        if not inflight:
-            return now
-        if self.info.max_inflight > 1:
-            t = max(self.ends)
-        elif len(inflight) == 1:
-            t = inflight[0].predicted_finish
-        else:
-            t = max(b.predicted_finish for b in inflight)
+        t = self.free_at
+        if t is None:  # NOTE: kept until the batches in flight or their ends change (read on every admission)
+            inflight = self.inflight
+            if not inflight:
+                t = float("-inf")
+            elif self.info.max_inflight > 1:
+                t = max(self.ends)
+            elif len(inflight) == 1:
+                t = inflight[0].predicted_finish
+            else:
+                t = max(b.predicted_finish for b in inflight)
+            self.free_at = t
         return t if t > now else now
 
     def has_slot(self) -> bool:

@@ -107,7 +107,7 @@ class _Group:
     @property
     def queued(self) -> int:
         """Requests waiting in both queues."""
-        return len(self.guaranteed) + len(self.best_effort)
+        return len(self.guaranteed._items) + len(self.best_effort._items)  # NOTE: read on every poll
 
     def clear(self) -> list[Request]:
         return self.guaranteed.clear() + self.best_effort.clear()
@@ -283,11 +283,7 @@ class EdfScheduler(SequenceScheduling):
         (answered "failed" if no replica can still finish them in time); the rest are done."""
         rep = self._replicas.get(batch.replica)
         if rep is not None:
-            for i, b in enumerate(rep.inflight):
-                if b is batch or b == batch:
-                    del rep.inflight[i]
-                    del rep.ends[i]
-                    break
+            rep.remove(batch)
             if retry:
                 rep.last_done = None  # a failed batch says nothing about run times
             elif self.config.learn_overhead:
