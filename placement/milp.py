@@ -130,18 +130,27 @@ class _Master:
         covers = [sum(program_cost[j] * k for j, k in counts.items()) for _, counts in self.columns]
         return np.r_[program_cost[self.p.n_x:self.p.n_x + self.ny], covers]
 
-    def solve(self, cost: np.ndarray, time_limit: float, gap: float, spend: float | None = None
-              ) -> np.ndarray | None:
+    def solve(self, cost: np.ndarray, time_limit: float, gap: float, spend: float | None = None,
+              restrict: bool = False) -> np.ndarray | None:
         """The master's optimum of ``cost`` from its start (within ``spend``, the plan's cost,
-        if given) as program values, or None if HiGHS returns none."""
-        a, lo, hi = self.a, self.lo, self.hi
+        if given) as program values, or None if HiGHS returns none. ``restrict``: over the
+        covers its LP relaxation uses and the start's alone (a restricted master: seconds
+        where the whole one spends minutes in root cuts, and on a fleet of many small models
+        as good)."""
+        a, lo, hi, ub, start = csc_matrix(self.a), self.lo, self.hi, self.ub, self.start
         if spend is not None:
-            a = vstack([a, np.r_[self.p.c[self.p.n_x:self.p.n_x + self.ny], np.zeros(len(self.columns))]])
+            a = csc_matrix(vstack([a, np.r_[self.p.c[self.p.n_x:self.p.n_x + self.ny], np.zeros(len(self.columns))]]))
             lo, hi = np.r_[lo, -np.inf], np.r_[hi, spend + 1e-6]
-        x, _, _ = _run(cost, a, lo, hi, self.ub, time_limit, gap, self.start)
+        cols = np.arange(len(cost))
+        if restrict:
+            lp, _, _ = _run(cost, a, lo, hi, ub, time_limit, gap, None, n_int=0)
+            if lp is not None:
+                cols = np.flatnonzero(np.r_[np.ones(self.ny, dtype=bool), (lp[self.ny:] > 1e-9) | (start[self.ny:] > 0.5)])
+        x, _, _ = _run(cost[cols], a[:, cols], lo, hi, ub[cols], time_limit, gap, start[cols])
         if x is None:
             return None
-        self.start = np.round(x)
+        self.start = np.zeros(len(cost))
+        self.start[cols] = np.round(x)
         out = np.zeros(len(self.p.c))
         out[self.p.n_x:] = self.start[:self.ny]
         for q in np.flatnonzero(self.start[self.ny:] > 0.5):
@@ -187,9 +196,13 @@ def milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
         proven = rounded(inv, bound)
         left = time_limit - (clock() - t0)
         master = _Master(p, inv, covers, cands, x0)
-        xm = master.solve(master.cost(p.c), MASTER_SHARE * STAGE1_SHARE * left, 1e-6)
-        if xm is not None and float(p.c @ xm) < float(p.c @ x0):
-            x0 = xm
+        for restrict in (True, False):  # the restricted master first: often it meets the bound
+            if float(p.c @ x0) <= proven * (1 + 1e-6):
+                break
+            left = time_limit - (clock() - t0)
+            xm = master.solve(master.cost(p.c), MASTER_SHARE * STAGE1_SHARE * left, 1e-6, restrict=restrict)
+            if xm is not None and float(p.c @ xm) < float(p.c @ x0):
+                x0 = xm
     if x0 is not None and float(p.c @ x0) <= proven * (1 + 1e-6):
         best = x0  # the master's plan meets the bound: nothing to search
     else:
@@ -209,8 +222,12 @@ def milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
         tie = np.r_[_program(demands, inv, cands, opts, tie_break=True).c, p.c[n_int:]]
         tie[p.n_x:n_int] = 0.0
         tie /= max(float(tie.max()), 1e-12)  # NOTE: the same optimum; HiGHS warns of, and slows on, tiny costs
-        if master is not None:  # the master's covers, at the plan's spend
-            x2 = master.solve(master.cost(tie), left, 1e-3, float(p.c @ best))
+        if master is not None:  # the master's covers, at the plan's spend: restricted, then all
+            x2 = master.solve(master.cost(tie), left, 1e-3, float(p.c @ best), restrict=True)
+            left = time_limit - (clock() - t0)
+            if x2 is not None and left > STAGE2_MIN_SECONDS:
+                whole = master.solve(master.cost(tie), left, 1e-3, float(p.c @ best))
+                x2 = x2 if whole is None else whole
         else:
             a2 = vstack([p.a, p.c.reshape(1, -1)]).tocsr()
             lo2 = np.r_[p.lo, -np.inf]

@@ -22,7 +22,8 @@ def fleet(tmp_path_factory):
     return inv, demands, profiles
 
 
-def test_the_master_plan_meets_every_row_of_the_whole_program(fleet):
+@pytest.mark.parametrize("restrict", [False, True])
+def test_the_master_plan_meets_every_row_of_the_whole_program(fleet, restrict):
     inv, demands, _ = fleet
     cands = candidates(demands, fleet[2], inv, DEFAULT)
     start = greedy_choice(demands, inv, cands, DEFAULT).start
@@ -31,7 +32,7 @@ def test_the_master_plan_meets_every_row_of_the_whole_program(fleet):
     x0 = _vector(p, start)
     master = _Master(p, inv, covers, cands, x0)
     assert len(master.columns) > len(demands)  # more than the start's own covers
-    x = master.solve(master.cost(p.c), 30.0, 1e-6)
+    x = master.solve(master.cost(p.c), 30.0, 1e-6, restrict=restrict)
     assert x is not None
     ax = p.a @ x
     assert np.all(ax >= p.lo - 1e-6) and np.all(ax <= p.hi + 1e-6)  # capacity, slices, pool, cuts
