@@ -257,14 +257,10 @@ class EdfScheduler(SequenceScheduling):
             def plan(v: str) -> tuple[float, bool]:
                 f = self._plan(model.groups[v], live[v], request, now)
                 return f, f <= request.deadline and self._protects(model, model.groups[v], live[v], request, now)
-            if len(fits) == 1:  # NOTE: what choose() gives for one variant (its spare is 0)
-                finish, ok = plan(choice)
-                pick = choice if ok else None
-            else:
-                spare = fallback_spare(fits, lambda v: min(r.table[request.size] for r in live[v]
-                                                           if r.info.max_batch >= request.size),
-                                       objective=model.objective, cheapest=best_effort)
-                pick, finish = choose(fits, plan, request.deadline, spare)
+            spare = fallback_spare(fits, lambda v: min(r.table[request.size] for r in live[v]
+                                                       if r.info.max_batch >= request.size),
+                                   objective=model.objective, cheapest=best_effort)
+            pick, finish = choose(fits, plan, request.deadline, spare)
             if pick is None:
                 reason = RejectReason.SHED if best_effort else RejectReason.INFEASIBLE
                 return self._reject(
