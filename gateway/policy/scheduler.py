@@ -107,7 +107,7 @@ class _Group:
     @property
     def queued(self) -> int:
         """Requests waiting in both queues."""
-        return len(self.guaranteed._items) + len(self.best_effort._items)  # NOTE: read on every poll
+        return len(self.guaranteed) + len(self.best_effort)
 
     def clear(self) -> list[Request]:
         return self.guaranteed.clear() + self.best_effort.clear()
