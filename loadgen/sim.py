@@ -465,13 +465,10 @@ class Simulator:
         rate = sl.solo_rate
         if rate is not None:  # one replica alone on its slice (the common case), step by step
             rid = sl.members[0]
-            if rid in sl.jobs:
-                return []  # running alone at a fixed rate: its finish, already scheduled, stands
-            sl.updated = now
             backlog = self._backlog[rid]
-            if not backlog:
-                sl.version += 1
-                return []
+            if rid in sl.jobs or not backlog:
+                return []  # running alone at a fixed rate (its scheduled finish stands), or idle
+            sl.updated = now
             b = backlog.popleft()
             job = sl.jobs[rid] = _Job(b, self._service(rid, b.rows))
             sl.version += 1
@@ -482,10 +479,6 @@ class Simulator:
                 b = self._backlog[rid].popleft()
                 sl.jobs[rid] = _Job(b, self._service(rid, b.rows))
         sl.version += 1
-        if sl.solo_rate is not None:
-            rate = sl.solo_rate
-            return [(now + job.remaining / rate, P_FINISH, _Finish(key, rid, sl.version))
-                    for rid, job in sl.jobs.items()]
         rates = self._rates(key, sl.jobs, sl.jobs)
         return [
             (now + job.remaining / rates[rid], P_FINISH, _Finish(key, rid, sl.version))
