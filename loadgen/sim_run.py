@@ -150,14 +150,20 @@ def shares(sizes: Sequence[int], bins: int) -> list[list[int]]:
     return [sorted(b) for b in out if b]
 
 
-def _group_job(args: tuple[list[SimFleet], str, list[Schedule], SimOptions]) -> tuple[dict[str, Any], _Tally]:
+def simulate_groups(fleets: Sequence[SimFleet], spec: LoadSpec, scheds: Sequence[Schedule], opts: SimOptions
+                    ) -> tuple[Recorder, _Tally]:
     """Several groups, each with its own core, one after another into one recorder."""
-    fleets, spec_json, scheds, opts = args
-    spec = LoadSpec.model_validate_json(spec_json)
     into = (Recorder(spec.window_s), _Tally())
     for fleet, sched in zip(fleets, scheds, strict=True):
         simulate(fleet, spec, sched, opts, into)
-    return into[0].encode(), into[1]
+    return into
+
+
+def _group_job(args: tuple[list[SimFleet], str, list[Schedule], SimOptions]) -> tuple[dict[str, Any], _Tally]:
+    """:func:`simulate_groups` in a worker process: the spec as JSON in, the recorder encoded out."""
+    fleets, spec_json, scheds, opts = args
+    rec, tally = simulate_groups(fleets, LoadSpec.model_validate_json(spec_json), scheds, opts)
+    return rec.encode(), tally
 
 
 def run_sim(fleet: SimFleet, spec: LoadSpec, opts: SimOptions, extra: dict[str, Any] | None = None
@@ -175,9 +181,7 @@ def run_sim(fleet: SimFleet, spec: LoadSpec, opts: SimOptions, extra: dict[str, 
     if len(groups) <= 1:
         rec, tally = simulate(fleet, spec, sched, opts)
     elif workers <= 1:  # one core over groups that share nothing: each with its own simulator
-        rec, tally = Recorder(spec.window_s), _Tally()
-        for g, part in zip(groups, split(sched, groups), strict=True):
-            simulate(fleet.subset(g), spec, part, opts, (rec, tally))
+        rec, tally = simulate_groups([fleet.subset(g) for g in groups], spec, split(sched, groups), opts)
     else:
         parts = split(sched, groups)
         # a few jobs per worker, of about equal arrivals, so the workers finish together
