@@ -221,8 +221,9 @@ def fleet_markdown(row: dict | None) -> list[str]:
              f"profile file: YAML {f['parse_yaml_s']} s ({f['parse_yaml_mb']:.0f} MB), JSON {f['parse_json_s']} s "
              f"({f['parse_json_mb']:.0f} MB). The MILP runs with `--time-limit "
              f"{row['milp_time_limit_s']:g}`. Solve s "
-             f"is the whole solve; plan s the part until the plan is chosen (candidates, the greedy start, the "
-             f"MILP, packing), before the lower bound the report compares it with.", "",
+             f"is the whole solve; plan s the solve less the lower bound's own time (the greedy's bound is "
+             f"computed after its plan; the MILP builds its master from the bound, so it is judged on the whole "
+             f"solve).", "",
              "| method (profile file) | wall s | peak RSS MB | GPUs | lower bound | x lower bound | MILP proven bound "
              "| solve s (in the plan) | plan s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -239,9 +240,9 @@ def fleet_markdown(row: dict | None) -> list[str]:
                             f"1.10x the bound: {'met' if p['vs_bound'] and p['vs_bound'] <= 1.10 else 'not met'} "
                             f"({p['vs_bound']})")
         else:
-            ok = p["vs_bound"] and p["vs_bound"] <= 1.03 and p["plan_s"] <= 60.0
+            ok = p["vs_bound"] and p["vs_bound"] <= 1.03 and p["solve_s"] <= 60.0
             verdicts.append(f"{key} <= 1.03x within 60 s: {'met' if ok else 'not met'} "
-                            f"({p['vs_bound']}, the plan in {p['plan_s']} s; with the bound {p['solve_s']} s)")
+                            f"({p['vs_bound']}, the whole solve in {p['solve_s']} s)")
     lines += ["", "Targets: " + "; ".join(verdicts) + "."]
     return lines
 

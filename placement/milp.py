@@ -176,9 +176,10 @@ def _with_slack(p: _Program, demands: Sequence[Demand], inv: Inventory, cands: l
 def milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
                 time_limit: float, clock: Callable[[], float] = time.perf_counter, start: Start | None = None,
                 slack: Sequence[int] = (), start_unplaced: dict[int, float] | None = None,
-                ) -> tuple[dict[int, int], dict[int, list[LayoutOption]], float]:
-    """Replica counts, layouts per class and the proven lower bound, within ``time_limit``
-    seconds of ``clock``. Raises :class:`MilpTimeout` if no integer plan is known by then
+                ) -> tuple[dict[int, int], dict[int, list[LayoutOption]], float, tuple[float, float] | None]:
+    """Replica counts, layouts per class, the proven lower bound, and (when the master ran)
+    :func:`~placement.bound.lower_bound`'s value with the seconds of ``clock`` it took, within
+    ``time_limit`` seconds of ``clock``. Raises :class:`MilpTimeout` if no integer plan is known by then
     (never when ``start`` is given). Models in ``slack`` (best-effort) may be placed in part;
     ``start_unplaced`` is the start's req/s left unplaced per model."""
     t0 = clock()
@@ -190,10 +191,12 @@ def milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
         p = _with_slack(p, demands, inv, cands, slack)
         if x0 is not None:
             x0 = np.r_[x0, [(start_unplaced or {}).get(mi, 0.0) for mi in slack]]
-    master = None
-    if x0 is not None and not slack:
+    master, lower = None, None
+    if x0 is not None and not slack:  # NOTE: then p is lower_bound()'s own program
+        tb = clock()
         bound, covers = bound_and_covers(demands, inv, cands, p)
         proven = rounded(inv, bound)
+        lower = (proven, clock() - tb)
         left = time_limit - (clock() - t0)
         master = _Master(p, inv, covers, cands, x0)
         for restrict in (True, False):  # the restricted master first: often it meets the bound
@@ -240,4 +243,4 @@ def milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
     lay: dict[int, list[LayoutOption]] = defaultdict(list)
     for yi, (ci, lo) in enumerate(p.y_index):
         lay[ci] += [lo] * int(x[p.n_x + yi])
-    return chosen, dict(lay), proven
+    return chosen, dict(lay), proven, lower

@@ -215,7 +215,7 @@ class Plan:
     proven_bound: float = 0.0  # the MILP's own lower bound (its pricing's, or HiGHS's branch and bound); 0 if none
     accuracy_bound: float = 0.0  # objective accuracy: the MILP's upper bound on the mean accuracy; 0 if none
     shortfall: tuple[Shortfall, ...] = ()  # best-effort models an overfull pool could not place whole
-    bound_seconds: float = 0.0  # of solve_seconds, computing lower_bound (after the plan was chosen)
+    bound_seconds: float = 0.0  # of solve_seconds, computing lower_bound
 
     @property
     def partial(self) -> bool:

@@ -125,7 +125,7 @@ def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
         return solve_accuracy(demands, profiles, inventory, cands, method, label, options, time_limit, clock, t0, bound)
     from placement.greedy import missing_text  # noqa: PLC0415
 
-    proven = 0.0
+    proven, lower = 0.0, None
     g = greedy_choice(demands, inventory, cands, options)
     lacking = ""
     if g.missing:
@@ -143,7 +143,7 @@ def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
         start = None if lacking else g.start
         slack = [mi for mi, d in enumerate(demands) if not d.guaranteed] if (g.unplaced or lacking) else []
         try:
-            chosen, lay, proven = milp_choice(demands, inventory, cands, options, time_limit - (clock() - t0),
+            chosen, lay, proven, lower = milp_choice(demands, inventory, cands, options, time_limit - (clock() - t0),
                                               clock, start, slack, g.unplaced)
             gpus = pack(demands, inventory, profiles, chosen, cands, lay)
         except SolverError:
@@ -155,15 +155,19 @@ def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
             gpus, chosen = g.gpus, g.start.chosen
             label += "->greedy"
     short = shortfalls(demands, inventory, cands, options, capacities(cands, chosen))
-    lb, lb_s = timed_bound(demands, inventory, cands, options, bound and not short, clock)
+    lb, lb_s = timed_bound(demands, inventory, cands, options, bound and not short, clock, lower)
     return Plan(gpus, tuple(demands), inventory, label, lb, clock() - t0, profiles, proven, shortfall=short,
                 bound_seconds=lb_s)
 
 
 def timed_bound(demands: Sequence[Demand], inventory: Inventory, cands: list[Candidate], options: Options,
-                wanted: bool, clock: Callable[[], float]) -> tuple[float, float]:
+                wanted: bool, clock: Callable[[], float], known: tuple[float, float] | None = None
+                ) -> tuple[float, float]:
     """The plan's lower bound (0 when not ``wanted``: a partial plan has none) and the seconds
-    of ``clock`` it took, which a plan reports apart from the time to choose it."""
+    of ``clock`` it took, which a plan reports apart from the rest of the solve; ``known``: the
+    two already found (the MILP's master is built from the bound), not computed again."""
+    if wanted and known is not None:
+        return known
     t = clock()
     lb = lower_bound(demands, inventory, cands, options) if wanted else 0.0
     return lb, clock() - t
