@@ -115,8 +115,9 @@ class _Master:
                 vals.append(cands[j].share * k)
             rows.append(n_cls + n_kinds + models[mi]), cols.append(q), vals.append(1.0)
         top = p.a[:n_cls + n_kinds, p.n_x:]  # the layouts' class and slice-kind rows
-        self.a = hstack([vstack([top, csc_matrix((len(models), ny))]),
-                         coo_matrix((vals, (rows, cols)), shape=(n_cls + n_kinds + len(models), len(self.columns)))])
+        self.a = csc_matrix(hstack([vstack([top, csc_matrix((len(models), ny))]),
+                                    coo_matrix((vals, (rows, cols)),
+                                               shape=(n_cls + n_kinds + len(models), len(self.columns)))]))
         self.lo = np.r_[np.full(n_cls + n_kinds, -np.inf), np.ones(len(models))]
         self.hi = np.r_[p.hi[:n_cls], np.zeros(n_kinds), np.ones(len(models))]
         self.ub = np.r_[p.ub[p.n_x:], np.ones(len(self.columns))]
@@ -137,7 +138,7 @@ class _Master:
         covers its LP relaxation uses and the start's alone (a restricted master: seconds
         where the whole one spends minutes in root cuts, and on a fleet of many small models
         as good)."""
-        a, lo, hi, ub, start = csc_matrix(self.a), self.lo, self.hi, self.ub, self.start
+        a, lo, hi, ub, start = self.a, self.lo, self.hi, self.ub, self.start
         if spend is not None:
             a = csc_matrix(vstack([a, np.r_[self.p.c[self.p.n_x:self.p.n_x + self.ny], np.zeros(len(self.columns))]]))
             lo, hi = np.r_[lo, -np.inf], np.r_[hi, spend + 1e-6]
