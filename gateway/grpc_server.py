@@ -85,8 +85,10 @@ class InferenceServicer:
 
     async def _infer(self, req: pb.ModelInferRequest, slo: str | None,
                      deadline: float | None = None, tenant: Tenant | None = None,
-                     hints: dict[str, str] | None = None, seen: Seen | None = None) -> pb.ModelInferResponse:
-        """``deadline``: seconds the client still waits (its gRPC deadline), a cap on the SLO;
+                     hints: dict[str, str] | None = None, seen: Seen | None = None,
+                     received: float | None = None) -> pb.ModelInferResponse:
+        """``deadline``: seconds the client still waits (its gRPC deadline), a cap on the SLO,
+        counted from ``received`` (the driver's clock when it was read; default: now);
         ``tenant``: whose request it is (its quota is spent, its priority class applies);
         ``seen``: the access log's and tracing's view of it, answered here when it is served."""
         name = req.model_name
@@ -96,7 +98,7 @@ class InferenceServicer:
         inp = parse_grpc_infer(req)
         if seen is not None:
             seen.parsed(inp, model.info is not None and model.info.signature.batched)
-        res = await self.driver.infer(name, inp, slo, version=req.model_version, deadline=deadline,
+        res = await self.driver.infer(name, inp, slo, received, version=req.model_version, deadline=deadline,
                                       priority=None if tenant is None else tenant.priority, hints=hints,
                                       trace=None if seen is None else seen.trace)
         if seen is not None:
@@ -106,8 +108,9 @@ class InferenceServicer:
 
     async def ModelInfer(self, raw: bytes, context: grpc.aio.ServicerContext,
                          tenant: Tenant | None = None) -> pb.ModelInferResponse:
-        return await self._infer(_parse(pb.ModelInferRequest, raw), _slo_header(context),
-                                 context.time_remaining(), tenant, choice_headers(context.invocation_metadata() or ()))
+        received, remaining = self.driver.clock(), context.time_remaining()
+        return await self._infer(_parse(pb.ModelInferRequest, raw), _slo_header(context), remaining, tenant,
+                                 choice_headers(context.invocation_metadata() or ()), received=received)
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext, tenant: Tenant | None = None
@@ -258,6 +261,7 @@ def _observed_infer(servicer: InferenceServicer, observer: Observer) -> grpc.Rpc
     tenants, metrics = servicer.tenants, servicer.driver.metrics
 
     async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        received, remaining = servicer.driver.clock(), context.time_remaining()  # the deadline counts from here
         md = context.invocation_metadata()
         tenant, seen = None, None
         try:
@@ -270,8 +274,8 @@ def _observed_infer(servicer: InferenceServicer, observer: Observer) -> grpc.Rpc
             req = _parse(pb.ModelInferRequest, raw)
             seen = observer.grpc_request(req.model_name, req.model_version, md)
             seen.tenant = None if tenant is None else tenant.name
-            resp = await servicer._infer(req, _slo_header(context), context.time_remaining(), tenant,
-                                         choice_headers(md or ()), seen)
+            resp = await servicer._infer(req, _slo_header(context), remaining, tenant, choice_headers(md or ()), seen,
+                                         received)
         except GatewayError as e:
             if seen is None:  # refused before its model was known
                 seen = observer.grpc_request(None, "", md)
