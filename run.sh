@@ -12,9 +12,11 @@ stamp=.venv/.headrace-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e '.[test,tracing]'
+  .venv/bin/python -m pip install -q -e '.[test,tracing,compiled]'
   echo "$want" > "$stamp"
 fi
+# the compiled core (gateway/compiled.py): builds only what changed; pure Python without a compiler
+.venv/bin/headrace compile --if-available
 
 cmd=${1:-demo}
 shift || true

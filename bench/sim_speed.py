@@ -1,10 +1,12 @@
 """How fast ``headrace sim`` runs: simulated requests per wall minute on one core.
 
-Each case is one ``headrace sim`` command run in this process (its whole work: arrivals, the
-gateway's own ``EdfScheduler`` in virtual time, the load-test recorder and report), timed
-with ``time.perf_counter``; the best of ``--repeat`` runs counts (a busy host only slows a
-run down). The target is 1.5M simulated requests per wall minute per core with the default
-policy. Cases:
+Each case is one ``headrace sim`` command run in a fresh process (its whole work: arrivals,
+the gateway's own ``EdfScheduler`` in virtual time, the load-test recorder and report, timed
+inside the process with ``time.perf_counter``), once with the core as pure Python
+(``HEADRACE_COMPILED=0``) and once compiled (``headrace compile``: the same sources built by
+Cython), alternately, ``--repeat`` times; the best run of each mode counts (a busy host only
+slows a run down) and their ratio is the compiled core's speed-up, measured in the same run.
+The target is 1.5M simulated requests per wall minute per core with the default policy. Cases:
 
 - ``issue``: one ResNet-50 replica on a 1g.10gb slice at 330 req/s Poisson, 600 s virtual
   (the run the speed was first measured on: about 198k requests);
@@ -14,12 +16,14 @@ policy. Cases:
   2``) whose recorders merge exactly: the per-core figure divides by the processes' CPU seconds
   (the parent's and its workers'), the wall figure shows both cores at work.
 
-Then the fleet hour (``--hour-slice``, default 20 s): the issue's one-hour Azure-shaped
-multi-model trace at 20,000 req/s (72M requests) on the fleet generator's 1,000 models
-(``bench.fleet``, rates scaled to that total, planned and rendered as the operator does), each
-model's per-minute rate shaped by the bundled Azure-format sample as ``bench.fleet_study``
-writes it. Only a slice of it is simulated (two processes); the full hour's wall time is
-extrapolated from the slice's rate, and said to be so.
+Then the fleet hour (``--hour-slice``, default 20 s), in this process's mode (compiled when
+built): the issue's one-hour Azure-shaped multi-model trace at 20,000 req/s (72M requests) on
+the fleet generator's 1,000 models (``bench.fleet``, rates scaled to that total, planned and
+rendered as the operator does), each model's per-minute rate shaped by the bundled
+Azure-format sample as ``bench.fleet_study`` writes it. A slice of it and a quarter of that
+slice are simulated (two processes): their difference is the cost per request, what is left
+the cost of setting up the 1,000 groups, paid once an hour. The hour is extrapolated from those
+two, and said to be so; ``--hour-full`` runs the whole hour instead.
 
 Run it under the machine-wide bench lock::
 
@@ -35,6 +39,8 @@ import json
 import os
 import platform
 import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -69,10 +75,26 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def run_case(args: list[str]) -> tuple[float, float, int]:
-    """(wall seconds, CPU seconds of this process and its workers, simulated requests) of one
-    ``headrace sim`` run; on a shared host the CPU seconds say what the run itself cost."""
+def run_case(args: list[str], compiled: bool) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds of the process and its workers, simulated requests) of one
+    ``headrace sim`` run in a fresh process with the core compiled or as pure Python."""
+    env = {**os.environ, "HEADRACE_COMPILED": "1" if compiled else "0"}
+    out = subprocess.run([sys.executable, "-m", "bench.sim_speed", "--child", json.dumps(args)],
+                         capture_output=True, text=True, env=env, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"headrace sim {' '.join(args)} failed: {out.stderr[-2000:]}")
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    if r["compiled"] != compiled:
+        raise RuntimeError(f"asked for the core {'compiled' if compiled else 'as Python'}, ran the other "
+                           "(run `headrace compile` first)")
+    return r["wall"], r["cpu"], r["requests"]
+
+
+def _child(args: list[str]) -> None:
+    """One case, timed inside this process; prints its figures as one JSON line."""
+    import gateway.policy.scheduler as core
     from deploy.cli import main
+    from gateway.compiled import compiled
 
     with tempfile.TemporaryDirectory() as tmp:
         args = [a.replace("{groups}", str(groups_config(Path(tmp) / "groups.yaml"))) for a in args]
@@ -85,17 +107,21 @@ def run_case(args: list[str]) -> tuple[float, float, int]:
         if rc != 0:
             raise RuntimeError(f"headrace sim {' '.join(args)} exited {rc}")
         s = json.loads(out.read_text())
-    return wall, cpu, int(s["offered"]) + int(s.get("warmup_offered", 0))
+    print(json.dumps({"wall": wall, "cpu": cpu, "requests": int(s["offered"]) + int(s.get("warmup_offered", 0)),
+                      "compiled": compiled(core)}))
 
 
 HOUR_RATE, HOUR_MODELS, HOUR_GPUS = 20_000.0, 1000, 500
 
 
-def hour_slice(slice_s: float, settings: list[str], processes: int = 2) -> dict[str, Any]:
-    """Simulate the first ``slice_s`` seconds of the fleet hour; its rate and the hour's
-    extrapolated wall time."""
+def hour(slices: list[float], settings: list[str], processes: int = 2, floor: bool = True) -> dict[str, Any]:
+    """Simulate the first seconds of the fleet hour, once per entry of ``slices`` (the whole
+    hour: ``[3600]``); with two slices, the hour's wall time extrapolated from them: their
+    difference is the cost per request, the rest the groups' setup, paid once."""
     from bench.fleet import SEED, generate
     from bench.fleet_study import write_trace
+    from gateway.compiled import compiled
+    from gateway.policy import scheduler as core
     from loadgen.sim_cli import SIM_TARGET
     from loadgen.sim_fleet import load_fleet
     from loadgen.sim_run import SimOptions, run_sim
@@ -103,6 +129,7 @@ def hour_slice(slice_s: float, settings: list[str], processes: int = 2) -> dict[
 
     planned = sum(d["spec"]["rate"] for d in generate(HOUR_MODELS, HOUR_GPUS, SEED).deployments)
     scale = HOUR_RATE / planned
+    runs = []
     with tempfile.TemporaryDirectory(prefix="headrace-sim-hour-") as tmp:
         t0 = time.perf_counter()
         written = generate(HOUR_MODELS, HOUR_GPUS, SEED, scale).write(Path(tmp) / "fleet")
@@ -112,24 +139,37 @@ def hour_slice(slice_s: float, settings: list[str], processes: int = 2) -> dict[
         trace = Path(tmp) / "trace.csv"
         offered = write_trace(fleet, trace, 61, 60.0, SEED)
         setup = time.perf_counter() - t0
-        spec = LoadSpec(target=SIM_TARGET, arrival="trace", trace=trace, trace_models=tuple(fleet.models),
-                        trace_cv=2.0, time_scale=1.0, duration_s=slice_s, warmup_s=0.0, seed=SEED, window_s=10.0)
-        t1, c1 = time.perf_counter(), _cpu()
-        summary, _ = run_sim(fleet, spec, SimOptions(processes=processes))
-        wall, cpu = time.perf_counter() - t1, _cpu() - c1
-        core = core_share(fleet, spec)
-    n = summary["offered"] + summary.get("warmup_offered", 0)
-    per_wall_min = n / wall * 60
+        for slice_s in slices:
+            spec = LoadSpec(target=SIM_TARGET, arrival="trace", trace=trace, trace_models=tuple(fleet.models),
+                            trace_cv=2.0, time_scale=1.0, duration_s=slice_s, warmup_s=0.0, seed=SEED,
+                            window_s=10.0)
+            t1, c1 = time.perf_counter(), _cpu()
+            summary, _ = run_sim(fleet, spec, SimOptions(processes=processes))
+            wall, cpu = time.perf_counter() - t1, _cpu() - c1
+            n = summary["offered"] + summary.get("warmup_offered", 0)
+            runs.append({"slice_s": slice_s, "requests": n, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+                         "requests_per_wall_minute": round(n / wall * 60),
+                         "requests_per_cpu_minute": round(n / cpu * 60), "attainment": summary["attainment"],
+                         "groups": summary["sim"]["groups"]})
+        floor_of = core_share(fleet, spec) if floor else None
     hour_requests = offered * 3600
-    return {"models": len(fleet.models), "replicas": len(fleet.replicas), "gpus": fleet.plan["gpus"],
-            "rate_scale": round(scale, 5), "trace_mean_rps": round(offered, 1), "slice_s": slice_s,
-            "processes": processes, "groups": summary["sim"]["groups"], "requests": n,
-            "setup_s": round(setup, 1), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
-            "requests_per_wall_minute": round(per_wall_min), "requests_per_cpu_minute": round(n / cpu * 60),
-            "attainment": summary["attainment"], "hour_requests": round(hour_requests),
-            "hour_wall_minutes_extrapolated": round(hour_requests / per_wall_min, 1),
-            "core": {**core, "hour_floor_minutes": round(hour_requests * core["core_us_per_request"] * 1e-6
-                                                         / processes / 60, 1)}}
+    out: dict[str, Any] = {
+        "models": len(fleet.models), "replicas": len(fleet.replicas), "gpus": fleet.plan["gpus"],
+        "rate_scale": round(scale, 5), "trace_mean_rps": round(offered, 1), "processes": processes,
+        "compiled": compiled(core), "setup_s": round(setup, 1), "runs": runs, "hour_requests": round(hour_requests)}
+    if len(runs) == 2:
+        a, b = runs
+        dn = b["requests"] - a["requests"]
+        for unit in ("wall", "cpu"):
+            per = (b[f"{unit}_s"] - a[f"{unit}_s"]) / dn
+            fixed = b[f"{unit}_s"] - b["requests"] * per
+            out[f"{unit}_us_per_request"] = round(per * 1e6, 2)
+            out[f"{unit}_fixed_s"] = round(fixed, 2)
+            out[f"hour_{unit}_minutes_extrapolated"] = round((fixed + hour_requests * per) / 60, 1)
+    if floor_of:
+        out["core"] = {**floor_of, "hour_floor_minutes": round(
+            hour_requests * floor_of["core_us_per_request"] * 1e-6 / processes / 60, 1)}
+    return out
 
 
 def core_share(fleet: Any, spec: Any) -> dict[str, Any]:
@@ -164,25 +204,44 @@ def core_share(fleet: Any, spec: Any) -> dict[str, Any]:
             "sim_us_per_request": round(cpu / n * 1e6, 1)}
 
 
-def measure(repeat: int, settings: list[str]) -> dict[str, Any]:
+def measure(repeat: int, settings: list[str], modes: tuple[bool, ...]) -> dict[str, Any]:
+    """Each case in each mode (``True``: compiled), alternately, ``repeat`` times."""
     cases = {}
     extra = [x for kv in settings for x in ("--set", kv)]
     for name, args in CASES.items():
         args = [*args, *extra]
-        runs = [run_case(args) for _ in range(repeat)]
-        wall, cpu, n = min(runs)
-        cases[name] = {"command": "headrace sim " + " ".join(args), "requests": n,
-                       "wall_s": [round(w, 3) for w, _, _ in runs], "best_wall_s": round(wall, 3),
-                       "cpu_s": round(cpu, 3), "requests_per_wall_minute": round(n / wall * 60),
-                       "requests_per_cpu_minute": round(n / cpu * 60)}
+        runs: dict[bool, list] = {m: [] for m in modes}
+        for _ in range(repeat):
+            for m in modes:
+                runs[m].append(run_case(args, m))
+        by_mode = {}
+        for m, rs in runs.items():
+            wall, cpu, n = min(rs)
+            by_mode["compiled" if m else "python"] = {
+                "requests": n, "wall_s": [round(w, 3) for w, _, _ in rs], "best_wall_s": round(wall, 3),
+                "cpu_s": round(cpu, 3), "requests_per_wall_minute": round(n / wall * 60),
+                "requests_per_cpu_minute": round(n / cpu * 60)}
+        cases[name] = {"command": "headrace sim " + " ".join(args), **by_mode}
+        if len(by_mode) == 2:
+            cases[name]["speedup"] = round(by_mode["compiled"]["requests_per_cpu_minute"]
+                                           / by_mode["python"]["requests_per_cpu_minute"], 3)
     return cases
+
+
+def _mode_cells(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return "| | | |"
+    met = "yes" if c["requests_per_cpu_minute"] >= TARGET_PER_MIN else "no"
+    return (f"| {c['cpu_s']:.2f} | {c['requests_per_wall_minute'] / 1e6:.2f}M | "
+            f"{c['requests_per_cpu_minute'] / 1e6:.2f}M | {met} |")
 
 
 def markdown(res: dict[str, Any]) -> str:
     lines = ["# headrace sim: simulated requests per wall minute and per core", "",
              f"Target: {TARGET_PER_MIN / 1e6:.1f}M per wall minute per core with the default policy. "
-             f"Host: {res['host']['cpus']} CPUs, Python {res['host']['python']}; best of "
-             f"{res['repeat']} runs, each a whole `headrace sim` command in-process; host load average "
+             f"Host: {res['host']['cpus']} CPUs, Python {res['host']['python']}; each case a whole `headrace sim` "
+             f"command in a fresh process, the core compiled (`headrace compile`) and as pure Python "
+             f"alternately, best of {res['repeat']} runs each; host load average "
              f"{res['host']['load_average']:.2f} at the start. Each simulating process is single-threaded, so "
              "CPU seconds (the process's and its workers') are the wall time of free cores: the per-core "
              "target is judged on them (a shared host's other work stretches wall time, not CPU time). "
@@ -190,13 +249,13 @@ def markdown(res: dict[str, Any]) -> str:
              "both cores together."
              + (f" Every case runs with `--set {' --set '.join(res['settings'])}`." if res.get("settings") else ""),
              "",
-             "| case | command | requests | wall s | CPU s | per wall minute | per CPU minute | target met |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]
+             "| case | command | requests | compiled: CPU s | per wall minute | per CPU minute | target met "
+             "| Python: CPU s | per wall minute | per CPU minute | target met | compiled / Python |",
+             "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|"]
     for name, c in res["cases"].items():
-        met = "yes" if c["requests_per_cpu_minute"] >= TARGET_PER_MIN else "no"
-        lines.append(f"| {name} | `{c['command']}` | {c['requests']:,} | {c['best_wall_s']:.2f} | "
-                     f"{c['cpu_s']:.2f} | {c['requests_per_wall_minute'] / 1e6:.2f}M | "
-                     f"{c['requests_per_cpu_minute'] / 1e6:.2f}M | {met} |")
+        n = (c.get("compiled") or c["python"])["requests"]
+        lines.append(f"| {name} | `{c['command']}` | {n:,} " + _mode_cells(c.get("compiled"))[:-1]
+                     + _mode_cells(c.get("python"))[1:-1] + f"| {c.get('speedup', '')}x |")
     if res.get("baseline"):
         lines += ["", "Before (the same commands on the simulator before its speed-ups, "
                   f"{res['baseline'].get('label') or 'commit ' + str(res['baseline']['commit'])}):", ""]
@@ -208,30 +267,50 @@ def markdown(res: dict[str, Any]) -> str:
         if bh:
             lines.append(f"- the fleet hour's first {bh['slice_s']:g} s: {bh['requests_per_wall_minute'] / 1e6:.2f}M per "
                          f"wall minute in {bh['processes']} processes ({bh['wall_s']:g} s wall, {bh['cpu_s']:g} s CPU), "
-                         f"{bh['hour_wall_minutes_extrapolated']:g} minutes for the hour extrapolated")
+                         f"{bh['hour_wall_minutes_extrapolated']:g} minutes for the hour (its slice's rate extrapolated, "
+                         "setup included)")
     h = res.get("hour")
     if h:
-        lines += ["", "## The fleet hour (extrapolated from a slice)", "",
-                  f"The issue's one-hour trace: {h['models']:,} generated models (`bench.fleet`, rates x{h['rate_scale']:g} "
-                  f"to a {HOUR_RATE:,.0f} req/s total), planned onto {h['gpus']} GPUs ({h['replicas']:,} replicas, "
-                  f"{h['groups']:,} groups that share nothing), each model's minutes shaped by the Azure-format "
-                  f"sample: {h['trace_mean_rps']:,.0f} req/s on average, {h['hour_requests'] / 1e6:.1f}M requests "
-                  f"in the hour. Setup (generate, plan, render, write the trace): {h['setup_s']:g} s.", "",
-                  f"The first {h['slice_s']:g} s ({h['requests']:,} requests) took {h['wall_s']:g} s wall in "
-                  f"{h['processes']} processes ({h['cpu_s']:g} CPU s): {h['requests_per_wall_minute'] / 1e6:.2f}M "
-                  f"per wall minute, {h['requests_per_cpu_minute'] / 1e6:.2f}M per CPU minute. At that rate the "
-                  f"hour would take **{h['hour_wall_minutes_extrapolated']:g} minutes** of wall time (target 30); "
-                  "extrapolated, not run: later minutes of the trace run at other rates, and a longer run "
-                  "holds more state.", ""]
-        c = h.get("core")
-        if c:
-            lines += [f"The floor: the same slice on one core with the gateway's `EdfScheduler` (submit, poll, "
-                      f"on_complete; the simulator runs it by design) timed apart: {c['core_s']:g} of "
-                      f"{c['cpu_s']:g} CPU s ({c['core_share']:.0%}), {c['core_us_per_request']:g} µs of "
-                      f"{c['sim_us_per_request']:g} µs per request. With this scheduler the hour cannot take less "
-                      f"than **{c['hour_floor_minutes']:g} minutes** on {h['processes']} cores, however little "
-                      "the simulator around it costs.", ""]
+        lines += _hour_lines(h)
     return "\n".join(lines) + "\n"
+
+
+def _hour_lines(h: dict[str, Any]) -> list[str]:
+    full = len(h["runs"]) == 1 and h["runs"][0]["slice_s"] >= 3600
+    lines = ["", "## The fleet hour" + ("" if full else " (extrapolated from two slices)"), "",
+             f"The issue's one-hour trace: {h['models']:,} generated models (`bench.fleet`, rates x{h['rate_scale']:g} "
+             f"to a {HOUR_RATE:,.0f} req/s total), planned onto {h['gpus']} GPUs ({h['replicas']:,} replicas, "
+             f"{h['runs'][-1]['groups']:,} groups that share nothing), each model's minutes shaped by the Azure-format "
+             f"sample: {h['trace_mean_rps']:,.0f} req/s on average, {h['hour_requests'] / 1e6:.1f}M requests "
+             f"in the hour. Setup (generate, plan, render, write the trace): {h['setup_s']:g} s. The core "
+             f"{'compiled' if h['compiled'] else 'as pure Python'}, {h['processes']} processes.", "",
+             "| first seconds | requests | wall s | CPU s | per wall minute | per CPU minute | attainment |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in h["runs"]:
+        lines.append(f"| {r['slice_s']:g} | {r['requests']:,} | {r['wall_s']:g} | {r['cpu_s']:g} | "
+                     f"{r['requests_per_wall_minute'] / 1e6:.2f}M | {r['requests_per_cpu_minute'] / 1e6:.2f}M | "
+                     f"{r['attainment']:.2%} |")
+    lines.append("")
+    if full:
+        r = h["runs"][0]
+        lines.append(f"The whole hour ran in **{r['wall_s'] / 60:.1f} minutes** of wall time (target 30).")
+    elif "hour_wall_minutes_extrapolated" in h:
+        lines.append(
+            f"Between the two slices each request cost {h['wall_us_per_request']:g} µs of wall time "
+            f"({h['cpu_us_per_request']:g} µs CPU over both processes); the rest, setting up the groups, "
+            f"{h['wall_fixed_s']:g} s, is paid once. So the hour would take **{h['hour_wall_minutes_extrapolated']:g} "
+            f"minutes** of wall time (target 30); extrapolated, not run: later minutes of the trace run at "
+            "other rates, and a longer run holds more state.")
+    lines.append("")
+    c = h.get("core")
+    if c:
+        lines += [f"The floor: the last slice on one core with the gateway's `EdfScheduler` (submit, poll, "
+                  f"on_complete; the simulator runs it by design) timed apart: {c['core_s']:g} of "
+                  f"{c['cpu_s']:g} CPU s ({c['core_share']:.0%}), {c['core_us_per_request']:g} µs of "
+                  f"{c['sim_us_per_request']:g} µs per request (setup included). With this scheduler the hour "
+                  f"cannot take less than **{c['hour_floor_minutes']:g} minutes** on {h['processes']} cores, "
+                  "however little the simulator around it costs.", ""]
+    return lines
 
 
 def main() -> None:
@@ -243,13 +322,24 @@ def main() -> None:
     ap.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                     help="a scheduler setting for every case (headrace sim --set)")
     ap.add_argument("--hour-slice", type=float, default=20.0,
-                    help="seconds of the fleet hour to simulate and extrapolate from (0: skip it)")
+                    help="seconds of the fleet hour to simulate, and a quarter of it, to extrapolate from "
+                    "(0: skip the hour)")
+    ap.add_argument("--hour-full", action="store_true", help="run the whole fleet hour (cases skipped)")
+    ap.add_argument("--python-only", action="store_true", help="measure the cases with the core as Python only")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.child:
+        _child(json.loads(a.child))
+        return
     host = {"cpus": os.cpu_count(), "python": platform.python_version(), "load_average": os.getloadavg()[0]}
-    res: dict[str, Any] = {"repeat": a.repeat, "host": host, "settings": a.settings,
-                           "cases": measure(a.repeat, a.settings)}
-    if a.hour_slice > 0:
-        res["hour"] = hour_slice(a.hour_slice, a.settings)
+    res: dict[str, Any] = {"repeat": a.repeat, "host": host, "settings": a.settings}
+    if a.hour_full:
+        res["cases"] = {}
+        res["hour"] = hour([3600.0], a.settings, floor=False)
+    else:
+        res["cases"] = measure(a.repeat, a.settings, (False,) if a.python_only else (False, True))
+        if a.hour_slice > 0:
+            res["hour"] = hour([a.hour_slice / 4, a.hour_slice], a.settings)
     if a.baseline:
         res["baseline"] = json.loads(Path(a.baseline).read_text())
         res["baseline"].pop("baseline", None)

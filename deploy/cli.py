@@ -21,6 +21,7 @@ SUBCOMMAND_MODULES = (
     "loadgen.sim_cli",  # headrace sim
     "deploy.operator.cli",  # headrace up / apply / status / down / rollback
     "deploy.explain",  # headrace explain
+    "gateway.compiled",  # headrace compile
 )
 
 

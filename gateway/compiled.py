@@ -1,0 +1,165 @@
+"""The compiled core: the scheduler and the simulator's event loop, built by Cython from their
+unchanged Python sources into extension modules, and imported in their place when built.
+
+The policy core runs per request in the gateway and per simulated request in ``headrace sim``;
+compiled, the same code runs its decisions with less interpreter overhead. Nothing else
+changes: the same source, the same decisions (``tests/test_sim_identity.py`` holds either way).
+
+- ``headrace compile`` builds what is missing (``./run.sh`` does, when Cython and a C
+  compiler are there); without it headrace runs as pure Python.
+- A built module is named by a digest of its source (and of Python's and Cython's versions), so
+  an edited source is imported as Python until it is built again: never a stale build.
+- ``HEADRACE_COMPILED=0`` imports the pure Python sources; ``HEADRACE_COMPILED_DIR`` moves the
+  builds (default ``~/.cache/headrace/compiled``).
+
+:func:`install` puts the finder in front of the import system; the ``gateway`` and ``loadgen``
+packages call it before anything imports a compiled module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+MODULES = (
+    "gateway.policy.admission", "gateway.policy.batching", "gateway.policy.edf",
+    "gateway.policy.migrate", "gateway.policy.rate", "gateway.policy.replica",
+    "gateway.policy.scheduler", "gateway.policy.selector", "gateway.policy.sequences",
+    "gateway.policy.sequencing", "gateway.policy.types", "loadgen.sim", "loadgen.sim_run", "loadgen.stats",
+)
+# pure Python semantics: annotations are documentation, never C types
+DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": True}
+_ROOT = Path(__file__).resolve().parent.parent  # the directory holding the packages
+
+
+def enabled() -> bool:
+    return os.environ.get("HEADRACE_COMPILED", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def cache_dir() -> Path:
+    d = os.environ.get("HEADRACE_COMPILED_DIR")
+    if d:
+        return Path(d)
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "headrace" / "compiled"
+
+
+def source_of(name: str) -> Path:
+    return _ROOT.joinpath(*name.split(".")).with_suffix(".py")
+
+
+def artifact(name: str, source: Path, cython_version: str | None = None) -> Path:
+    """Where the build of ``source`` (module ``name``) is kept: named by a digest of it."""
+    h = hashlib.sha256(source.read_bytes())
+    h.update(f"{sys.implementation.cache_tag}|{cython_version or _cython_version()}|{DIRECTIVES}".encode())
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    return cache_dir() / f"{name}-{h.hexdigest()[:20]}{suffix}"
+
+
+def _cython_version() -> str:
+    """The Cython the builds came from: recorded by :func:`build`, so importing needs no Cython."""
+    stamp = cache_dir() / "cython-version"
+    return stamp.read_text().strip() if stamp.exists() else "none"
+
+
+class _Finder:
+    """Imports a module of :data:`MODULES` from its build when one matches its source."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None):  # noqa: ANN201
+        if name not in MODULES:
+            return None
+        try:
+            so = artifact(name, source_of(name))
+        except OSError:
+            return None
+        if not so.exists():
+            return None
+        loader = importlib.machinery.ExtensionFileLoader(name, str(so))
+        return importlib.util.spec_from_file_location(name, so, loader=loader)
+
+
+_FINDER = _Finder()
+
+
+def install() -> None:
+    """Put the finder first (once); a no-op with ``HEADRACE_COMPILED=0``."""
+    if enabled() and _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
+
+
+def compiled(module: object) -> bool:
+    """Whether an imported module is its build (not its Python source)."""
+    return isinstance(getattr(module, "__spec__", None) and module.__spec__.loader,
+                      importlib.machinery.ExtensionFileLoader)
+
+
+def build(modules: tuple[str, ...] = MODULES, jobs: int | None = None, log=print) -> list[str]:  # noqa: ANN001
+    """Build each of ``modules`` whose source has no build yet; returns those built.
+    Raises ImportError without Cython, and what the C compiler raises when it fails."""
+    import Cython
+    from Cython.Build import cythonize
+    from setuptools import Distribution, Extension
+    from setuptools.command.build_ext import build_ext
+
+    out = cache_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cython-version").write_text(Cython.__version__)
+    todo = [n for n in modules if not artifact(n, source_of(n), Cython.__version__).exists()]
+    if not todo:
+        return []
+    log(f"compiling {len(todo)} module(s) of the core with Cython {Cython.__version__} ...")
+    jobs = jobs or os.cpu_count() or 1
+    with tempfile.TemporaryDirectory(prefix="headrace-compile-") as tmp:
+        cwd = os.getcwd()
+        os.chdir(_ROOT)  # cythonize mirrors relative source paths under build_dir
+        try:
+            quiet = ["-w"] if os.name == "posix" else []  # the generated C's warnings are Cython's business
+            exts = cythonize([Extension(n, [str(source_of(n).relative_to(_ROOT))], extra_compile_args=quiet)
+                              for n in todo],
+                             build_dir=str(Path(tmp) / "c"), compiler_directives=DIRECTIVES,
+                             quiet=True, nthreads=jobs)
+        finally:
+            os.chdir(cwd)
+        for e in exts:
+            e.sources = [str(_ROOT / s) if not Path(s).is_absolute() else s for s in e.sources]
+        cmd = build_ext(Distribution({"ext_modules": exts, "script_name": "gateway.compiled"}))
+        cmd.build_lib, cmd.build_temp, cmd.parallel = str(Path(tmp) / "lib"), str(Path(tmp) / "o"), jobs
+        cmd.ensure_finalized()
+        cmd.run()
+        for n in todo:
+            built = Path(cmd.get_ext_fullpath(n))
+            dest = artifact(n, source_of(n), Cython.__version__)
+            part = dest.with_name(dest.name + ".part")
+            shutil.copyfile(built, part)
+            part.replace(dest)  # whole or absent: a concurrent import never sees half a file
+    return todo
+
+
+def register(sub) -> None:  # noqa: ANN001
+    p = sub.add_parser("compile", help="build the compiled core (the scheduler and simulator) with Cython",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=None, help="parallel C compiles (default: CPUs)")
+    p.add_argument("--if-available", action="store_true",
+                   help="without Cython or a C compiler, say so and exit 0 (headrace runs as Python)")
+    p.set_defaults(func=_cmd)
+
+
+def _cmd(a) -> int:  # noqa: ANN001
+    try:
+        done = build(jobs=a.jobs)
+    except Exception as e:  # noqa: BLE001  (a missing compiler raises setuptools' own errors)
+        if not a.if_available:
+            raise
+        print(f"headrace runs its core as pure Python: could not compile it ({type(e).__name__}: {e})",
+              file=sys.stderr)
+        return 0
+    print(f"compiled core: {len(done)} module(s) built, {len(MODULES) - len(done)} up to date in {cache_dir()}"
+          f" ({sysconfig.get_platform()})")
+    return 0
