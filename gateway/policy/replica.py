@@ -25,7 +25,6 @@ class Replica:
     info: ReplicaInfo
     base: list[float]  # profile seconds of a batch by rows (index 0 unused)
     table: list[float] = field(default_factory=list)  # base + run_excess + overhead: when answers are back
-    run: list[float] = field(default_factory=list)  # base + run_excess: how long a batch holds the replica
     healthy: bool = True
     draining: bool = False  # takes no new batch; its batches in flight complete
     inflight: list[Batch] = field(default_factory=list)
@@ -39,8 +38,6 @@ class Replica:
     def __post_init__(self) -> None:
         if not self.table:
             self.table = list(self.base)
-        if not self.run:
-            self.run = list(self.base)
 
     def learn(self, batch: Batch, now: float, cfg: SchedulerConfig) -> None:
         """``batch`` came back at ``now``: move both learned terms one step."""
@@ -59,10 +56,13 @@ class Replica:
         exact = (self.run_excess, self.overhead) == (0.0, 0.0) != (g, o)  # back to the profile itself
         if moved or exact:
             self.applied = (self.run_excess, self.overhead)
-            self.run = run = list(map(add, self.base, repeat(self.run_excess)))
+            # how long a batch holds the replica (base + run_excess; see reanchor), then its answers' way back
             # NOTE: run times are positive, so adding an overhead of 0.0 changes none of them
-            self.table = table = list(run) if self.overhead == 0.0 else list(map(add, run, repeat(self.overhead)))
-            run[0] = table[0] = 0.0
+            table = list(map(add, self.base, repeat(self.run_excess)))
+            if self.overhead != 0.0:
+                table = list(map(add, table, repeat(self.overhead)))
+            table[0] = 0.0
+            self.table = table
 
     def dispatch(self, batch: Batch) -> None:
         """``batch`` (planned with the current tables) is in flight on this replica."""
@@ -83,9 +83,9 @@ class Replica:
         """A batch came back at ``now``: the replica was done with it by then, so the batches
         still in flight run from there. Re-planning their ends from each completion keeps
         run-time errors from adding up along a long run of back-to-back batches."""
-        t = now
+        t, base, excess = now, self.base, self.applied[0]
         for i, b in enumerate(self.inflight):
-            t += self.run[b.rows]
+            t += base[b.rows] + excess  # the run time the tables were built with
             self.ends[i] = t
         self.free_at = None
 
