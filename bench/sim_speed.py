@@ -254,7 +254,7 @@ def markdown(res: dict[str, Any]) -> str:
              "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|"]
     for name, c in res["cases"].items():
         n = (c.get("compiled") or c["python"])["requests"]
-        lines.append(f"| {name} | `{c['command']}` | {n:,} " + _mode_cells(c.get("compiled"))[:-1]
+        lines.append(f"| {name} | `{c['command']}` | {n:,} " + _mode_cells(c.get("compiled"))
                      + _mode_cells(c.get("python"))[1:-1] + f"| {c.get('speedup', '')}x |")
     if res.get("baseline"):
         lines += ["", "Before (the same commands on the simulator before its speed-ups, "
