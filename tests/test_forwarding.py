@@ -124,10 +124,15 @@ def test_triton_receives_what_was_sent_minus_the_gateways_own_plus_the_budget(ga
     assert res.as_numpy("y") is None  # not asked for
 
 
+GRPC_DEADLINE_PRECISION_US = 1_000
+
+
 def test_a_grpc_clients_own_deadline_caps_the_budget_triton_is_given(gateway) -> None:
-    # the model's SLO is 5 s; the client's gRPC deadline of 0.8 s is the tighter budget
+    # the model's SLO is 5 s; the client's gRPC deadline of 0.8 s is the tighter budget. gRPC
+    # itself carries a deadline to within about a millisecond: a server's time_remaining() for
+    # a 0.8 s client timeout was measured up to 0.80072 s, so the cap holds to that precision
     (got,) = meta(grpc_infer(gateway, outputs=("meta",), client_timeout=0.8))
-    assert 0 < got["timeout"] <= 800_000, got["timeout"]
+    assert 0 < got["timeout"] <= 800_000 + GRPC_DEADLINE_PRECISION_US, got["timeout"]
     (loose,) = meta(grpc_infer(gateway, outputs=("meta",)))
     assert 800_000 < loose["timeout"] <= 5_000_000, loose["timeout"]
 
