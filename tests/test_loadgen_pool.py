@@ -57,7 +57,9 @@ def test_a_pool_too_small_for_the_rate_is_reported_as_the_bottleneck(client: str
 def test_a_pool_with_room_reports_its_waits_and_no_warning(client: str) -> None:
     s = run(connections=64, rate=400, client=client).summary
     assert not s["pool_saturated"]
-    assert s["pool_wait_ms"]["p99"] < 1.0
+    # no request waits for a connection; what shows is the host's loop stalls (7 ms seen on a
+    # busy 2-core host), far below the 200+ ms of a saturated pool above
+    assert s["pool_wait_ms"]["p99"] < 20.0
     assert s["attainment"] == 1.0
     assert not any("pool" in w for w in s["warnings"])
 
