@@ -18,6 +18,7 @@ packages call it before anything imports a compiled module.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -58,14 +59,16 @@ def source_of(name: str) -> Path:
 def artifact(name: str, source: Path, cython_version: str | None = None) -> Path:
     """Where the build of ``source`` (module ``name``) is kept: named by a digest of it."""
     h = hashlib.sha256(source.read_bytes())
-    h.update(f"{sys.implementation.cache_tag}|{cython_version or _cython_version()}|{DIRECTIVES}".encode())
+    h.update(f"{sys.implementation.cache_tag}|{cython_version or _cython_version(cache_dir())}|{DIRECTIVES}".encode())
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     return cache_dir() / f"{name}-{h.hexdigest()[:20]}{suffix}"
 
 
-def _cython_version() -> str:
-    """The Cython the builds came from: recorded by :func:`build`, so importing needs no Cython."""
-    stamp = cache_dir() / "cython-version"
+@functools.cache
+def _cython_version(builds: Path) -> str:
+    """The Cython the builds in ``builds`` came from, as :func:`build` recorded it (so importing
+    needs no Cython); read once per process, not once per module imported."""
+    stamp = builds / "cython-version"
     return stamp.read_text().strip() if stamp.exists() else "none"
 
 
@@ -103,41 +106,41 @@ def compiled(module: object) -> bool:
 def build(modules: tuple[str, ...] = MODULES, jobs: int | None = None, log=print) -> list[str]:  # noqa: ANN001
     """Build each of ``modules`` whose source has no build yet; returns those built.
     Raises ImportError without Cython, and what the C compiler raises when it fails."""
-    import Cython
+    from Cython import __version__ as version  # NOTE: the compiler itself only when there is work
+
+    out = cache_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cython-version").write_text(version)
+    _cython_version.cache_clear()
+    todo = [n for n in modules if not artifact(n, source_of(n), version).exists()]
+    if not todo:
+        return []
     from Cython.Build import cythonize
     from setuptools import Distribution, Extension
     from setuptools.command.build_ext import build_ext
 
-    out = cache_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "cython-version").write_text(Cython.__version__)
-    todo = [n for n in modules if not artifact(n, source_of(n), Cython.__version__).exists()]
-    if not todo:
-        return []
-    log(f"compiling {len(todo)} module(s) of the core with Cython {Cython.__version__} ...")
+    log(f"compiling {len(todo)} module(s) of the core with Cython {version} ...")
     jobs = jobs or os.cpu_count() or 1
+    quiet = ["-w"] if os.name == "posix" else []  # the generated C's warnings are Cython's business
     with tempfile.TemporaryDirectory(prefix="headrace-compile-") as tmp:
         cwd = os.getcwd()
-        os.chdir(_ROOT)  # cythonize mirrors relative source paths under build_dir
+        os.chdir(_ROOT)  # cythonize mirrors relative source paths under build_dir, which the C build reads
         try:
-            quiet = ["-w"] if os.name == "posix" else []  # the generated C's warnings are Cython's business
             exts = cythonize([Extension(n, [str(source_of(n).relative_to(_ROOT))], extra_compile_args=quiet)
                               for n in todo],
                              build_dir=str(Path(tmp) / "c"), compiler_directives=DIRECTIVES,
                              quiet=True, nthreads=jobs)
+            cmd = build_ext(Distribution({"ext_modules": exts, "script_name": "gateway.compiled"}))
+            cmd.build_lib, cmd.build_temp, cmd.parallel = str(Path(tmp) / "lib"), str(Path(tmp) / "o"), jobs
+            cmd.ensure_finalized()
+            cmd.run()
+            built = {n: Path(cmd.get_ext_fullpath(n)) for n in todo}
         finally:
             os.chdir(cwd)
-        for e in exts:
-            e.sources = [str(_ROOT / s) if not Path(s).is_absolute() else s for s in e.sources]
-        cmd = build_ext(Distribution({"ext_modules": exts, "script_name": "gateway.compiled"}))
-        cmd.build_lib, cmd.build_temp, cmd.parallel = str(Path(tmp) / "lib"), str(Path(tmp) / "o"), jobs
-        cmd.ensure_finalized()
-        cmd.run()
         for n in todo:
-            built = Path(cmd.get_ext_fullpath(n))
-            dest = artifact(n, source_of(n), Cython.__version__)
+            dest = artifact(n, source_of(n), version)
             part = dest.with_name(dest.name + ".part")
-            shutil.copyfile(built, part)
+            shutil.copyfile(built[n], part)
             part.replace(dest)  # whole or absent: a concurrent import never sees half a file
     return todo
 

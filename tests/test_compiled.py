@@ -3,7 +3,7 @@ process imports when it exists, and it makes exactly the pure Python decisions."
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import os
 import subprocess
 import sys
