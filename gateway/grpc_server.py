@@ -60,6 +60,12 @@ def _slo_header(context: grpc.aio.ServicerContext) -> str | None:
     return None
 
 
+def _client_wait(context: grpc.aio.ServicerContext, clock) -> tuple[float, float | None]:  # noqa: ANN001
+    """(when, seconds the client still waits then: its gRPC deadline, None without one). The
+    clock is read first, so a deadline counted from ``when`` never outlasts the client's."""
+    return clock(), context.time_remaining()
+
+
 async def _abort(context: grpc.aio.ServicerContext, e: GatewayError) -> None:
     if isinstance(e, Rejected):
         context.set_trailing_metadata((("retry-after", str(max(1, math.ceil(e.retry_after)))),
@@ -108,7 +114,7 @@ class InferenceServicer:
 
     async def ModelInfer(self, raw: bytes, context: grpc.aio.ServicerContext,
                          tenant: Tenant | None = None) -> pb.ModelInferResponse:
-        received, remaining = self.driver.clock(), context.time_remaining()
+        received, remaining = _client_wait(context, self.driver.clock)
         return await self._infer(_parse(pb.ModelInferRequest, raw), _slo_header(context), remaining, tenant,
                                  choice_headers(context.invocation_metadata() or ()), received=received)
 
@@ -261,7 +267,7 @@ def _observed_infer(servicer: InferenceServicer, observer: Observer) -> grpc.Rpc
     tenants, metrics = servicer.tenants, servicer.driver.metrics
 
     async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
-        received, remaining = servicer.driver.clock(), context.time_remaining()  # the deadline counts from here
+        received, remaining = _client_wait(context, servicer.driver.clock)
         md = context.invocation_metadata()
         tenant, seen = None, None
         try:
