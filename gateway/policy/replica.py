@@ -1,18 +1,16 @@
-"""What the scheduler knows of one replica: its latency tables (the profile plus what it
-learns online of the replica's run-time excess and answer overhead), its batches in flight and
-when a new batch would start on it. See :mod:`gateway.policy.scheduler` for the rules."""
+"""What the scheduler knows of one replica: its latency (the profile plus what it learns
+online of the replica's run-time excess and answer overhead), its batches in flight and when a
+new batch would start on it. See :mod:`gateway.policy.scheduler` for the rules."""
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from itertools import repeat
-from operator import add
 
 from gateway.policy.config import SchedulerConfig
 from gateway.policy.types import Batch, ReplicaInfo
 
-_RETABLE_S = 1e-4  # rebuild a replica's latency tables when a learned term moves this much
+_RETABLE_S = 1e-4  # plan with a learned term once it has moved this much since it was applied
 
 
 def _step(est: float, above: bool, q: float, step: float) -> float:
@@ -24,20 +22,29 @@ def _step(est: float, above: bool, q: float, step: float) -> float:
 class Replica:
     info: ReplicaInfo
     base: list[float]  # profile seconds of a batch by rows (index 0 unused)
-    table: list[float] = field(default_factory=list)  # base + run_excess + overhead: when answers are back
     healthy: bool = True
     draining: bool = False  # takes no new batch; its batches in flight complete
     inflight: list[Batch] = field(default_factory=list)
     ends: list[float] = field(default_factory=list)  # predicted end on the replica of each in flight
     run_excess: float = 0.0  # learned seconds a batch runs beyond its profile on the replica
     overhead: float = 0.0  # learned seconds from a batch's end on the replica to its answers
-    applied: tuple[float, float] = (0.0, 0.0)  # the (run_excess, overhead) the tables were built with
+    # the (run_excess, overhead) planning uses (:meth:`latency`); a new tuple whenever they change
+    applied: tuple[float, float] = (0.0, 0.0)
     last_done: float | None = None  # when the last batch came back
     free_at: float | None = None  # when the batches in flight let a new one begin (-inf: none); None: not known
 
-    def __post_init__(self) -> None:
-        if not self.table:
-            self.table = list(self.base)
+    def latency(self, rows: int) -> float:
+        """Seconds from the start of a batch of ``rows`` until its answers are back: its profile
+        time plus the applied run excess (how long it holds the replica; see reanchor), then its
+        answers' way back (the applied overhead). Computed on each call: the learned terms move
+        on about every other completion, and a replica plans with a few rows' entries between
+        two moves, not with all of its max batch's."""
+        if not rows:
+            return 0.0
+        g, o = self.applied
+        t = self.base[rows] + g
+        # NOTE: run times are positive, so adding an overhead of 0.0 changes none of them
+        return t + o if o != 0.0 else t
 
     def learn(self, batch: Batch, now: float, cfg: SchedulerConfig) -> None:
         """``batch`` came back at ``now``: move both learned terms one step."""
@@ -56,16 +63,9 @@ class Replica:
         exact = (self.run_excess, self.overhead) == (0.0, 0.0) != (g, o)  # back to the profile itself
         if moved or exact:
             self.applied = (self.run_excess, self.overhead)
-            # how long a batch holds the replica (base + run_excess; see reanchor), then its answers' way back
-            # NOTE: run times are positive, so adding an overhead of 0.0 changes none of them
-            table = list(map(add, self.base, repeat(self.run_excess)))
-            if self.overhead != 0.0:
-                table = list(map(add, table, repeat(self.overhead)))
-            table[0] = 0.0
-            self.table = table
 
     def dispatch(self, batch: Batch) -> None:
-        """``batch`` (planned with the current tables) is in flight on this replica."""
+        """``batch`` (planned with the current latency) is in flight on this replica."""
         self.inflight.append(batch)
         self.ends.append(batch.predicted_finish - self.applied[1])
         self.free_at = None
@@ -85,7 +85,7 @@ class Replica:
         run-time errors from adding up along a long run of back-to-back batches."""
         t, base, excess = now, self.base, self.applied[0]
         for i, b in enumerate(self.inflight):
-            t += base[b.rows] + excess  # the run time the tables were built with
+            t += base[b.rows] + excess  # the run time planning uses
             self.ends[i] = t
         self.free_at = None
 
@@ -121,42 +121,42 @@ def cost_per_answer(reps: list[Replica]) -> float | None:
 
 class NeededBatch:
     """The smallest batch (rows) at which replicas together keep up with a rate: a replica whose
-    max batch is smaller runs its max batch. Per set of latency tables it keeps the most
-    capacity at any batch up to b rows, for b = 1, 2, ... as far as a question has needed
-    (the first b whose capacity reaches a rate is the first where that running most does), so
-    a question is answered by a bisection or by extending the walk from where it stopped. The
-    tables are kept with their entry, so an id is never reused while cached; a replica still
-    learning retables often, and each new table starts a short walk."""
+    max batch is smaller runs its max batch. Per set of replicas, and the learned terms each
+    plans with (its ``applied``), it keeps the most capacity at any batch up to b rows, for
+    b = 1, 2, ... as far as a question has needed (the first b whose capacity reaches a rate is
+    the first where that running most does), so a question is answered by a bisection or by
+    extending the walk from where it stopped. The replicas and their terms are kept with their
+    entry, so an id is never reused while cached; a replica still learning moves its terms
+    often, and each move starts a short walk."""
 
     def __init__(self, limit: int = 256) -> None:
         self.limit = limit
-        # ids of the tables -> (the tables, running most capacity by batch size - 1)
-        self._tables: dict[object, tuple[tuple[list[float], ...], list[float]]] = {}
+        # ids of the replicas -> (the replicas, their applied terms, running most capacity by batch size - 1)
+        self._walks: dict[object, tuple[tuple[Replica, ...], tuple[tuple[float, float], ...], list[float]]] = {}
 
     def __call__(self, reps: list[Replica], want: float) -> int:
         if len(reps) == 1:
-            one = reps[0]
-            table, top = one.table, one.info.max_batch
-            key: object = id(table)
-            hit = self._tables.get(key)
-            if hit is None or hit[0][0] is not table:
-                hit = self._entry(key, (table,))
+            one: Replica | None = reps[0]
+            top = one.info.max_batch
+            key: object = id(one)
+            hit = self._walks.get(key)
+            if hit is None or hit[0][0] is not one or hit[1][0] is not one.applied:
+                hit = self._entry(key, (one,))
         else:
-            tables = tuple(r.table for r in reps)
-            key = tuple(map(id, tables))
+            one = None
+            key = tuple(map(id, reps))
             top = max(r.info.max_batch for r in reps)
-            hit = self._tables.get(key)
-            if hit is None or any(a is not b for a, b in zip(hit[0], tables, strict=True)):
-                hit = self._entry(key, tables)
-            table = None
-        best = hit[1]
+            hit = self._walks.get(key)
+            if hit is None or any(a is not r.applied for a, r in zip(hit[1], reps, strict=True)):
+                hit = self._entry(key, tuple(reps))
+        best = hit[2]
         if best and best[-1] >= want:
             return bisect.bisect_left(best, want) + 1
         b = len(best)
         running = best[-1] if best else 0.0
         while b < top:
             b += 1
-            cap = b / table[b] if table is not None else _capacity(reps, b)  # one replica: inline
+            cap = b / one.latency(b) if one is not None else _capacity(reps, b)  # one replica: inline
             if b == 1 or cap > running:
                 running = cap
             best.append(running)
@@ -164,10 +164,11 @@ class NeededBatch:
                 return b
         return top
 
-    def _entry(self, key: object, tables: tuple[list[float], ...]) -> tuple[tuple[list[float], ...], list[float]]:
-        if len(self._tables) >= self.limit:
-            self._tables.clear()
-        hit = self._tables[key] = (tables, [])
+    def _entry(self, key: object, reps: tuple[Replica, ...]
+               ) -> tuple[tuple[Replica, ...], tuple[tuple[float, float], ...], list[float]]:
+        if len(self._walks) >= self.limit:
+            self._walks.clear()
+        hit = self._walks[key] = (reps, tuple(r.applied for r in reps), [])
         return hit
 
 
@@ -177,5 +178,5 @@ def _capacity(reps: list[Replica], b: int) -> float:
     cap = 0.0
     for r in reps:
         k = min(b, r.info.max_batch)
-        cap += k / r.table[k]
+        cap += k / r.latency(k)
     return cap

@@ -257,7 +257,7 @@ class EdfScheduler(SequenceScheduling):
             def plan(v: str) -> tuple[float, bool]:
                 f = self._plan(model.groups[v], live[v], request, now)
                 return f, f <= request.deadline and self._protects(model, model.groups[v], live[v], request, now)
-            spare = fallback_spare(fits, lambda v: min(r.table[request.size] for r in live[v]
+            spare = fallback_spare(fits, lambda v: min(r.latency(request.size) for r in live[v]
                                                        if r.info.max_batch >= request.size),
                                    objective=model.objective, cheapest=best_effort)
             pick, finish = choose(fits, plan, request.deadline, spare)
@@ -438,7 +438,7 @@ class EdfScheduler(SequenceScheduling):
         total = 0.0  # NOTE: a loop, not sum() over a generator: on every admission in burst mode
         for r in reps:
             top = r.info.max_batch
-            total += top / r.table[top]
+            total += top / r.latency(top)
         return total
 
     def _variant_infos(self, model: _Model, live: dict[str, list[_Replica]]) -> list[VariantInfo]:
@@ -476,11 +476,8 @@ class EdfScheduler(SequenceScheduling):
             ahead = 0
         return predict_finish(self._lanes(healthy, now), ahead, request.size)
 
-    def _latency(self, rep: _Replica):
-        return rep.table.__getitem__
-
     def _lanes(self, reps: list[_Replica], now: float) -> list[Lane]:
-        return [Lane(r.start(now), r.table.__getitem__, r.info.max_batch) for r in reps]
+        return [Lane(r.start(now), r.latency, r.info.max_batch) for r in reps]
 
     def _forget(self, r: Request) -> None:
         self._pending.pop(r.id, None)
@@ -494,7 +491,7 @@ class EdfScheduler(SequenceScheduling):
                 now: float) -> tuple[Batch | None, float | None]:
         rate = group.rate.rate(now)
         ctx = SelectContext(
-            now=now, start=rep.start(now), latency=self._latency(rep), max_batch=rep.info.max_batch,
+            now=now, start=rep.start(now), latency=rep.latency, max_batch=rep.info.max_batch,
             needed_batch=self._needed(healthy, rate * (1.0 + self.config.headroom)), rate=rate, wait=self.config.wait,
             max_queue_delay=self.config.max_queue_delay_s, replica=rep.info.id,
         )
@@ -531,7 +528,7 @@ class EdfScheduler(SequenceScheduling):
         if not chosen:
             return None
         rows = sum(r.size for r in chosen)
-        finish = start + rep.table[rows]
+        finish = start + rep.latency(rows)
         return Batch(rep.info.id, rep.info.variant, tuple(chosen), now, finish)
 
     def _best_alone(self, healthy: list[_Replica], now: float):
@@ -541,7 +538,7 @@ class EdfScheduler(SequenceScheduling):
 
         def finish(size: int) -> float:
             if size not in cache:
-                cache[size] = min((s + r.table[size] for s, r in starts if r.info.max_batch >= size),
+                cache[size] = min((s + r.latency(size) for s, r in starts if r.info.max_batch >= size),
                                   default=float("inf"))
             return cache[size]
 
@@ -566,7 +563,7 @@ class EdfScheduler(SequenceScheduling):
                 size, bound = q.max_size, float("inf")  # later deadlines than bound are surely feasible
                 for rep in healthy:
                     if rep.info.max_batch >= size:
-                        t = rep.start(now) + rep.table[size]
+                        t = rep.start(now) + rep.latency(size)
                         if t < bound:
                             bound = t
                 if q[0].deadline >= bound:
@@ -626,7 +623,7 @@ class EdfScheduler(SequenceScheduling):
                 continue
             longest = 0.0  # NOTE: loops, not max()/min() over generators: on every poll with a queue
             for rep in healthy:
-                t = rep.table[min(queue.max_size, rep.info.max_batch)]
+                t = rep.latency(min(queue.max_size, rep.info.max_batch))
                 if t > longest:
                     longest = t
             for r in queue:
@@ -639,8 +636,10 @@ class EdfScheduler(SequenceScheduling):
                 else:
                     t = None
                     for rep in healthy:
-                        if rep.info.max_batch >= size and (t is None or rep.table[size] < t):
-                            t = rep.table[size]
+                        if rep.info.max_batch >= size:
+                            x = rep.latency(size)
+                            if t is None or x < t:
+                                t = x
                     shortest[size] = t
                 # NOTE: the latest start over replicas is the deadline less the shortest run
                 # (subtraction is monotone, so this is exactly the max over replicas)

@@ -17,7 +17,7 @@ until one is predicted to meet its deadline given that variant's queue:
 
 Under ``accuracy`` a request takes a variant with fallbacks after it only if it is predicted
 to finish there with time to spare for a fallback: the least time its fallbacks need to answer
-it alone (:func:`fallback_spare`, from their latency tables). The accurate variant runs full,
+it alone (:func:`fallback_spare`, from their replicas' latency). The accurate variant runs full,
 so the last requests it admits are predicted to finish right at the deadline; with the spare
 they finish that much sooner, so a plan that slips while they queue still leaves time to move
 them (dispatch time), and their answers do not land at the edge of the deadline, where any

@@ -45,7 +45,7 @@ class SequenceScheduling:
                                 f"{request.model!r} is not serving; start the sequence again")
         if self.policy.deadline_aware:
             ahead = sum(r.size for r in seqs.waiting(rid))
-            finish = rep.start(now) + rep.table[min(ahead + request.size, rep.info.max_batch)] * (
+            finish = rep.start(now) + rep.latency(min(ahead + request.size, rep.info.max_batch)) * (
                 1 + ahead // rep.info.max_batch)
             if finish > request.deadline:
                 reason = RejectReason.SHED if request.priority == Priority.BEST_EFFORT else RejectReason.INFEASIBLE
@@ -73,7 +73,7 @@ class SequenceScheduling:
             while rep.has_slot() and (r := seqs.next(rid)) is not None:
                 seqs.take(rid, r)
                 start = rep.start(now)
-                finish = start + rep.table[r.size]
+                finish = start + rep.latency(r.size)
                 if self.policy.deadline_aware and finish > r.deadline:
                     rejects.append(self._reject(
                         r, RejectReason.EXPIRED, self.config.min_retry_after_s,
