@@ -33,7 +33,7 @@ from gateway.policy.edf import EdfQueue
 from gateway.policy.types import Request
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per batch formed: not frozen (see gateway.policy.types)
 class Candidate:
     """A batch: queue indices ``take`` (ascending); ``skip`` queued heads before its last
     member are left out (each could not join without missing its own deadline or overflowing)."""
@@ -48,7 +48,7 @@ class Candidate:
         return len(self.take)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per batch formed: not frozen (see gateway.policy.types)
 class SelectContext:
     now: float
     start: float  # when the replica can begin executing this batch
@@ -61,7 +61,7 @@ class SelectContext:
     replica: str = ""  # the replica the batch is for (policies with per-replica state)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built per batch formed: not frozen (see gateway.policy.types)
 class Selection:
     take: tuple[int, ...] = ()  # queue indices, ascending
     wakeup: float | None = None  # when nothing is taken: when to look again
