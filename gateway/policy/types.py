@@ -81,7 +81,10 @@ class Batch:
 
     @property
     def rows(self) -> int:
-        return sum(r.size for r in self.requests)
+        n = 0  # NOTE: a loop, not sum() over a generator: read several times per batch
+        for r in self.requests:
+            n += r.size
+        return n
 
 
 class RejectReason(str):
