@@ -53,7 +53,8 @@ def test_a_module_with_a_build_is_imported_compiled_unless_turned_off() -> None:
     code = ("import importlib, sys; from gateway import compiled; "
             "print(all(compiled.compiled(importlib.import_module(n)) for n in sys.argv[1:]))")
     run = [sys.executable, "-c", code, *names]
-    on = subprocess.run(run, capture_output=True, text=True, cwd=ROOT, check=True)
+    on = subprocess.run(run, capture_output=True, text=True, cwd=ROOT, check=True,
+                        env={k: v for k, v in os.environ.items() if k != "HEADRACE_COMPILED"})
     off = subprocess.run(run, capture_output=True, text=True, cwd=ROOT, check=True,
                          env={**os.environ, "HEADRACE_COMPILED": "0"})
     assert (on.stdout.strip(), off.stdout.strip()) == ("True", "False"), (on.stderr, off.stderr)
