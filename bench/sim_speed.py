@@ -23,11 +23,13 @@ rendered as the operator does), each model's per-minute rate shaped by the bundl
 Azure-format sample as ``bench.fleet_study`` writes it. A slice of it and a quarter of that
 slice are simulated (two processes): their difference is the cost per request, what is left
 the cost of setting up the 1,000 groups, paid once an hour. The hour is extrapolated from those
-two, and said to be so; ``--hour-full`` runs the whole hour instead.
+two, and said to be so; ``--hour-full`` runs the whole hour instead (cases skipped; results in
+``sim_speed_hour``).
 
 Run it under the machine-wide bench lock::
 
     flock /tmp/headrace-bench.lock .venv/bin/python -m bench.sim_speed
+    flock /tmp/headrace-bench.lock .venv/bin/python -m bench.sim_speed --hour-full
 """
 
 from __future__ import annotations
@@ -237,6 +239,10 @@ def _mode_cells(c: dict[str, Any] | None) -> list[str]:
 
 
 def markdown(res: dict[str, Any]) -> str:
+    if not res["cases"] and res.get("hour"):  # --hour-full: the hour alone
+        return "\n".join(["# headrace sim: the whole fleet hour", "",
+                          f"Host: {res['host']['cpus']} CPUs, Python {res['host']['python']}; host load average "
+                          f"{res['host']['load_average']:.2f} at the start.", *_hour_lines(res["hour"])]) + "\n"
     lines = ["# headrace sim: simulated requests per wall minute and per core", "",
              f"Target: {TARGET_PER_MIN / 1e6:.1f}M per wall minute per core with the default policy. "
              f"Host: {res['host']['cpus']} CPUs, Python {res['host']['python']}; each case a whole `headrace sim` "
@@ -294,7 +300,8 @@ def _hour_lines(h: dict[str, Any]) -> list[str]:
     lines.append("")
     if full:
         r = h["runs"][0]
-        lines.append(f"The whole hour ran in **{r['wall_s'] / 60:.1f} minutes** of wall time (target 30).")
+        lines.append(f"The whole hour ran in **{r['wall_s'] / 60:.1f} minutes** of wall time (target 30); with "
+                     f"the setup, {(r['wall_s'] + h['setup_s']) / 60:.1f} minutes.")
     elif "hour_wall_minutes_extrapolated" in h:
         lines.append(
             f"Between the two slices each request cost {h['wall_us_per_request']:g} µs of wall time "
@@ -318,7 +325,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default="bench/results")
-    ap.add_argument("--name", default="sim_speed")
+    ap.add_argument("--name", help="results file name (default: sim_speed; sim_speed_hour with --hour-full)")
     ap.add_argument("--baseline", help="an earlier result JSON to show beside this one")
     ap.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                     help="a scheduler setting for every case (headrace sim --set)")
@@ -329,6 +336,7 @@ def main() -> None:
     ap.add_argument("--python-only", action="store_true", help="measure the cases with the core as Python only")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    a.name = a.name or ("sim_speed_hour" if a.hour_full else "sim_speed")
     if a.child:
         _child(json.loads(a.child))
         return
