@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from gateway.policy.config import SchedulerConfig
 from gateway.policy.types import Batch, ReplicaInfo
 
-_RETABLE_S = 1e-4  # plan with a learned term once it has moved this much since it was applied
+_APPLY_S = 1e-4  # plan with a learned term once it has moved this much since it was applied
 
 
 def _step(est: float, above: bool, q: float, step: float) -> float:
@@ -59,7 +59,7 @@ class Replica:
                             cfg.max_overhead_s)
         self.last_done = now
         g, o = self.applied
-        moved = max(abs(self.run_excess - g), abs(self.overhead - o)) >= _RETABLE_S
+        moved = max(abs(self.run_excess - g), abs(self.overhead - o)) >= _APPLY_S
         exact = (self.run_excess, self.overhead) == (0.0, 0.0) != (g, o)  # back to the profile itself
         if moved or exact:
             self.applied = (self.run_excess, self.overhead)
