@@ -42,9 +42,7 @@ class Replica:
         if not rows:
             return 0.0
         g, o = self.applied
-        t = self.base[rows] + g
-        # NOTE: run times are positive, so adding an overhead of 0.0 changes none of them
-        return t + o if o != 0.0 else t
+        return self.base[rows] + g + o
 
     def learn(self, batch: Batch, now: float, cfg: SchedulerConfig) -> None:
         """``batch`` came back at ``now``: move both learned terms one step."""
@@ -140,7 +138,7 @@ class NeededBatch:
             top = one.info.max_batch
             key: object = id(one)
             hit = self._walks.get(key)
-            if hit is None or hit[0][0] is not one or hit[1][0] is not one.applied:
+            if hit is None or hit[1][0] is not one.applied:  # the entry holds ``one``: its id is its own
                 hit = self._entry(key, (one,))
         else:
             one = None
