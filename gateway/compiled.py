@@ -112,7 +112,8 @@ def build(modules: tuple[str, ...] = MODULES, jobs: int | None = None, log=print
     out.mkdir(parents=True, exist_ok=True)
     (out / "cython-version").write_text(version)
     _cython_version.cache_clear()
-    todo = [n for n in modules if not artifact(n, source_of(n), version).exists()]
+    dests = {n: artifact(n, source_of(n), version) for n in modules}
+    todo = [n for n, dest in dests.items() if not dest.exists()]
     if not todo:
         return []
     from Cython.Build import cythonize
@@ -138,10 +139,9 @@ def build(modules: tuple[str, ...] = MODULES, jobs: int | None = None, log=print
         finally:
             os.chdir(cwd)
         for n in todo:
-            dest = artifact(n, source_of(n), version)
-            part = dest.with_name(dest.name + ".part")
+            part = dests[n].with_name(dests[n].name + ".part")
             shutil.copyfile(built[n], part)
-            part.replace(dest)  # whole or absent: a concurrent import never sees half a file
+            part.replace(dests[n])  # whole or absent: a concurrent import never sees half a file
     return todo
 
 
