@@ -140,8 +140,10 @@ def split(sched: Schedule, groups: Sequence[Sequence[str]]) -> list[Schedule]:
         parts = [order[bounds[index[m]]:bounds[index[m] + 1]] for m in g if m in index]
         if len(parts) == 1:
             idx = parts[0]  # one model's arrivals: in time order already
+        elif parts:
+            idx = np.sort(np.concatenate(parts))
         else:
-            idx = np.sort(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+            idx = np.zeros(0, dtype=np.int64)
         out.append(Schedule(sched.times[idx], sched.model_idx[idx], sched.models))
     return out
 
