@@ -46,7 +46,7 @@ from bench.policy_study import (
 )
 from gateway.policy import EdfScheduler, SchedulerConfig
 from gateway.policy.types import ReplicaInfo
-from loadgen.sim import SimReplica, Simulator, make_requests
+from loadgen.sim.simulator import SimReplica, Simulator, make_requests
 
 POISSON_RATE, POISSON_SEEDS = 320.0, (0, 1, 2, 3)
 GAMMA_RATE, GAMMA_SEEDS = 350.0, (0, 1)

@@ -51,7 +51,6 @@ from profiles.emulator import (
     write_emulated_model,
 )
 from profiles.emulator.physics import SharedGpu
-from profiles.process import exit_on_sigterm
 from profiles.profile import Profile, ProfileSet
 from profiles.sharing import (
     CHECK_TOLERANCE,
@@ -62,7 +61,8 @@ from profiles.sharing import (
     mps_terms,
     predict,
 )
-from profiles.tritonserver import TritonServer
+from profiles.triton.process import exit_on_sigterm
+from profiles.triton.server import TritonServer
 
 OUT = Path(__file__).parent / "results"
 MAX_BATCH = 32

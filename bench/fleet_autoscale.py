@@ -30,13 +30,13 @@ import numpy as np
 from bench.fleet import Fleet
 from gateway.policy.types import Priority
 from loadgen.arrivals import AZURE_HEADER, read_azure_trace
-from loadgen.sim_cli import SIM_TARGET
-from loadgen.sim_fleet import SimFleet, plan_fleet
-from loadgen.sim_run import SimOptions, run_sim
+from loadgen.sim.cli import SIM_TARGET
+from loadgen.sim.fleet import SimFleet, plan_fleet
+from loadgen.sim.run import SimOptions, run_sim
 from loadgen.spec import LoadSpec
 from placement import autoscale
 from placement.cli import load
-from placement.solver import solve
+from placement.solve.solver import solve
 
 SAMPLE = Path(__file__).parents[1] / "loadgen" / "data" / "azure_sample.csv"
 SPEC = autoscale.AutoscaleSpec(upscale_delay_s=0.0, downscale_delay_s=2.0, downscale_below=0.5,

@@ -5,7 +5,7 @@ trace, in the simulator.
 The fleet comes from the fleet generator (:mod:`bench.fleet`, seeded), rates scaled down so
 the run fits a few minutes of wall time; the operator's planner places it (greedy) and the
 plan is rendered into the gateway config exactly as ``headrace up`` does
-(:func:`loadgen.sim_fleet.load_fleet`). Every system runs on that one plan; only the batch
+(:func:`loadgen.sim.fleet.load_fleet`). Every system runs on that one plan; only the batch
 policy differs.
 
 Arrivals: each model's per-minute rate follows one function of the bundled per-minute
@@ -33,9 +33,9 @@ from bench import fleet_autoscale
 from bench.fleet import SEED, generate
 from bench.output import write_results
 from loadgen.arrivals import AZURE_HEADER, read_azure_trace
-from loadgen.sim_cli import SIM_TARGET
-from loadgen.sim_fleet import SimFleet, load_fleet, with_settings
-from loadgen.sim_run import SimOptions, run_sim
+from loadgen.sim.cli import SIM_TARGET
+from loadgen.sim.fleet import SimFleet, load_fleet, with_settings
+from loadgen.sim.run import SimOptions, run_sim
 from loadgen.spec import LoadSpec
 
 SAMPLE = Path(__file__).parents[1] / "loadgen" / "data" / "azure_sample.csv"

@@ -44,10 +44,10 @@ from bench.overhead_features import (
     pct,
     start_features,
 )
-from profiles.process import exit_on_sigterm, start_serve, stop_group
 from profiles.profile import LatencyPoint, Profile, Provenance, save_profiles
-from profiles.repository import ModelConfig, TensorSpec, write_model
-from profiles.tritonserver import TritonServer, free_port
+from profiles.triton.process import exit_on_sigterm, start_serve, stop_group
+from profiles.triton.repository import ModelConfig, TensorSpec, write_model
+from profiles.triton.server import TritonServer, free_port
 
 RESULTS = Path(__file__).parent / "results"
 # the echo model: as cheap as Triton's python backend gets, so the gateway's cost shows

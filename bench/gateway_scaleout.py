@@ -49,9 +49,9 @@ from bench.host import cpu_times, steal_share
 from bench.output import write_results
 from loadgen.run import run_load
 from loadgen.spec import InputSpec, LoadSpec
-from profiles.process import exit_on_sigterm, stop_group, wait_http_ready
 from profiles.profile import LatencyPoint, Profile, Provenance, save_profiles
-from profiles.tritonserver import free_port
+from profiles.triton.process import exit_on_sigterm, stop_group, wait_http_ready
+from profiles.triton.server import free_port
 
 RESULTS = Path(__file__).parent / "results"
 REPLICAS = 4

@@ -42,10 +42,10 @@ from bench.output import write_results
 from loadgen.run import run_load
 from loadgen.spec import LoadSpec
 from profiles.emulator import write_emulated_model
-from profiles.process import exit_on_sigterm, stop_group
 from profiles.profile import ProfileSet, save_profiles
-from profiles.repository import DynamicBatching
-from profiles.tritonserver import TritonServer, free_port
+from profiles.triton.process import exit_on_sigterm, stop_group
+from profiles.triton.repository import DynamicBatching
+from profiles.triton.server import TritonServer, free_port
 
 RESULTS = Path(__file__).parent / "results"
 SLO_MS = 100.0

@@ -4,7 +4,7 @@ runs, that answer every ``ModelInfer`` with no scheduling, no validation and no 
 - ``echo``: answers at once with its inputs as outputs, calling nothing. What a client waits
   for it is what grpc.aio alone costs a request on this machine.
 - ``http URL``: sends the request's tensors to Triton's HTTP endpoint at URL with the
-  gateway's own replica client (``gateway.backend_http``) and answers with Triton's outputs:
+  gateway's own replica client (``gateway.backends.http``) and answers with Triton's outputs:
   grpc.aio plus one Triton round trip, the least a gateway reaching Triton over HTTP does.
 - ``grpc URL``: hands the request's bytes, unparsed, to Triton's gRPC endpoint at URL over a
   grpc.aio channel and returns Triton's answer's bytes: the least any Python gRPC proxy does.
@@ -22,7 +22,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from gateway.cli import run_on_serve_loop
 from gateway.codec import Tensor
-from gateway.grpc_server import SERVICE
+from gateway.frontdoor.grpc import SERVICE
 
 Handler = Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]
 
@@ -43,7 +43,7 @@ def echo() -> Handler:
 
 
 def via_http(url: str) -> Handler:
-    from gateway.backend_http import TritonHttpReplica
+    from gateway.backends.http import TritonHttpReplica
 
     replica = TritonHttpReplica(url)
 

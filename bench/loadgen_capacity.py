@@ -50,8 +50,8 @@ from loadgen.drivers import open_loop
 from loadgen.run import run_load
 from loadgen.spec import InputSpec, LoadSpec
 from loadgen.stats import OK, Recorder
-from profiles.process import exit_on_sigterm, stop_group
-from profiles.tritonserver import free_port
+from profiles.triton.process import exit_on_sigterm, stop_group
+from profiles.triton.server import free_port
 
 RESULTS = Path(__file__).parent / "results"
 LAG_LIMIT_MS = 1.0

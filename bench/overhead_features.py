@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from profiles.process import stop_group, wait_http_ready
-from profiles.tritonserver import TritonServer, free_port
+from profiles.triton.process import stop_group, wait_http_ready
+from profiles.triton.server import TritonServer, free_port
 
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"  # a traced client's (sampled)
 API_KEY = "bench-key-0123456789abcdef"
@@ -191,11 +191,11 @@ sys.path.insert(0, os.getcwd())
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc, service_pb2 as pb
 from gateway.app import Gateway
-from gateway.backend import ModelInfo
+from gateway.backends.grpc import ModelInfo
 from gateway.codec import Signature, Tensor, TensorSig
 from gateway.config import parse_config
-from gateway.grpc_server import InferenceServicer
-from gateway.httpserver import HttpRequest, HttpResponse
+from gateway.frontdoor.grpc import InferenceServicer
+from gateway.frontdoor.httpserver import HttpRequest, HttpResponse
 
 SIG = Signature({"x": TensorSig("x", "FP32", (16,))}, {"y": TensorSig("y", "FP32", (16,))}, max_batch_size=8)
 

@@ -18,11 +18,11 @@ import platform
 from pathlib import Path
 
 from bench.output import write_results
-from placement.capacity import replica_capacity
 from placement.plan import Demand, GpuClass, GpuPlan, Inventory, Plan, Replica, SlicePlan
+from placement.solve.capacity import replica_capacity
 from profiles.derive import with_derived
-from profiles.process import exit_on_sigterm
 from profiles.profile import ProfileSet
+from profiles.triton.process import exit_on_sigterm
 
 OUT = Path(__file__).parent / "results"
 SLO = 0.100
@@ -55,10 +55,10 @@ def measure(plan: Plan, ps: ProfileSet, duration: float, seed: int = 0, fraction
     from bench.gateway_overhead import start_gateway
     from loadgen.run import run_load_sync
     from loadgen.spec import LoadSpec
-    from placement.emulated import Emulated
-    from placement.render import gateway_config
-    from profiles.process import stop_group
-    from profiles.tritonserver import free_port
+    from placement.apply.emulated import Emulated
+    from placement.apply.render import gateway_config
+    from profiles.triton.process import stop_group
+    from profiles.triton.server import free_port
 
     plan.verify()
     predicted = plan.capacity("resnet50")

@@ -10,7 +10,7 @@ best-effort, headroom 1.1):
    limit). Then pools cut down to the GPUs the guaranteed demand alone takes, and between that
    and the full plan: with the split the plan is partial (every guaranteed model placed whole,
    best-effort placed in part, its shortfall reported); without it there is no plan at all.
-2. Simulator (the gateway's own core in virtual time, :mod:`loadgen.sim_run`), a smaller fleet
+2. Simulator (the gateway's own core in virtual time, :mod:`loadgen.sim.run`), a smaller fleet
    of the same generator: each plan rendered into the gateway's config as the operator does, and
    fed every model's expected rate (Poisson, and Gamma cv 2 for bursts) to measure attainment by
    class: guaranteed attainment must be equal, what the split gives up is best-effort's.
@@ -31,11 +31,11 @@ from pathlib import Path
 
 from bench.fleet import SEED, generate
 from bench.output import write_results
-from loadgen.sim_fleet import plan_fleet
-from loadgen.sim_run import SimOptions, run_sim
+from loadgen.sim.fleet import plan_fleet
+from loadgen.sim.run import SimOptions, run_sim
 from loadgen.spec import LoadSpec
 from placement.plan import Demand, GpuClass, Inventory, Plan
-from placement.solver import SolverError, solve
+from placement.solve.solver import SolverError, solve
 from profiles.derive import with_derived
 from profiles.profile import ProfileSet
 

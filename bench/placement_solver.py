@@ -44,7 +44,7 @@ from bench.fleet import SEED as FLEET_SEED
 from bench.fleet import generate
 from bench.output import write_results
 from placement.plan import Demand, GpuClass, Inventory, Plan
-from placement.solver import DEFAULT, Options, SolverError, candidates, lower_bound, solve
+from placement.solve.solver import DEFAULT, Options, SolverError, candidates, lower_bound, solve
 from profiles.derive import with_derived
 from profiles.profile import ProfileSet
 

@@ -4,7 +4,7 @@ Setup (issue 5): ResNet-50 on A100-80GB 1g.10gb, t(b) = 8.4 + 2.346·b ms (the r
 profile's p50, served deterministically; the policies predict with its p99, which the published
 fit gives equal to p50; the fallback fit built without the YAML takes p99 2% higher),
 max batch 32, SLO 100 ms, Poisson and Gamma(CV=4) arrivals, one replica. Every system is the
-same EdfScheduler with a different registered policy, driven by loadgen.sim, so the
+same EdfScheduler with a different registered policy, driven by loadgen.sim.simulator, so the
 comparison is like for like and runs in one process. Beside them, the clairvoyant bound
 (bench.policy_bound): the most any one-replica scheduler could finish on the same arrivals
 if it knew them all in advance.
@@ -33,7 +33,7 @@ from bench.policy_bound import clairvoyant_ok, served_latency
 from gateway.policy import EdfScheduler, SchedulerConfig
 from gateway.policy.types import ReplicaInfo
 from loadgen.arrivals import make_process, times
-from loadgen.sim import SimReplica, Simulator, make_requests
+from loadgen.sim.simulator import SimReplica, Simulator, make_requests
 from profiles.profile import LatencyPoint, Profile, ProfileError, ProfileSet, Provenance
 
 RATES = (150, 250, 300, 330, 350, 500, 1000)

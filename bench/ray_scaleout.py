@@ -118,8 +118,8 @@ def direct_triton(tmp: Path):  # noqa: ANN201
     """An emulated Triton of the planned slice, started here (the baseline and (c)'s backend)."""
     from deploy.operator.cli import _base_profiles  # noqa: PLC0415
     from deploy.operator.controller import prepare  # noqa: PLC0415
-    from placement.emulated import Emulated  # noqa: PLC0415
-    from placement.solver import solve  # noqa: PLC0415
+    from placement.apply.emulated import Emulated  # noqa: PLC0415
+    from placement.solve.solver import solve  # noqa: PLC0415
     from placement.spec import inventory, single_pool  # noqa: PLC0415
 
     want = prepare(yaml.safe_dump_all(documents("local")), _base_profiles(), "bench")
@@ -147,7 +147,7 @@ def serve_baseline(triton_url: str) -> str:
     """(c): Ray Serve with @serve.batch(max_batch_size=32) behind its HTTP proxy."""
     from ray import serve  # noqa: PLC0415
 
-    from profiles.tritonserver import free_port  # noqa: PLC0415
+    from profiles.triton.server import free_port  # noqa: PLC0415
 
     @serve.deployment(max_ongoing_requests=1000)
     class BatchedResnet:

@@ -1,4 +1,4 @@
-"""The floor of a refusal: the gateway's own HTTP server (``gateway.httpserver``, on the
+"""The floor of a refusal: the gateway's own HTTP server (``gateway.frontdoor.httpserver``, on the
 event loop ``headrace serve`` runs) with a handler that answers every POST ``429`` at once,
 reading nothing of it. No routing, no decoding, no scheduling, no metrics. What a client waits for its refusals during a burst is
 what reading and answering requests one after another costs on this machine, before any of
@@ -19,7 +19,7 @@ import urllib.request
 
 from gateway.cli import run_on_serve_loop
 from gateway.errors import REASON_HEADER
-from gateway.httpserver import HttpRequest, HttpResponse, HttpServer, error_response
+from gateway.frontdoor.httpserver import HttpRequest, HttpResponse, HttpServer, error_response
 
 REFUSAL = error_response(429, "refused", (("Retry-After", "1"), (REASON_HEADER, "infeasible")))
 

@@ -40,9 +40,9 @@ from bench.gateway_slo import point as slo_point
 from bench.host import cpu_times, steal_share
 from bench.output import write_results
 from profiles.emulator import write_emulated_model
-from profiles.process import exit_on_sigterm, stop_group
 from profiles.profile import save_profiles
-from profiles.tritonserver import TritonServer, free_port
+from profiles.triton.process import exit_on_sigterm, stop_group
+from profiles.triton.server import TritonServer, free_port
 
 RATES = (150, 350, 1000)
 WARMUP_S = 2.0

@@ -30,7 +30,7 @@ import yaml
 
 from bench.host import cpu_times, steal_share
 from bench.output import write_results
-from profiles.process import exit_on_sigterm
+from profiles.triton.process import exit_on_sigterm
 
 OUT = Path(__file__).parent / "results"
 DIGITS = ["digits-small", "digits-medium", "digits-large"]

@@ -3,11 +3,11 @@
 Live: ``headrace serve`` (default scheduler) in front of one CPU Triton whose models are
 emulated GPUs (ResNet-50 on A100-80GB 1g.10gb, max batch 32, SLO 100 ms) behind one emulated
 GPU's arbiter, driven open-loop by ``headrace load``'s own ``run_load``. Simulated: the same
-gateway config read as ``headrace sim -f`` reads it (:func:`loadgen.sim_fleet.load_fleet`) and
+gateway config read as ``headrace sim -f`` reads it (:func:`loadgen.sim.fleet.load_fleet`) and
 the same :class:`~loadgen.spec.LoadSpec` (so the same seeded arrivals) through
-:func:`loadgen.sim_run.run_sim`.
+:func:`loadgen.sim.run.run_sim`.
 
-Cases (capacity = the planner's :func:`placement.capacity.replica_capacity` at the SLO):
+Cases (capacity = the planner's :func:`placement.solve.capacity.replica_capacity` at the SLO):
 
 - one replica, Poisson and Gamma CV=4, at 50%, 90% and 110% of capacity;
 - ``mig-pair``: two models on two MIG slices of one emulated GPU, each at 90%;
@@ -55,15 +55,15 @@ from bench.gateway_slo import wait_idle
 from bench.host import cpu_times, steal_share
 from bench.output import write_results
 from loadgen.run import run_load
-from loadgen.sim_fleet import load_fleet
-from loadgen.sim_run import SimOptions, run_sim
+from loadgen.sim.fleet import load_fleet
+from loadgen.sim.run import SimOptions, run_sim
 from loadgen.spec import LoadSpec
-from placement.capacity import replica_capacity
-from placement.render import Endpoint, replica_profile
+from placement.apply.render import Endpoint, replica_profile
+from placement.solve.capacity import replica_capacity
 from profiles.emulator import EmulatedGpu, write_emulated_model
-from profiles.process import exit_on_sigterm, start_serve, stop_group
 from profiles.profile import Profile, ProfileSet, save_profiles
-from profiles.tritonserver import TritonServer, free_port
+from profiles.triton.process import exit_on_sigterm, start_serve, stop_group
+from profiles.triton.server import TritonServer, free_port
 
 RESULTS = Path(__file__).parent / "results"
 GPU, SLICE, SLO_MS, MAX_BATCH, MPS_SHARE = "A100-80GB", "1g.10gb", 100.0, 32, 0.5

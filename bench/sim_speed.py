@@ -124,9 +124,9 @@ def hour(slices: list[float], settings: list[str], processes: int = 2, floor: bo
     from bench.fleet_study import write_trace
     from gateway.compiled import compiled
     from gateway.policy import scheduler as core
-    from loadgen.sim_cli import SIM_TARGET
-    from loadgen.sim_fleet import load_fleet
-    from loadgen.sim_run import SimOptions, run_sim
+    from loadgen.sim.cli import SIM_TARGET
+    from loadgen.sim.fleet import load_fleet
+    from loadgen.sim.run import SimOptions, run_sim
     from loadgen.spec import LoadSpec
 
     planned = sum(d["spec"]["rate"] for d in generate(HOUR_MODELS, HOUR_GPUS, SEED).deployments)
@@ -177,7 +177,7 @@ def hour(slices: list[float], settings: list[str], processes: int = 2, floor: bo
 def core_share(fleet: Any, spec: Any) -> dict[str, Any]:
     """The slice again on one core, the gateway's ``EdfScheduler`` (which the simulator runs by
     design) timed apart: its seconds per request are a floor no simulator around it can beat."""
-    import loadgen.sim_run as sim_run
+    import loadgen.sim.run as sim_run
     from gateway.policy import EdfScheduler
 
     spent = [0.0]

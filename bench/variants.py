@@ -56,11 +56,11 @@ from bench.variants_step import (
 )
 from loadgen.run import run_load
 from loadgen.spec import LoadSpec
-from placement.capacity import replica_capacity
+from placement.solve.capacity import replica_capacity
 from profiles.emulator import write_emulated_model
-from profiles.process import exit_on_sigterm, start_serve, stop_group
 from profiles.profile import Profile, ProfileSet, save_profiles
-from profiles.tritonserver import TritonServer, free_port
+from profiles.triton.process import exit_on_sigterm, start_serve, stop_group
+from profiles.triton.server import TritonServer, free_port
 
 RESULTS = Path(__file__).parent / "results"
 SLO_MS = 100.0

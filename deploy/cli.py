@@ -18,7 +18,7 @@ SUBCOMMAND_MODULES = (
     "placement.cli",  # headrace plan
     "placement.k8s_cli",  # headrace render-k8s
     "deploy.demo",  # headrace demo (the README's main job)
-    "loadgen.sim_cli",  # headrace sim
+    "loadgen.sim.cli",  # headrace sim
     "deploy.operator.cli",  # headrace up / apply / status / down / rollback
     "deploy.explain",  # headrace explain
     "gateway.compiled",  # headrace compile

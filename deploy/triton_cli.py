@@ -7,7 +7,7 @@ import signal
 import threading
 from pathlib import Path
 
-from profiles.tritonserver import TritonError, TritonServer
+from profiles.triton.server import TritonError, TritonServer
 
 
 def _up(args: argparse.Namespace) -> int:

@@ -24,19 +24,19 @@ from typing import Any
 
 import grpc
 
-from gateway.accesslog import AccessLog
 from gateway.config import GatewayConfig, ServedModel, ServedReplica, resolve, scheduler_config
 from gateway.driver import Driver
-from gateway.grpc_server import create_server
-from gateway.http import HttpFrontDoor, metrics_door
-from gateway.httpserver import HttpServer
-from gateway.metrics import GatewayMetrics
-from gateway.observe import Observer
+from gateway.frontdoor.grpc import create_server
+from gateway.frontdoor.http import HttpFrontDoor, metrics_door
+from gateway.frontdoor.httpserver import HttpServer
+from gateway.frontdoor.security import load_security
+from gateway.frontdoor.stats import ServerInfo
+from gateway.observe.accesslog import AccessLog
+from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.request import Observer
+from gateway.observe.tracing import Tracing, make_tracing
 from gateway.policy.scheduler import EdfScheduler
 from gateway.policy.types import SchedulerCore
-from gateway.security import load_security
-from gateway.stats import ServerInfo
-from gateway.tracing import Tracing, make_tracing
 from profiles.schema import LimitsSpec
 
 log = logging.getLogger("headrace.gateway")

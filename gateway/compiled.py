@@ -3,7 +3,7 @@ unchanged Python sources into extension modules, and imported in their place whe
 
 The policy core runs per request in the gateway and per simulated request in ``headrace sim``;
 compiled, the same code runs its decisions with less interpreter overhead. Nothing else
-changes: the same source, the same decisions (``tests/test_sim_identity.py`` holds either way).
+changes: the same source, the same decisions (``tests/loadgen/sim/test_sim_identity.py`` holds either way).
 
 - ``headrace compile`` builds what is missing (``./run.sh`` does, when Cython and a C
   compiler are there); without it headrace runs as pure Python.
@@ -33,7 +33,7 @@ MODULES = (
     "gateway.policy.admission", "gateway.policy.batching", "gateway.policy.edf",
     "gateway.policy.migrate", "gateway.policy.rate", "gateway.policy.replica",
     "gateway.policy.scheduler", "gateway.policy.selector", "gateway.policy.sequences",
-    "gateway.policy.sequencing", "gateway.policy.types", "loadgen.sim", "loadgen.sim_run", "loadgen.stats",
+    "gateway.policy.sequencing", "gateway.policy.types", "loadgen.sim.simulator", "loadgen.sim.run", "loadgen.stats",
 )
 # pure Python semantics: annotations are documentation, never C types
 DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": True}

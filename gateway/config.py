@@ -123,7 +123,7 @@ class ModelConfig(BaseModel):
 class GatewayConfig(GatewaySettings):
     """``headrace serve``'s YAML: the gateway settings (one definition, :mod:`profiles.schema`)
     and the models with their replicas. The operator renders it from a plan
-    (:func:`placement.render.gateway_config`)."""
+    (:func:`placement.apply.render.gateway_config`)."""
 
     models: list[ModelConfig] = Field(min_length=1, description="served models")
     base_dir: Path | None = Field(default=None, exclude=True, description="resolves relative profile paths")
@@ -210,7 +210,7 @@ class ServedReplica:
     variant: str
     profile: Profile
     max_inflight: int
-    tls: Any = None  # gateway.backend_tls.BackendTls: TLS to this replica's Triton (None: plain)
+    tls: Any = None  # gateway.backends.tls.BackendTls: TLS to this replica's Triton (None: plain)
     price_per_hour: float | None = None  # its hardware's price (variant costs); None: unknown
 
 
@@ -266,7 +266,7 @@ def resolve(cfg: GatewayConfig) -> list[ServedModel]:
                 prof = with_overhead(prof, r.overhead_ms / 1e3)
             tls = None
             if r.tls is not None:
-                from gateway.backend_tls import load_backend_tls  # it needs ConfigError from here
+                from gateway.backends.tls import load_backend_tls  # it needs ConfigError from here
 
                 tls = load_backend_tls(r.tls.ca_file, r.tls.cert_file, r.tls.key_file, r.tls.server_name,
                                        f"models.{i}.replicas.{j}.tls", cfg.base_dir)

@@ -25,8 +25,8 @@ from typing import Any
 
 import grpc
 
-from gateway.backend import TritonReplica
-from gateway.backend_http import TritonHttpReplica
+from gateway.backends.grpc import TritonReplica
+from gateway.backends.http import TritonHttpReplica
 from gateway.codec import InferInput, Tensor, concat, split, validate
 from gateway.config import ServedModel
 from gateway.contract import (  # noqa: F401  (SLO_HEADER: the front doors read it from here)
@@ -47,9 +47,9 @@ from gateway.errors import (
     rejection,
 )
 from gateway.fleet import Fleet, Model, Replica, check_signature, replica_info, versions_of
-from gateway.metrics import GatewayMetrics
+from gateway.frontdoor.stats import Statistics
+from gateway.observe.metrics import GatewayMetrics
 from gateway.policy.types import Batch, Priority, Request, SchedulerCore
-from gateway.stats import Statistics
 
 log = logging.getLogger("headrace.gateway")
 
@@ -84,7 +84,7 @@ class _Pending:
     forward: Forward | None = None  # what goes to Triton besides the tensors (its batch key)
     batch: list[_Pending] | None = None  # once sent: its batch's members
     task: asyncio.Task | None = None  # once sent: the wait for its batch's answer
-    trace: Any = None  # its spans (gateway.tracing.RequestTrace) when tracing is on
+    trace: Any = None  # its spans (gateway.observe.tracing.RequestTrace) when tracing is on
 
 
 class Driver(Fleet):
@@ -133,7 +133,7 @@ class Driver(Fleet):
         self._loop: asyncio.AbstractEventLoop | None = None
         self.draining = False
         self.started = False
-        self.tracing: Any = None  # gateway.tracing.Tracing when tracing is on: batch spans
+        self.tracing: Any = None  # gateway.observe.tracing.Tracing when tracing is on: batch spans
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -265,7 +265,7 @@ class Driver(Fleet):
         :class:`ModelNotFound`). ``deadline``: seconds the client itself still waits (a gRPC
         call's deadline), which caps the request's budget. ``priority``: the class the
         caller's tenant imposes, overriding the request's own ``priority`` parameter. ``trace``:
-        its spans (:class:`gateway.tracing.RequestTrace`), ended by its batch's spans. ``hints``:
+        its spans (:class:`gateway.observe.tracing.RequestTrace`), ended by its batch's spans. ``hints``:
         variant constraints from headers (:func:`gateway.contract.choice_headers`); request
         parameters win over them."""
         m = self.model(name, version)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gateway.backend import ModelInfo, TritonReplica
+from gateway.backends.grpc import ModelInfo, TritonReplica
 from gateway.codec import Signature
 from gateway.config import ConfigError, ServedModel, ServedReplica
 from gateway.errors import (
@@ -25,7 +25,7 @@ from gateway.errors import (
     Unavailable,
     rejection,
 )
-from gateway.metrics import GatewayMetrics
+from gateway.observe.metrics import GatewayMetrics
 from gateway.policy.types import ReplicaInfo, SchedulerCore
 
 log = logging.getLogger("headrace.gateway")

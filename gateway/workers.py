@@ -46,8 +46,8 @@ from gateway.config import (
     with_ports,
 )
 from gateway.partition import Partition, partition
-from profiles.process import stop_group
 from profiles.schema import ListenAddress
+from profiles.triton.process import stop_group
 
 log = logging.getLogger("headrace.workers")
 RESTART_FIRST_S = 0.5

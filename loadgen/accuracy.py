@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from profiles.digits import MEASURED_DIR
+from profiles.digits.family import MEASURED_DIR
 from profiles.profile import ProfileSet
 
 

@@ -167,7 +167,7 @@ def read_input_dir(path: Path, inputs: tuple[InputSpec, ...] | None) -> list[lis
 def digits_requests(inputs: tuple[InputSpec, ...] | None, batch: int) -> list[list[Tensor]]:
     """The digits family's held-out rows (FP32 [64] each, the split its accuracy is measured
     on), ``batch`` consecutive rows per request."""
-    from profiles.digits import INPUT, VARIANTS, dataset
+    from profiles.digits.family import INPUT, VARIANTS, dataset
 
     # NOTE: every digits variant splits with the same seed and fraction: one test split
     _, x_test, _, _ = dataset(next(iter(VARIANTS.values())))

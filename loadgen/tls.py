@@ -1,7 +1,7 @@
 """What a secured front door asks of the load generator: TLS (an HTTPS context, or gRPC
 channel credentials, from the same CA and client certificate files) and an API key per model,
 sent as ``Authorization: Bearer KEY`` (an HTTP header, gRPC metadata), as the gateway's
-tenants expect (``gateway/security.py``)."""
+tenants expect (``gateway/frontdoor/security.py``)."""
 
 from __future__ import annotations
 

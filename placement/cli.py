@@ -11,13 +11,13 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from placement.executors import EXECUTORS, DryRun, ExecutorError, Nvml
+from placement.apply.executors import EXECUTORS, DryRun, ExecutorError, Nvml
 from placement.plan import Demand, Inventory, Plan, PlanError
-from placement.solver import METHODS, SolverError, solve
+from placement.solve.solver import METHODS, SolverError, solve
 from placement.spec import SpecError, check_profiles, demand, inventory, profiles_for, single_pool
 from profiles.catalogue import CatalogueError
 from profiles.derive import with_derived
-from profiles.digits import MEASURED_DIR
+from profiles.digits.family import MEASURED_DIR
 from profiles.profile import ProfileError, ProfileSet, Provenance
 from profiles.schema import Documents, GpuPool, format_error, load_documents
 
@@ -228,7 +228,7 @@ def _apply(plan: Plan, profiles: ProfileSet, args: argparse.Namespace, out: Cons
         for (gpu, sl), uuid in uuids.items():
             out.print(f"{gpu} {sl} {uuid}")
         return 0
-    from placement.emulated import Emulated  # noqa: PLC0415  (starts processes; import on demand)
+    from placement.apply.emulated import Emulated  # noqa: PLC0415  (starts processes; import on demand)
 
     with Emulated(profiles) as ex:
         for e in ex.apply(plan):

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from placement.capacity import replica_capacity
 from placement.plan import Demand, GpuClass, GpuPlan, Inventory, Plan, Replica, SlicePlan
-from placement.solver import DEFAULT, Options, SolverError, solve
+from placement.solve.capacity import replica_capacity
+from placement.solve.solver import DEFAULT, Options, SolverError, solve
 from profiles.catalogue import gpu_model
 from profiles.profile import ProfileSet
 

@@ -1,15 +1,15 @@
 """``headrace render-k8s``: plan a pool for model deployments and print the plan as one
-multi-document YAML for ``kubectl apply`` (:mod:`placement.kubernetes`)."""
+multi-document YAML for ``kubectl apply`` (:mod:`placement.apply.kubernetes`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from placement.apply.kubernetes import KubernetesError, Options, render
 from placement.cli import add_problem_args, load
-from placement.kubernetes import KubernetesError, Options, render
 from placement.plan import PlanError
-from placement.solver import SolverError, solve
+from placement.solve.solver import SolverError, solve
 from placement.spec import SpecError
 from profiles.catalogue import CatalogueError
 from profiles.profile import ProfileError

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from placement.capacity import fits_memory, replica_capacity
+from placement.solve.capacity import fits_memory, replica_capacity
 from profiles.catalogue import WHOLE, CatalogueError, Instance, gpu_model, overlap_reason
 from profiles.profile import Profile, ProfileError, ProfileSet
 

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from deploy.operator.controller import ApplyError, Controller
 from placement.plan import PlanError
-from placement.solver import SolverError
+from placement.solve.solver import SolverError
 from profiles.profile import ProfileError
 from profiles.schema import SpecError
 

@@ -37,7 +37,7 @@ ADMIN_CA_ENV = "HEADRACE_ADMIN_CA"
 
 if TYPE_CHECKING:
     from deploy.operator.controller import Desired
-    from gateway.tls import ServerTls
+    from gateway.frontdoor.tls import ServerTls
     from profiles.profile import ProfileSet
 
 HELP = """examples:
@@ -63,7 +63,7 @@ class CliError(Exception):
 
 def _base_profiles():  # noqa: ANN202
     from placement.cli import load_profile_set  # noqa: PLC0415
-    from profiles.digits import MEASURED_DIR  # noqa: PLC0415
+    from profiles.digits.family import MEASURED_DIR  # noqa: PLC0415
 
     return load_profile_set([str(MEASURED_DIR)])
 
@@ -93,7 +93,7 @@ def validate(files: list[str], check_security: bool = False) -> tuple[str, Desir
 def _check_security(docs: Documents) -> None:
     """The Gateway document's TLS files and tenants' keys read and checked; a
     :class:`ConfigError` names file, document and field."""
-    from gateway.security import load_security  # noqa: PLC0415
+    from gateway.frontdoor.security import load_security  # noqa: PLC0415
 
     if docs.gateways:
         gw = docs.gateways[0]
@@ -103,7 +103,7 @@ def _check_security(docs: Documents) -> None:
 
 def _admin_tls(docs: Documents) -> ServerTls | None:
     """The admin API's certificate and key (``spec.admin.tls``), read and checked; None: plain HTTP."""
-    from gateway.tls import load_tls  # noqa: PLC0415
+    from gateway.frontdoor.tls import load_tls  # noqa: PLC0415
 
     gw = docs.gateways[0] if docs.gateways else None
     if gw is None or gw.spec.admin.tls is None:
@@ -199,9 +199,9 @@ async def _serve(args: argparse.Namespace, text: str, want: Desired, base: Profi
     from deploy.operator.admin import serve_admin  # noqa: PLC0415
     from deploy.operator.controller import Controller  # noqa: PLC0415
     from deploy.operator.state import start_time  # noqa: PLC0415
-    from placement.executors import ExecutorError  # noqa: PLC0415
+    from placement.apply.executors import ExecutorError  # noqa: PLC0415
     from placement.plan import PlanError  # noqa: PLC0415
-    from placement.solver import SolverError  # noqa: PLC0415
+    from placement.solve.solver import SolverError  # noqa: PLC0415
 
     settings = want.settings
     token = store.token(settings.admin.token_file, settings.admin.token_env)

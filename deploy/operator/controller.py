@@ -25,15 +25,15 @@ from deploy.operator.status import status
 from gateway.app import Gateway
 from gateway.config import GatewayConfig, resolve
 from placement import autoscale
+from placement.apply.render import Endpoint, gateway_config
 from placement.diff import PlanDiff, diff, replan
 from placement.plan import Demand, Plan
-from placement.render import Endpoint, gateway_config
-from placement.solver import solve
+from placement.solve.solver import solve
 from placement.spec import check_profiles, demand, inventory, profiles_for, single_pool
 from profiles.catalogue import HOST
 from profiles.profile import ProfileSet
 from profiles.schema import Documents, GatewaySpec, SpecError, parse_documents
-from profiles.sources import VariantSource
+from profiles.triton.sources import VariantSource
 
 log = logging.getLogger("headrace.operator")
 

@@ -2,7 +2,7 @@
 
 :class:`ProcessRuntime` is the interface the controller uses; :class:`LocalRuntime` runs every
 replica as a local Triton server (emulated GPUs for emulated variants, the host for the rest)
-through :class:`placement.emulated.Emulated`. The Ray mode plugs in its own. Calls block: the
+through :class:`placement.apply.emulated.Emulated`. The Ray mode plugs in its own. Calls block: the
 controller runs them in a worker thread.
 """
 
@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Protocol
 
 from deploy.operator.state import start_time
+from placement.apply.emulated import Emulated
+from placement.apply.executors import ExecutorError
+from placement.apply.render import Endpoint
 from placement.diff import Step
-from placement.emulated import Emulated
-from placement.executors import ExecutorError
-from placement.render import Endpoint
 from profiles.profile import ProfileSet
-from profiles.sources import VariantSource
+from profiles.triton.sources import VariantSource
 
 
 class ProcessRuntime(Protocol):

@@ -25,7 +25,7 @@ class GatewayActorImpl:
 
     def __init__(self, index: int, namespace: str) -> None:
         from gateway.cli import _loop_factory  # noqa: PLC0415
-        from profiles.tritonserver import free_port  # noqa: PLC0415
+        from profiles.triton.server import free_port  # noqa: PLC0415
 
         self.index = index
         self.state = state_actor(namespace)

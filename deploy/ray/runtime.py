@@ -3,7 +3,7 @@
 Every planned GPU is an arbiter actor (:class:`GpuActor`, holding one unit of the node's GPU-model
 resource) and every replica a :class:`TritonActor` beside it on the same pool node (see
 :mod:`deploy.ray.resources`). A Triton actor starts ``tritonserver`` as a child in its own process
-group on a repository written exactly as :class:`placement.emulated.Emulated` writes it. When that
+group on a repository written exactly as :class:`placement.apply.emulated.Emulated` writes it. When that
 child dies the actor exits, and Ray restarts the actor (``max_restarts=-1``) on the same node: it
 stops what is left of the old server (pid and start time must match) and starts a new one on the
 same ports, so the gateway's replica comes back where it was; meanwhile the gateway fails over.
@@ -26,13 +26,13 @@ import ray
 
 from deploy.operator.state import same_process, start_time
 from deploy.ray.resources import node_of, node_resource, pinned, present_nodes
+from placement.apply.emulated import Emulated
+from placement.apply.executors import ExecutorError
+from placement.apply.render import Endpoint
 from placement.diff import Step
-from placement.emulated import Emulated
-from placement.executors import ExecutorError
-from placement.render import Endpoint
 from profiles.profile import ProfileSet
-from profiles.sources import VariantSource
-from profiles.tritonserver import TritonServer
+from profiles.triton.server import TritonServer
+from profiles.triton.sources import VariantSource
 
 NAMESPACE = "headrace"
 

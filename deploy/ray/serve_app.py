@@ -42,7 +42,7 @@ class GatewayDeployment:
 
         from gateway.app import Gateway  # noqa: PLC0415
         from gateway.config import GatewayConfig  # noqa: PLC0415
-        from placement.render import gateway_config  # noqa: PLC0415
+        from placement.apply.render import gateway_config  # noqa: PLC0415
 
         endpoints = [r.info.remote().result()["endpoint"] for r in replicas]
         cfg = GatewayConfig.model_validate(gateway_config(plan, endpoints, profiles, Path(workdir) / "profiles",

@@ -32,7 +32,7 @@ def deployment_name(kind: str, ident: str) -> str:
 
 def plan_for(text: str, base: ProfileSet, method: str = "greedy") -> tuple[Desired, Plan]:
     from deploy.operator.controller import prepare  # noqa: PLC0415
-    from placement.solver import solve  # noqa: PLC0415
+    from placement.solve.solver import solve  # noqa: PLC0415
     from placement.spec import inventory, single_pool  # noqa: PLC0415
 
     want = prepare(text, base, "render-serve")
@@ -67,7 +67,7 @@ def render(text: str, want: Desired, plan: Plan, method: str = "greedy", name: s
 def run(args: argparse.Namespace) -> int:
     from deploy.operator.cli import CliError, validate  # noqa: PLC0415
     from placement.plan import PlanError  # noqa: PLC0415
-    from placement.solver import SolverError  # noqa: PLC0415
+    from placement.solve.solver import SolverError  # noqa: PLC0415
 
     try:
         text, want, base = validate(args.file)

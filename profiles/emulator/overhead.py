@@ -63,7 +63,7 @@ def calibrate_overhead(protocol: Literal["http", "grpc"] = "http", samples: int 
 
     from profiles.emulator.repository import write_emulated_model
     from profiles.profile import LatencyPoint, Profile
-    from profiles.tritonserver import TritonServer
+    from profiles.triton.server import TritonServer
 
     lat_ms = {"c0": 0.001, "c1": ramp_ms, "c3": 3 * ramp_ms}
     repo = Path(tempfile.mkdtemp(prefix="headrace-calib-"))

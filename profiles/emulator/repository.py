@@ -9,7 +9,7 @@ import yaml
 
 from profiles.emulator.overhead import DEFAULT_OVERHEAD, Overhead
 from profiles.profile import Profile, ProfileError, profile_to_dict
-from profiles.repository import DynamicBatching, ModelConfig, TensorSpec, write_model
+from profiles.triton.repository import DynamicBatching, ModelConfig, TensorSpec, write_model
 
 MODEL_PY = Path(__file__).with_name("triton_model.py")
 

@@ -1,0 +1,337 @@
+"""KServe v2 / Triton gRPC front door (``inference.GRPCInferenceService`` on grpc.aio).
+
+Requests arrive as raw bytes and are parsed here, so a malformed protobuf is answered with
+INVALID_ARGUMENT instead of grpc's generic deserialization error. Domain errors become
+status codes here, at the handler edge, and only here. A model version the model does not
+have is NOT_FOUND ("" is its default). RPCs not listed (shared memory, model load/unload,
+trace, logging) answer UNIMPLEMENTED.
+
+With tenants configured (:mod:`gateway.frontdoor.security`), every RPC but ServerLive and ServerReady
+needs an API key in the call's metadata (``authorization: Bearer KEY`` or ``x-api-key: KEY``),
+else UNAUTHENTICATED; a tenant's inferences take its priority class and spend its quota
+(RESOURCE_EXHAUSTED, reason ``quota``), and every answer is counted by tenant and code name.
+
+With an access log or tracing on (``observer``, :mod:`gateway.observe.request`), ModelInfer is served
+by a handler that sees each call from arrival to answer, refusals included (it is chosen when
+the server is made: off, the RPCs run as they are).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2 as pb
+
+from gateway.codec import encode_grpc_response, parse_grpc_infer
+from gateway.contract import choice_headers
+from gateway.driver import SLO_HEADER, Driver
+from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected, Unauthenticated
+from gateway.frontdoor.security import OPEN_GRPC_METHODS, Tenant, Tenants, grpc_key
+from gateway.frontdoor.stats import (
+    SERVER_NAME,
+    SERVER_VERSION,
+    ServerInfo,
+    model_config_pb,
+    model_metadata_pb,
+)
+from gateway.observe.metrics import GatewayMetrics
+from gateway.observe.request import Observer, Seen
+from profiles.schema import UNAUTHENTICATED
+
+SERVICE = "inference.GRPCInferenceService"
+
+
+def _parse(cls: type, raw: bytes) -> Any:
+    try:
+        return cls.FromString(raw)
+    except DecodeError as e:
+        raise InvalidRequest(f"malformed {cls.__name__}: {e}") from None
+
+
+def _slo_header(context: grpc.aio.ServicerContext) -> str | None:
+    for k, v in context.invocation_metadata() or ():
+        if k == SLO_HEADER:
+            return v if isinstance(v, str) else v.decode()
+    return None
+
+
+def _client_wait(context: grpc.aio.ServicerContext, clock) -> tuple[float, float | None]:  # noqa: ANN001
+    """(when, seconds the client still waits then: its gRPC deadline, None without one). The
+    clock is read first, so a deadline counted from ``when`` never outlasts the client's."""
+    return clock(), context.time_remaining()
+
+
+async def _abort(context: grpc.aio.ServicerContext, e: GatewayError) -> None:
+    if isinstance(e, Rejected):
+        context.set_trailing_metadata((("retry-after", str(max(1, math.ceil(e.retry_after)))),
+                                       (REASON_HEADER, e.reason)))
+    await context.abort(e.grpc_code, str(e))
+
+
+def _reason(e: GatewayError) -> str:
+    """What an access log line says of a refusal: the reject reason, else the message."""
+    return e.reason if isinstance(e, Rejected) else str(e)
+
+
+class InferenceServicer:
+    """The RPCs; ``tenants``: who may call (None: everyone); ``observer``: the access log and
+    tracing (None: both off)."""
+
+    def __init__(self, driver: Driver, info: ServerInfo, tenants: Tenants | None = None,
+                 observer: Observer | None = None) -> None:
+        self.driver = driver
+        self.info = info
+        self.tenants = tenants
+        self.observer = observer
+
+    async def _infer(self, req: pb.ModelInferRequest, slo: str | None,
+                     deadline: float | None = None, tenant: Tenant | None = None,
+                     hints: dict[str, str] | None = None, seen: Seen | None = None,
+                     received: float | None = None) -> pb.ModelInferResponse:
+        """``deadline``: seconds the client still waits (its gRPC deadline), a cap on the SLO,
+        counted from ``received`` (the driver's clock when it was read; default: now);
+        ``tenant``: whose request it is (its quota is spent, its priority class applies);
+        ``seen``: the access log's and tracing's view of it, answered here when it is served."""
+        name = req.model_name
+        model = self.driver.model(name, req.model_version)
+        if tenant is not None:
+            self.tenants.admit(tenant)  # type: ignore[union-attr]
+        inp = parse_grpc_infer(req)
+        if seen is not None:
+            seen.parsed(inp, model.info is not None and model.info.signature.batched)
+        res = await self.driver.infer(name, inp, slo, received, version=req.model_version, deadline=deadline,
+                                      priority=None if tenant is None else tenant.priority, hints=hints,
+                                      trace=None if seen is None else seen.trace)
+        if seen is not None:
+            seen.answered("OK", variant=res.variant, queue_s=res.queue_s)
+        return encode_grpc_response(name, req.model_version or model.default_version, inp, res.outputs,
+                                    res.parameters())
+
+    async def ModelInfer(self, raw: bytes, context: grpc.aio.ServicerContext,
+                         tenant: Tenant | None = None) -> pb.ModelInferResponse:
+        received, remaining = _client_wait(context, self.driver.clock)
+        return await self._infer(_parse(pb.ModelInferRequest, raw), _slo_header(context), remaining, tenant,
+                                 choice_headers(context.invocation_metadata() or ()), received=received)
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext, tenant: Tenant | None = None
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        slo = _slo_header(context)
+        hints = choice_headers(context.invocation_metadata() or ())
+        out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        tasks: set[asyncio.Task] = set()
+
+        async def one(raw: bytes) -> None:
+            rid, code, seen = "", "OK", None
+            try:
+                req = _parse(pb.ModelInferRequest, raw)
+                rid = req.id
+                if self.observer is not None:
+                    seen = self.observer.grpc_request(req.model_name, req.model_version, context.invocation_metadata())
+                    seen.tenant = None if tenant is None else tenant.name
+                msg = pb.ModelStreamInferResponse(infer_response=await self._infer(req, slo, tenant=tenant, hints=hints,
+                                                                                   seen=seen))
+            except GatewayError as e:
+                code = e.grpc_code.name
+                if self.observer is not None:
+                    seen = seen or self.observer.grpc_request(None, "", context.invocation_metadata())
+                    seen.answered(code, reason=_reason(e))
+                msg = pb.ModelStreamInferResponse(error_message=str(e), infer_response=pb.ModelInferResponse(id=rid))
+            except asyncio.CancelledError:
+                if seen is not None:
+                    seen.cancelled()
+                raise
+            if tenant is not None:
+                _count(self.driver.metrics, tenant.name, code)
+            await out.put(msg)
+
+        async def reader() -> None:
+            try:
+                async for raw in requests:
+                    t = asyncio.create_task(one(raw))
+                    tasks.add(t)
+                    t.add_done_callback(tasks.discard)
+                if tasks:
+                    await asyncio.gather(*list(tasks), return_exceptions=True)
+            finally:
+                await out.put(None)
+
+        rt = asyncio.create_task(reader())
+        try:
+            while (msg := await out.get()) is not None:
+                yield msg
+        finally:
+            rt.cancel()
+
+    async def ServerLive(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.driver.ready())
+
+    async def ModelReady(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ModelReadyResponse:
+        req = _parse(pb.ModelReadyRequest, raw)
+        self.driver.model(req.name, req.version)
+        return pb.ModelReadyResponse(ready=self.driver.model_ready(req.name))
+
+    async def ServerMetadata(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ServerMetadataResponse:
+        md = self.info.server_metadata()
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=md["extensions"])
+
+    async def ModelMetadata(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ModelMetadataResponse:
+        req = _parse(pb.ModelMetadataRequest, raw)
+        return model_metadata_pb(self.driver.model(req.name, req.version), req.name)
+
+    async def ModelConfig(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ModelConfigResponse:
+        req = _parse(pb.ModelConfigRequest, raw)
+        return pb.ModelConfigResponse(config=model_config_pb(self.driver.model(req.name, req.version), req.name))
+
+    async def ModelStatistics(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ModelStatisticsResponse:
+        req = _parse(pb.ModelStatisticsRequest, raw)
+        if req.name:
+            self.driver.model(req.name, req.version)
+        return self.info.statistics(req.name or None, req.version)
+
+    async def RepositoryIndex(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.RepositoryIndexResponse:
+        resp = pb.RepositoryIndexResponse()
+        for m in self.info.repository_index():
+            resp.models.add(name=m["name"], version=m["version"], state=m["state"])
+        return resp
+
+
+def _unary(fn: Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Any]]) -> grpc.RpcMethodHandler:
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await fn(raw, context)
+        except GatewayError as e:
+            await _abort(context, e)
+
+    return grpc.unary_unary_rpc_method_handler(handler, response_serializer=_serialize)
+
+
+def _count(metrics: GatewayMetrics, tenant: str, code: str) -> None:
+    metrics.of(metrics.tenant_requests, tenant, code).inc()
+
+
+async def _identify(tenants: Tenants, metrics: GatewayMetrics, context: grpc.aio.ServicerContext) -> Tenant:
+    """The tenant the call's key names; without a valid key the call ends UNAUTHENTICATED."""
+    try:
+        return tenants.identify(grpc_key(context.invocation_metadata()))
+    except Unauthenticated as e:
+        _count(metrics, UNAUTHENTICATED, e.grpc_code.name)
+        await _abort(context, e)
+        raise  # not reached: abort raises
+
+
+def _unary_as_tenant(fn: Callable[..., Awaitable[Any]], servicer: InferenceServicer,
+                     takes_tenant: bool) -> grpc.RpcMethodHandler:
+    """``fn`` for callers with a valid key only, each answer counted by tenant and code."""
+    tenants, metrics = servicer.tenants, servicer.driver.metrics
+    assert tenants is not None
+
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        tenant = await _identify(tenants, metrics, context)
+        try:
+            resp = await (fn(raw, context, tenant) if takes_tenant else fn(raw, context))
+        except GatewayError as e:
+            _count(metrics, tenant.name, e.grpc_code.name)
+            await _abort(context, e)
+        _count(metrics, tenant.name, "OK")
+        return resp
+
+    return grpc.unary_unary_rpc_method_handler(handler, response_serializer=_serialize)
+
+
+def _stream_as_tenant(servicer: InferenceServicer) -> grpc.RpcMethodHandler:
+    tenants, metrics = servicer.tenants, servicer.driver.metrics
+    assert tenants is not None
+
+    async def handler(requests: AsyncIterator[bytes],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        tenant = await _identify(tenants, metrics, context)
+        async for msg in servicer.ModelStreamInfer(requests, context, tenant):
+            yield msg
+
+    return grpc.stream_stream_rpc_method_handler(handler, response_serializer=_serialize)
+
+
+def _observed_infer(servicer: InferenceServicer, observer: Observer) -> grpc.RpcMethodHandler:
+    """ModelInfer with every call seen by the access log and tracing, refusals included (an
+    unknown key, a malformed message, a refusal by the scheduler, a call the client cancels);
+    with tenants, it identifies the caller as :func:`_unary_as_tenant` does."""
+    tenants, metrics = servicer.tenants, servicer.driver.metrics
+
+    async def handler(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        received, remaining = _client_wait(context, servicer.driver.clock)
+        md = context.invocation_metadata()
+        tenant, seen = None, None
+        try:
+            if tenants is not None:
+                try:
+                    tenant = tenants.identify(grpc_key(md))
+                except Unauthenticated as e:
+                    _count(metrics, UNAUTHENTICATED, e.grpc_code.name)
+                    raise
+            req = _parse(pb.ModelInferRequest, raw)
+            seen = observer.grpc_request(req.model_name, req.model_version, md)
+            seen.tenant = None if tenant is None else tenant.name
+            resp = await servicer._infer(req, _slo_header(context), remaining, tenant, choice_headers(md or ()), seen,
+                                         received)
+        except GatewayError as e:
+            if seen is None:  # refused before its model was known
+                seen = observer.grpc_request(None, "", md)
+                seen.tenant = None if tenant is None else tenant.name
+            seen.answered(e.grpc_code.name, reason=_reason(e))
+            if tenant is not None:
+                _count(metrics, tenant.name, e.grpc_code.name)
+            await _abort(context, e)
+        except asyncio.CancelledError:
+            if seen is not None:
+                seen.cancelled()
+            raise
+        if tenant is not None:
+            _count(metrics, tenant.name, "OK")
+        return resp
+
+    return grpc.unary_unary_rpc_method_handler(handler, response_serializer=_serialize)
+
+
+def _serialize(msg: Any) -> bytes:
+    return msg.SerializeToString()
+
+
+def generic_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
+    names = ["ModelInfer", "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
+             "ModelConfig", "ModelStatistics", "RepositoryIndex"]
+    if servicer.tenants is None:
+        handlers = {n: _unary(getattr(servicer, n)) for n in names}
+        handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+            servicer.ModelStreamInfer, response_serializer=_serialize
+        )
+    else:  # health probes stay open; everything else needs a key
+        handlers = {n: _unary(getattr(servicer, n)) if n in OPEN_GRPC_METHODS
+                    else _unary_as_tenant(getattr(servicer, n), servicer, takes_tenant=n == "ModelInfer")
+                    for n in names}
+        handlers["ModelStreamInfer"] = _stream_as_tenant(servicer)
+    if servicer.observer is not None:
+        handlers["ModelInfer"] = _observed_infer(servicer, servicer.observer)
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
+def create_server(driver: Driver, info: ServerInfo, max_message_bytes: int = 64 << 20,
+                  tenants: Tenants | None = None, observer: Observer | None = None,
+                  reuse_port: bool = False) -> grpc.aio.Server:
+    """The gRPC server; ``reuse_port``: its port may be shared with other gateway processes
+    (SO_REUSEPORT), else binding a port in use fails."""
+    server = grpc.aio.server(options=[
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", int(reuse_port)),
+    ])
+    server.add_generic_rpc_handlers((generic_handler(InferenceServicer(driver, info, tenants, observer)),))
+    return server

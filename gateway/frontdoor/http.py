@@ -1,0 +1,305 @@
+"""KServe v2 / Triton HTTP front door: one routing function over :mod:`gateway.frontdoor.httpserver`.
+
+Routes: health (live, ready), server metadata, model metadata / ready / config / stats (with
+or without ``/versions/N``: a version the model does not have is a 404), all-model stats, the
+repository index, ``/metrics`` and infer.
+Domain errors (:mod:`gateway.errors`) become ``{"error": msg}`` with their status here, at
+the handler edge, and only here. Rejections carry ``Retry-After`` and the reject reason.
+
+With tenants configured (:mod:`gateway.frontdoor.security`), every route but the health probes needs an
+API key (``Authorization: Bearer KEY`` or ``x-api-key: KEY``): without a valid one the answer
+is 401 with ``WWW-Authenticate: Bearer``. A tenant's inferences take its priority class and
+spend its quota (429, reason ``quota``), and every answer is counted by tenant and status in
+``headrace_tenant_requests_total``. With a separate metrics listener, ``/metrics`` is served
+there (:func:`metrics_door`) and not here.
+
+With an access log or tracing on (``observer``, :mod:`gateway.observe.request`), every inference
+request is seen from arrival to answer, refusals included; off, the door checks it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import zlib
+from collections.abc import Callable
+from urllib.parse import unquote
+
+from google.protobuf import json_format
+
+from gateway.codec import InferInput, encode_http_response, parse_http_infer
+from gateway.contract import choice_headers
+from gateway.driver import SLO_HEADER, Driver, InferResult
+from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected, Unauthenticated
+from gateway.fleet import Model
+from gateway.frontdoor.httpserver import Handler, HttpRequest, HttpResponse, Later, error_response
+from gateway.frontdoor.security import OPEN_HTTP_PATHS, Tenant, Tenants, bearer_key
+from gateway.frontdoor.stats import ServerInfo, model_config_dict, model_metadata_dict
+from gateway.observe.request import Observer, Seen
+from profiles.schema import UNAUTHENTICATED
+
+HEADER_LEN = "inference-header-content-length"
+_JSON = "application/json"
+_OK = HttpResponse(200)
+_METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_CHALLENGE = (("WWW-Authenticate", "Bearer"),)
+
+
+class TooLarge(GatewayError):
+    http_status = 413
+
+
+def _json(doc: object) -> HttpResponse:
+    return HttpResponse(200, json.dumps(doc).encode(), _JSON)
+
+
+def decoded_body(req: HttpRequest, max_bytes: int) -> bytes:
+    """The body with its gzip/deflate Content-Encoding undone, refusing to inflate past
+    ``max_bytes`` (a small compressed body must not become a huge one)."""
+    enc = req.headers.get("content-encoding", "identity").strip().lower()
+    if enc in ("", "identity"):
+        return req.body
+    if enc not in ("gzip", "deflate"):
+        raise InvalidRequest(f"Content-Encoding {enc!r} is not supported (gzip, deflate)")
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS if enc == "gzip" else zlib.MAX_WBITS)
+    try:
+        out = d.decompress(req.body, max_bytes + 1)
+    except zlib.error as e:
+        raise InvalidRequest(f"unreadable request body: {enc} data is corrupt ({e})") from None
+    if len(out) > max_bytes:
+        raise TooLarge(f"request body exceeds {max_bytes} bytes once decoded")
+    return out
+
+
+class HttpFrontDoor:
+    """The gateway's HTTP handler: ``door(request)`` -> a response now, or :class:`Later`.
+    ``tenants``: who may call (None: everyone); ``serve_metrics``: answer ``/metrics`` here;
+    ``observer``: the access log and tracing (None: both off)."""
+
+    def __init__(self, driver: Driver, info: ServerInfo, max_body_bytes: int, max_json_depth: int = 64,
+                 tenants: Tenants | None = None, serve_metrics: bool = True,
+                 observer: Observer | None = None) -> None:
+        self.driver = driver
+        self.info = info
+        self.max_body = max_body_bytes
+        self.max_depth = max_json_depth
+        self.tenants = tenants
+        self.serve_metrics = serve_metrics
+        self.observer = observer
+
+    def __call__(self, req: HttpRequest) -> HttpResponse | Later:
+        """The answer now, or (an admitted inference) later, when the driver's future is done:
+        no task per request, and a refusal is written in the loop turn that read the request."""
+        if self.observer is not None:
+            return self._observed(req, self.observer)
+        return self._answer(req, None)
+
+    def _answer(self, req: HttpRequest, seen: Seen | None) -> HttpResponse | Later:
+        if self.tenants is not None and req.path not in OPEN_HTTP_PATHS:
+            return self._as_tenant(req, self.tenants, seen)
+        try:
+            return self._route(req, None, seen)
+        except GatewayError as e:
+            return _error(e)
+
+    def _observed(self, req: HttpRequest, observer: Observer) -> HttpResponse | Later:
+        """The answer, and for an inference its access log line and spans once it is known
+        (a client that hangs up first: 499)."""
+        seen = observer.http_request(req.path, req.headers, req.received)
+        answer = self._answer(req, seen)
+        if seen is None:
+            return answer
+        if isinstance(answer, HttpResponse):
+            seen.http_answered(answer)
+            return answer
+        fut, make = answer.future, answer.make
+        fut.add_done_callback(lambda f: f.cancelled() and seen.cancelled())
+
+        def made(f: asyncio.Future) -> HttpResponse:
+            try:
+                resp = make(f)
+            except Exception as e:
+                seen.answered(500, reason=f"internal error: {type(e).__name__}: {e}")
+                raise
+            seen.http_answered(resp, None if f.exception() is not None else f.result())
+            return resp
+
+        return Later(fut, made)
+
+    def _as_tenant(self, req: HttpRequest, tenants: Tenants, seen: Seen | None = None) -> HttpResponse | Later:
+        """``req`` answered for the tenant its key names (401 without one), and counted."""
+        h = req.headers
+        try:
+            tenant = tenants.identify(bearer_key(h.get("authorization"), h.get("x-api-key")))
+        except Unauthenticated as e:
+            return self._counted(UNAUTHENTICATED, _error(e))
+        if seen is not None:
+            seen.tenant = tenant.name
+        try:
+            answer = self._route(req, tenant, seen)
+        except GatewayError as e:
+            answer = _error(e)
+        if isinstance(answer, HttpResponse):
+            return self._counted(tenant.name, answer)
+        make = answer.make
+        return Later(answer.future, lambda f: self._counted(tenant.name, make(f)))
+
+    def _counted(self, tenant: str, resp: HttpResponse) -> HttpResponse:
+        m = self.driver.metrics
+        m.of(m.tenant_requests, tenant, str(resp.status)).inc()
+        return resp
+
+    def _route(self, req: HttpRequest, tenant: Tenant | None, seen: Seen | None = None) -> HttpResponse | Later:
+        parts = [unquote(p) for p in req.path.strip("/").split("/")]
+        if len(parts) >= 3 and parts[0] == "v2" and parts[1] == "models" and parts[2] != "stats":
+            return self._model_route(req, parts[2], parts[3:], tenant, seen)
+        route = _ROUTES.get(tuple(parts))
+        if route is None:
+            raise _NotFound(f"no route for {req.method} {req.path}")
+        method, fn = route
+        _allow(req, method)
+        return fn(self, req)
+
+    def _model_route(self, req: HttpRequest, name: str, rest: list[str],
+                     tenant: Tenant | None, seen: Seen | None = None) -> HttpResponse | Later:
+        version = ""  # the model's default
+        if len(rest) >= 2 and rest[0] == "versions":
+            version, rest = rest[1], rest[2:]
+            if version and not version.isdigit():
+                raise InvalidRequest(f"model version {version!r} must be a positive integer")
+        action = rest[0] if len(rest) == 1 else "" if not rest else None
+        if action == "infer":
+            _allow(req, "POST")
+            return self._infer(req, name, version, tenant, seen)
+        handler = _MODEL_ROUTES.get(action)  # type: ignore[arg-type]
+        if handler is None:
+            raise _NotFound(f"no route for {req.method} {req.path}")
+        _allow(req, "GET")
+        return handler(self, name, version)
+
+    # ---- handlers
+    def _live(self, req: HttpRequest) -> HttpResponse:
+        return _OK
+
+    def _ready(self, req: HttpRequest) -> HttpResponse:
+        return HttpResponse(200 if self.driver.ready() else 503)
+
+    def _server_metadata(self, req: HttpRequest) -> HttpResponse:
+        return _json(self.info.server_metadata())
+
+    def _all_stats(self, req: HttpRequest) -> HttpResponse:
+        return _json(json_format.MessageToDict(self.info.statistics(None), preserving_proto_field_name=True))
+
+    def _repository_index(self, req: HttpRequest) -> HttpResponse:
+        decoded_body(req, self.max_body)  # a body, if any, must at least decode
+        return _json(self.info.repository_index())
+
+    def _metrics(self, req: HttpRequest) -> HttpResponse:
+        if not self.serve_metrics:  # served on the metrics listener instead
+            raise _NotFound(f"no route for {req.method} {req.path}")
+        return HttpResponse(200, self.driver.render_metrics(), _METRICS_TYPE)
+
+    def _model_metadata(self, name: str, version: str) -> HttpResponse:
+        return _json(model_metadata_dict(self.driver.model(name, version), name))
+
+    def _model_ready(self, name: str, version: str) -> HttpResponse:
+        self.driver.model(name, version)
+        return HttpResponse(200 if self.driver.model_ready(name) else 400)
+
+    def _model_config(self, name: str, version: str) -> HttpResponse:
+        return _json(model_config_dict(self.driver.model(name, version), name))
+
+    def _model_stats(self, name: str, version: str) -> HttpResponse:
+        self.driver.model(name, version)
+        return _json(json_format.MessageToDict(self.info.statistics(name, version), preserving_proto_field_name=True))
+
+    def _infer(self, req: HttpRequest, name: str, version: str, tenant: Tenant | None,
+               seen: Seen | None = None) -> HttpResponse | Later:
+        driver = self.driver
+        model = driver.model(name)  # unknown model or version: 404 before decoding the body
+        if version:
+            model.check_version(version)
+        if tenant is not None:
+            self.tenants.admit(tenant)  # type: ignore[union-attr]  (over quota: 429 before decoding)
+        inp = parse_http_infer(decoded_body(req, self.max_body), req.headers.get(HEADER_LEN), max_depth=self.max_depth)
+        if seen is not None:
+            seen.parsed(inp, model.info is not None and model.info.signature.batched)
+        result = driver.submit(name, inp, req.headers.get(SLO_HEADER), req.received, version=version,
+                               priority=None if tenant is None else tenant.priority,
+                               hints=choice_headers(req.headers), trace=None if seen is None else seen.trace)
+
+        def answer(f: asyncio.Future[InferResult]) -> HttpResponse:
+            e = f.exception()
+            if e is None:
+                return _inferred(name, version, model, inp, f.result())
+            if isinstance(e, GatewayError):
+                return _error(e)
+            raise e
+
+        return Later(result, answer)
+
+
+def _inferred(name: str, version: str, model: Model, inp: InferInput, res: InferResult) -> HttpResponse:
+    out, header_len = encode_http_response(name, version or model.default_version, inp, res.outputs,
+                                           res.parameters())
+    if header_len is None:
+        return HttpResponse(200, out, _JSON)
+    return HttpResponse(200, out, "application/octet-stream", (("Inference-Header-Content-Length",
+                                                                  str(header_len)),))
+
+
+def _error(e: GatewayError) -> HttpResponse:
+    if isinstance(e, Unauthenticated):
+        return error_response(401, str(e), _CHALLENGE)
+    if isinstance(e, Rejected):  # 429, or 503 when no replica serves the model
+        return error_response(e.http_status, str(e), (("Retry-After", str(max(1, math.ceil(e.retry_after)))),
+                                                      (REASON_HEADER, e.reason)))
+    return error_response(e.http_status, str(e))
+
+
+class _NotFound(GatewayError):
+    http_status = 404
+
+
+class _MethodNotAllowed(GatewayError):
+    http_status = 405
+
+
+def _allow(req: HttpRequest, method: str) -> None:
+    if req.method != method:
+        raise _MethodNotAllowed(f"{req.method} is not allowed on {req.path} (use {method})")
+
+
+_Fn = Callable[[HttpFrontDoor, HttpRequest], HttpResponse]
+_ROUTES: dict[tuple[str, ...], tuple[str, _Fn]] = {
+    ("v2", "health", "live"): ("GET", HttpFrontDoor._live),
+    ("v2", "health", "ready"): ("GET", HttpFrontDoor._ready),
+    ("v2",): ("GET", HttpFrontDoor._server_metadata),
+    ("v2", "models", "stats"): ("GET", HttpFrontDoor._all_stats),
+    ("v2", "repository", "index"): ("POST", HttpFrontDoor._repository_index),
+    ("metrics",): ("GET", HttpFrontDoor._metrics),
+}
+_MODEL_ROUTES: dict[str, Callable[[HttpFrontDoor, str, str], HttpResponse]] = {
+    "": HttpFrontDoor._model_metadata,
+    "ready": HttpFrontDoor._model_ready,
+    "config": HttpFrontDoor._model_config,
+    "stats": HttpFrontDoor._model_stats,
+}
+
+
+def metrics_door(driver: Driver) -> Handler:
+    """The metrics listener's handler: ``GET /metrics`` and the health probes, no key asked."""
+
+    def door(req: HttpRequest) -> HttpResponse:
+        if req.method != "GET":
+            return error_response(405, f"{req.method} is not allowed on {req.path} (use GET)")
+        if req.path == "/metrics":
+            return HttpResponse(200, driver.render_metrics(), _METRICS_TYPE)
+        if req.path == "/v2/health/live":
+            return _OK
+        if req.path == "/v2/health/ready":
+            return HttpResponse(200 if driver.ready() else 503)
+        return error_response(404, f"no route for {req.method} {req.path} (this listener serves /metrics)")
+
+    return door

@@ -1,0 +1,545 @@
+"""A lean HTTP/1.1 server for the gateway's front door: asyncio protocols and httptools.
+
+The gateway answers every request from one routing function (:mod:`gateway.frontdoor.http`), so it
+needs none of a web framework's machinery: no request/response objects with lazy
+properties, no router tree, no middleware chain. This server parses with httptools (the
+C parser uvicorn uses), hands each complete request to that function and writes the answer
+in one ``write``. At concurrency 1 that is about half the CPU per request of an aiohttp app
+(``bench/gateway_overhead.py``).
+
+HTTP behaviour a Triton client relies on: keep-alive (HTTP/1.1 default, ``Connection:
+close`` and HTTP/1.0 honoured), chunked request bodies, ``Expect: 100-continue``, answers in
+request order on a connection (pipelining) and 400 on a malformed request. Bodies are given
+to the handler as received: Content-Encoding is the handler's business (it knows its own
+size limit).
+
+What a client may ask of it is bounded (:mod:`gateway.frontdoor.limits`, each compared on the parse
+callbacks): connections (past ``max_connections`` a few more may only ask for
+``/v2/health/*``; past those a new connection is closed at once), the request head (414,
+431), the time a head, a body or an idle keep-alive connection may take (408 / close; one
+timer per connection, moved only when a deadline comes earlier), a body past ``max_body``
+(413, on its declared length when there is one) and the bytes of bodies still arriving across
+all connections (503 with ``Retry-After``). A refusal is answered as soon as the answers
+ahead of it on the connection are written; what the client still sends is then read and
+dropped for a moment, so it sees the answer, and the connection closes.
+
+Given an :class:`ssl.SSLContext`, every connection speaks TLS (:class:`~gateway.frontdoor.tls.TlsTransport`,
+set up as the connection is accepted, so the limits above hold from its first byte: its
+handshake counts against the time its first request has).
+
+Each request carries ``received``: when the loop turn that read its first bytes began
+reading. A burst of requests read in one turn all keep that time, so a request that waited
+in its socket while the ones before it were parsed does not lose that wait from its
+deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import ssl
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import httptools
+
+from gateway.frontdoor.limits import LINGER_S, PROBE_PREFIX, Limits, Refusal, ensure_fd_room
+from gateway.frontdoor.tls import TlsTransport
+from profiles.schema import LimitsSpec
+
+log = logging.getLogger("headrace.gateway")
+
+_REASONS = {
+    100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+    405: "Method Not Allowed", 408: "Request Timeout", 413: "Payload Too Large", 414: "URI Too Long",
+    429: "Too Many Requests", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
+    501: "Not Implemented", 503: "Service Unavailable", 504: "Gateway Timeout",
+}
+_MAX_PIPELINED = 64  # requests queued on one connection before it stops reading
+
+# what a connection's timer does when its deadline passes
+_NONE = 0  # nothing: a request is with the handler, or the connection is closed
+_IDLE = 1  # close: no request came
+_HEAD = 2  # 408: a request's head is incomplete
+_BODY = 3  # 408: a request's body is incomplete
+_LINGER = 4  # close: a refusal was answered, what still arrives is dropped
+
+
+class TurnClock:
+    """``clock()`` read once per event-loop turn: the first call of a turn stamps it and every
+    later call in that turn returns the same time. Called first thing on each socket read, it
+    gives everything read in one turn the time the turn began reading, so work done on earlier
+    reads of the turn is not charged to later ones."""
+
+    __slots__ = ("clock", "_at", "_loop")
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self._at: float | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # found once: each lookup is a getpid()
+
+    def __call__(self) -> float:
+        if self._at is None:
+            self._at = self.clock()
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._loop.call_soon(self._turn_ended)
+        return self._at
+
+    def _turn_ended(self) -> None:
+        self._at = None
+
+
+@dataclass(slots=True)
+class HttpRequest:
+    method: str
+    path: str  # without the query string, not yet percent-decoded
+    headers: dict[str, str]  # names lower-cased
+    body: bytes
+    received: float | None = None  # server clock when its first bytes were read (see the module doc)
+
+
+@dataclass(slots=True)
+class HttpResponse:
+    status: int
+    body: bytes = b""
+    content_type: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def encode(self, keep_alive: bool) -> bytes:
+        head = [f"HTTP/1.1 {self.status} {_REASONS.get(self.status, 'Unknown')}\r\n"
+                f"Content-Length: {len(self.body)}\r\n"]
+        if self.content_type:
+            head.append(f"Content-Type: {self.content_type}\r\n")
+        for k, v in self.headers:
+            head.append(f"{k}: {v}\r\n")
+        if not keep_alive:
+            head.append("Connection: close\r\n")
+        head.append("\r\n")
+        return "".join(head).encode("latin-1") + self.body
+
+
+def error_response(status: int, msg: str, headers: tuple[tuple[str, str], ...] = ()) -> HttpResponse:
+    """The KServe v2 error shape: ``{"error": msg}``."""
+    return HttpResponse(status, json.dumps({"error": msg}).encode(), "application/json", headers)
+
+
+@dataclass(slots=True)
+class Later:
+    """An answer to come: once ``future`` is done, ``make(future)`` gives the response (in the
+    future's own done callback: no task, no extra loop turn). A ``make`` that raises is a 500."""
+
+    future: asyncio.Future
+    make: Callable[[asyncio.Future], HttpResponse]
+
+
+# A handler answers at once (an HttpResponse), or later: a Later, an asyncio Future of a
+# response (followed by a callback, no task) or a coroutine (run as a task).
+Handler = Callable[[HttpRequest], "HttpResponse | Later | Awaitable[HttpResponse]"]
+
+
+@dataclass(slots=True)
+class _Pending:
+    request: HttpRequest | None  # None: answer ``early`` (a refusal) without calling the handler
+    keep_alive: bool
+    early: HttpResponse | None = None
+
+
+class _Message:
+    """The request being parsed (a plain class: one is made per request)."""
+
+    __slots__ = ("url", "headers", "body", "size", "reserved", "head", "nheaders", "received")
+
+    def __init__(self, received: float = 0.0) -> None:
+        self.url = bytearray()
+        self.headers: dict[str, str] = {}
+        self.body: list[bytes] = []
+        self.size = 0  # body bytes received
+        self.reserved = 0  # bytes counted in the server's buffered total (the declared length, if any)
+        self.head = 0  # bytes of URL and headers (each header counted with ": " and CRLF)
+        self.nheaders = 0
+        self.received = received
+
+
+def _refusal_response(r: Refusal) -> HttpResponse:
+    return error_response(r.status, r.message, () if r.retry_after is None else (("Retry-After", str(r.retry_after)),))
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.limits = server.limits
+        self.loop = server.loop
+        self.now = server.loop.time
+        self.transport: asyncio.Transport | TlsTransport | None = None
+        self.tls: TlsTransport | None = None  # the TLS layer, when the server speaks TLS
+        self.parser = httptools.HttpRequestParser(self)
+        self.msg = _Message()
+        self.queue: deque[_Pending] = deque()
+        self.busy = False
+        self.waiting: asyncio.Future | None = None  # the answer being awaited, while busy
+        self.closing = False
+        self.paused = False
+        self.broken = False  # the parser failed or a refusal was made: nothing after that is read as a request
+        self.probe_only = False  # accepted in the probe room past max_connections
+        self.read_at = 0.0  # server.read_time() of the latest read
+        self.head_seen = 0  # bytes read while the current request's head stayed incomplete
+        self.phase = _NONE  # what the timer does at ``deadline`` (one timer, moved only earlier)
+        self.armed = _NONE  # the phase ``deadline`` was set for
+        self.deadline = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = math.inf
+
+    # ---- transport events
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        if not self.server._admit(self):
+            self.closing = self.broken = True
+            transport.close()
+            return
+        if self.server.ssl_context is not None:
+            self.tls = self.transport = TlsTransport(transport, self.server.ssl_context)  # type: ignore[arg-type]
+        lim = self.limits
+        self._expect(_IDLE, min(lim.header_timeout_s, lim.idle_timeout_s))  # the first request must come soon
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        if self.waiting is not None and not self.waiting.done():
+            self.waiting.cancel()  # the client is gone: a queued request leaves the scheduler
+        self._release(self.msg)
+        self._stop_timer()
+        self.server._conns.discard(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self.broken:
+            return
+        if self.tls is not None:
+            data = self.tls.decrypt(data)
+            if not data:
+                return
+        self.read_at = self.server.read_time()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as e:
+            self._callback_failed(e)
+            return
+        except httptools.HttpParserUpgrade:
+            self._answer_and_close(error_response(400, "protocol upgrades are not supported"))
+            return
+        except httptools.HttpParserError as e:
+            self._answer_and_close(error_response(400, f"malformed HTTP request: {e}"))
+            return
+        phase = self.phase
+        if phase <= _IDLE or self.closing:  # the usual end of a read: every request in it complete
+            return
+        if phase != self.armed:  # a request still arriving: its deadline runs from this read
+            self._expect(phase, self.limits.header_timeout_s if phase == _HEAD else self.limits.body_timeout_s)
+        if phase == _HEAD:  # a head spanning reads: its partial fields wait inside the parser
+            self.head_seen = 0 if self.head_seen < 0 else self.head_seen + len(data)
+            if self.head_seen > self.limits.max_header_bytes:
+                self._answer_and_close(_refusal_response(self.limits.head_too_large()))
+
+    def _callback_failed(self, e: httptools.HttpParserCallbackError) -> None:
+        cause = e.__context__
+        if isinstance(cause, Refusal):
+            self._answer_and_close(_refusal_response(cause))
+        else:  # a bug answers 500; the server goes on
+            log.error("HTTP parser callback failed", exc_info=cause or e)
+            self._answer_and_close(error_response(500, f"internal error: {type(cause).__name__}: {cause}"))
+
+    # ---- parser callbacks (a limit raises Refusal: the parser stops, the refusal is answered)
+    def on_message_begin(self) -> None:
+        self.msg = _Message(self.read_at)
+        self.head_seen = -1  # the read that began it is not counted (its fields are, below)
+        self.phase = _HEAD  # its deadline is set at the end of the read if it is still arriving
+
+    def on_url(self, url: bytes) -> None:
+        m = self.msg
+        m.url += url
+        m.head += len(url)
+        if len(m.url) > self.limits.max_url_bytes:
+            raise self.limits.url_too_long()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        m, lim = self.msg, self.limits
+        m.head += len(name) + len(value) + 4
+        m.nheaders += 1
+        if m.head > lim.max_header_bytes:
+            raise lim.head_too_large()
+        if m.nheaders > lim.max_headers:
+            raise lim.too_many_headers()
+        m.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        m, lim = self.msg, self.limits
+        if self.probe_only and not m.url.startswith(PROBE_PREFIX):
+            raise lim.probes_only()
+        length = m.headers.get("content-length")
+        if length is not None and length.isdigit():
+            n = int(length)
+            if n > lim.max_body:
+                raise lim.body_too_large()  # before reading it: answered now, what comes is dropped
+            if n:
+                self._reserve(m, n)
+        if m.headers.get("expect", "").lower() == "100-continue":
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
+        self.phase = _BODY
+
+    def on_body(self, body: bytes) -> None:
+        m = self.msg
+        m.size += len(body)
+        if m.size > m.reserved:  # no declared length (chunked): counted as it comes
+            if m.size > self.limits.max_body:
+                raise self.limits.body_too_large()
+            self._reserve(m, m.size - m.reserved)
+        m.body.append(body)
+
+    def on_message_complete(self) -> None:
+        m, p = self.msg, self.parser
+        self._release(m)  # the body is the handler's now: no longer "being received"
+        self.phase = self.armed = _NONE
+        path = bytes(m.url).split(b"?", 1)[0].decode("latin-1")
+        body = m.body[0] if len(m.body) == 1 else b"".join(m.body)
+        self._enqueue(_Pending(HttpRequest(p.get_method().decode("latin-1"), path, m.headers, body,
+                                           m.received), p.should_keep_alive()))
+
+    # ---- limits
+    def _reserve(self, m: _Message, n: int) -> None:
+        server = self.server
+        if server.buffered + n > self.limits.max_buffered_bytes:
+            raise self.limits.buffers_full()
+        server.buffered += n
+        m.reserved += n
+
+    def _release(self, m: _Message) -> None:
+        if m.reserved:
+            self.server.buffered -= m.reserved
+            m.reserved = 0
+
+    def _expect(self, phase: int, timeout: float) -> None:
+        """From now the connection is in ``phase`` until ``timeout`` seconds have passed. The
+        timer is moved only when this deadline is earlier than the one it is set for; firing
+        early, it sets itself again for the current deadline. (A request read whole in one read
+        never gets here: its head and body deadlines are set only if it is still arriving when
+        the read ends.)"""
+        self.phase = self.armed = phase
+        at = self.deadline = self.now() + timeout
+        if at < self.timer_at:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.timer = self.loop.call_at(at, self._on_timer)
+            self.timer_at = at
+
+    def _stop_timer(self) -> None:
+        self.phase = _NONE
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer, self.timer_at = None, math.inf
+
+    def _on_timer(self) -> None:
+        self.timer, self.timer_at = None, math.inf
+        phase = self.phase
+        if phase == _NONE or self.transport is None:
+            return
+        if self.now() < self.deadline:
+            self.timer_at = self.deadline
+            self.timer = self.loop.call_at(self.deadline, self._on_timer)
+            return
+        if phase in (_IDLE, _LINGER):
+            self._close()
+        elif self.paused:  # the server stopped reading (answers pending): not the client's doing
+            self._expect(phase, self.limits.header_timeout_s if phase == _HEAD else self.limits.body_timeout_s)
+        else:
+            r = self.limits.head_timed_out() if phase == _HEAD else self.limits.body_timed_out()
+            self._answer_and_close(_refusal_response(r))
+
+    # ---- answering, in request order
+    def _enqueue(self, pending: _Pending) -> None:
+        self.queue.append(pending)
+        if len(self.queue) >= _MAX_PIPELINED and not self.paused:
+            self.paused = True
+            self.transport.pause_reading()  # type: ignore[union-attr]
+        if not self.busy:
+            self._next()
+
+    def _next(self) -> None:
+        while self.queue and not self.closing:
+            pending = self.queue.popleft()
+            if pending.request is None:
+                self._write(pending.early, False, linger=True)  # type: ignore[arg-type]
+                continue
+            try:
+                answer = self.server.handler(pending.request)
+            except Exception as e:  # noqa: BLE001  (a bug answers 500; the server goes on)
+                log.error("HTTP handler failed", exc_info=e)
+                answer = error_response(500, f"internal error: {type(e).__name__}: {e}")
+            if isinstance(answer, HttpResponse):
+                self._write(answer, pending.keep_alive)
+                continue
+            self.busy = True
+            if isinstance(answer, Later):
+                later, make = answer.future, answer.make
+            else:  # a future stays itself, a coroutine becomes a task
+                later, make = asyncio.ensure_future(answer), asyncio.Future.result
+            self.server._tasks.add(later)
+            self.waiting = later
+            later.add_done_callback(lambda t, ka=pending.keep_alive, mk=make: self._done(t, ka, mk))
+            return
+        self.busy = False
+        if self.closing:
+            return
+        if self.paused:
+            self.paused = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
+        if self.phase == _NONE and not self.broken:  # no request under way: idle until one begins
+            self._expect(_IDLE, self.limits.idle_timeout_s)
+
+    def _done(self, task: asyncio.Future, keep_alive: bool,
+              make: Callable[[asyncio.Future], HttpResponse]) -> None:
+        self.server._tasks.discard(task)
+        self.waiting = None
+        if task.cancelled():
+            resp = error_response(503, "gateway is shutting down")
+        else:
+            try:
+                resp = make(task)
+            except Exception as e:  # noqa: BLE001  (a bug answers 500; the server goes on)
+                log.error("HTTP handler failed", exc_info=e)
+                resp = error_response(500, f"internal error: {type(e).__name__}: {e}")
+        self._write(resp, keep_alive)
+        self._next()
+
+    def _write(self, resp: HttpResponse, keep_alive: bool, linger: bool = False) -> None:
+        if self.closing:
+            return
+        keep_alive = keep_alive and not self.server.stopping
+        self.transport.write(resp.encode(keep_alive))  # type: ignore[union-attr]
+        if not keep_alive:
+            self._close(linger)
+
+    def _answer_and_close(self, resp: HttpResponse) -> None:
+        """A request refused or that the parser cannot make sense of: answer after those ahead
+        of it, then close (the byte stream cannot be resynchronised). Its body is dropped."""
+        self.broken = True
+        self._release(self.msg)
+        self.msg.body = []
+        self.phase = _NONE
+        if self.server.on_refusal is not None:
+            m = self.msg
+            self.server.on_refusal(bytes(m.url).split(b"?", 1)[0].decode("latin-1"), m.headers, m.received, resp)
+        self.queue.append(_Pending(None, False, resp))
+        self.transport.pause_reading()  # type: ignore[union-attr]
+        if not self.busy:
+            self._next()
+
+    def _close(self, linger: bool = False) -> None:
+        """Close; with ``linger`` (after a refusal) first send EOF and drop what the client
+        still sends for up to LINGER_S, so it reads the answer instead of a reset."""
+        self.closing = True
+        self.queue.clear()
+        self._release(self.msg)
+        t = self.transport
+        if t is None or t.is_closing():
+            self._stop_timer()
+            return
+        if linger and t.can_write_eof():
+            self.broken = True
+            t.write_eof()
+            t.resume_reading()
+            self._expect(_LINGER, min(LINGER_S, self.limits.body_timeout_s))
+            return
+        self._stop_timer()
+        t.close()
+
+    def close_if_idle(self) -> None:
+        if not self.busy and not self.queue:
+            self._close()
+
+
+class HttpServer:
+    """``await start(host, port)`` -> bound port; ``await stop()`` finishes what it accepted.
+    ``limits`` (:class:`~profiles.schema.LimitsSpec`, its defaults when None) bounds what
+    clients may ask of it; ``buffered`` is the bytes of request bodies still arriving;
+    ``ssl_context``: speak TLS with this server context."""
+
+    def __init__(self, handler: Handler, max_body: int,
+                 clock: Callable[[], float] = time.monotonic, limits: LimitsSpec | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        self.handler = handler
+        self.ssl_context = ssl_context  # every connection speaks TLS with it
+        self.max_body = max_body
+        self.limits = Limits.of(limits, max_body)
+        self.read_time = TurnClock(clock)
+        self.stopping = False
+        self.buffered = 0
+        self.refused_connections = 0  # closed at once: past max_connections + probe_connections
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._conns: set[_Connection] = set()
+        self._tasks: set[asyncio.Future] = set()  # answers still to come
+        self._warned_full = False
+        # told of each request refused here, before a handler saw it (a limit, malformed HTTP):
+        # its path and headers as far as they were read, when it was read, the answer
+        self.on_refusal: Callable[[str, dict[str, str], float, HttpResponse], None] | None = None
+
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
+        """Listen on ``host:port`` (0: any free); ``reuse_port``: share it with other processes
+        listening there with SO_REUSEPORT (the kernel spreads connections over them)."""
+        self.loop = asyncio.get_running_loop()
+        ensure_fd_room(self.limits)
+        self._server = await self.loop.create_server(lambda: _Connection(self), host, port, backlog=1024,
+                                                     reuse_port=reuse_port or None)
+        return self._server.sockets[0].getsockname()[1]
+
+    def _admit(self, conn: _Connection) -> bool:
+        """Count a new connection in: past max_connections it may only serve health probes,
+        past the probe room it is refused (False)."""
+        lim, n = self.limits, len(self._conns)
+        if n >= lim.max_connections:
+            if n >= lim.max_connections + lim.probe_connections:
+                self.refused_connections += 1
+                if not self._warned_full:
+                    self._warned_full = True
+                    log.warning("%d client connections (limits.max_connections %d + probe_connections %d): "
+                                "closing new ones", n, lim.max_connections, lim.probe_connections)
+                return False
+            conn.probe_only = True
+        elif self._warned_full and n < lim.max_connections // 2:
+            self._warned_full = False
+        self._conns.add(conn)
+        return True
+
+    @property
+    def connections(self) -> int:
+        """Client connections open now."""
+        return len(self._conns)
+
+    def close(self) -> None:
+        """Stop accepting connections; open ones are still answered."""
+        self.stopping = True
+        if self._server is not None:
+            self._server.close()
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stop accepting, let running handlers answer (up to ``timeout``), close connections."""
+        self.close()
+        for c in list(self._conns):
+            c.close_if_idle()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=timeout)
+        if self._tasks:  # still running: cancelled, they answer 503 before their connection closes
+            late = list(self._tasks)
+            for t in late:
+                t.cancel()
+            await asyncio.wait(late, timeout=1.0)
+            await asyncio.sleep(0)
+        for c in list(self._conns):
+            c._close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)

@@ -1,0 +1,254 @@
+"""The integer program solved by HiGHS (through ``highspy``), started from the greedy's plan.
+
+Stage 1 minimises GPUs (or cost). It starts with the integer master of the lower bound's
+Dantzig-Wolfe pricing ("price and branch"): each model takes one of the whole-replica covers
+that pricing went through (the greedy's own among them) and GPUs take layouts whose slices hold
+the covers' shares. That program is small, and on a fleet of many small models its optimum is
+usually the bound itself, which proves it. Only where it leaves a gap to the bound does HiGHS go
+on with the whole program under the rounding cuts, started from the master's plan. Either way
+the greedy's replica counts and layouts are the first incumbent: whatever the time limit, the
+answer is never worse than the greedy's (a 1,000-model fleet is one program, not a sequence of
+chunks). Stage 2 holds that spend and prefers the most accurate variants and the least share
+(no idle replicas).
+``scipy.optimize.milp`` wraps the same HiGHS but takes no starting solution.
+
+On an overfull pool (the greedy left best-effort demand unplaced) each best-effort model's
+capacity row gets a continuous slack, the req/s left unplaced, priced above what any replica
+costs per req/s: the program places every guaranteed req/s, then as much best-effort as fits,
+then uses the fewest GPUs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+import highspy
+import numpy as np
+from scipy.sparse import coo_matrix, csc_matrix, hstack, vstack
+
+from placement.plan import Demand, Inventory
+from placement.solve.bound import Cover, _Program, _program, bound_and_covers, rounded
+from placement.solve.candidates import (
+    Candidate,
+    LayoutOption,
+    MilpTimeout,
+    Options,
+    SolverError,
+    Start,
+)
+
+STAGE1_SHARE = 0.8  # of the time limit; stage 2 gets what is left
+MASTER_SHARE = 0.5  # of stage 1's time: the integer master; the whole program gets the rest
+STAGE2_MIN_SECONDS = 0.5
+
+
+def _vector(p: _Program, start: Start) -> np.ndarray:
+    x = np.zeros(len(p.c))
+    for j, n in start.chosen.items():
+        x[j] = n
+    col = {(ci, lo.counts): p.n_x + yi for yi, (ci, lo) in enumerate(p.y_index)}
+    for ci, los in start.layouts.items():
+        for lo in los:
+            x[col[(ci, lo.counts)]] += 1
+    return x
+
+
+def _run(c: np.ndarray, a, lo: np.ndarray, hi: np.ndarray, ub: np.ndarray, time_limit: float, gap: float,
+         start: np.ndarray | None, n_int: int | None = None) -> tuple[np.ndarray | None, float, str]:
+    """(solution or None, proven dual bound, status) of one integer program; columns past
+    ``n_int`` (default: none) are continuous."""
+    m = csc_matrix(a)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = m.shape[1], m.shape[0]
+    lp.col_cost_ = np.asarray(c, dtype=float)
+    lp.col_lower_, lp.col_upper_ = np.zeros(len(c)), np.asarray(ub, dtype=float)
+    inf = highspy.kHighsInf
+    lp.row_lower_ = np.where(np.isfinite(lo), lo, -inf)
+    lp.row_upper_ = np.where(np.isfinite(hi), hi, inf)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = m.indptr, m.indices, m.data
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = m.shape[1], m.shape[0]
+    n_int = len(c) if n_int is None else n_int
+    lp.integrality_ = ([highspy.HighsVarType.kInteger] * n_int
+                       + [highspy.HighsVarType.kContinuous] * (len(c) - n_int))
+    # NOTE: the bare core class: highspy.Highs() prints a banner on stdout, which a plan's
+    # YAML output must not carry
+    h = highspy._Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", max(0.1, float(time_limit)))
+    h.setOptionValue("mip_rel_gap", gap)
+    h.setOptionValue("threads", 1)
+    h.passModel(lp)
+    if start is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = list(start)
+        sol.value_valid = True
+        h.setSolution(sol)
+    h.run()
+    status = h.modelStatusToString(h.getModelStatus())
+    info = h.getInfo()
+    if info.primal_solution_status < 2:  # no feasible point
+        return None, 0.0, status
+    return np.asarray(h.getSolution().col_value), float(info.mip_dual_bound), status
+
+
+class _Master:
+    """The integer master over ``covers`` and the covers of ``start`` (a plan as program
+    values): one cover per model, GPUs per layout within the pool, each slice kind's shares
+    within its slices. Its columns: the layouts (as in ``p``), then the covers."""
+
+    def __init__(self, p: _Program, inv: Inventory, covers: Sequence[Cover], cands: list[Candidate],
+                 start: np.ndarray) -> None:
+        n_cls, n_kinds, ny = len(inv.classes), len(p.kinds), len(p.y_index)
+        kind_row = {k: i for i, k in enumerate(p.kinds)}
+        own: dict[int, dict[int, int]] = defaultdict(dict)
+        for j in np.flatnonzero(start[:p.n_x] > 0.5):
+            own[cands[j].model][int(j)] = int(round(start[j]))
+        index: dict[tuple, int] = {}
+        self.columns: list[Cover] = []
+        for mi, counts in [*covers, *own.items()]:
+            key = (mi, tuple(sorted((j, k) for j, k in counts.items() if k)))
+            if key not in index:
+                index[key] = len(self.columns)
+                self.columns.append((mi, dict(key[1])))
+        models = {mi: r for r, mi in enumerate(sorted({mi for mi, _ in self.columns}))}
+        rows, cols, vals = [], [], []
+        for q, (mi, counts) in enumerate(self.columns):
+            for j, k in counts.items():
+                rows.append(n_cls + kind_row[(cands[j].cls, cands[j].slice)])
+                cols.append(q)
+                vals.append(cands[j].share * k)
+            rows.append(n_cls + n_kinds + models[mi]), cols.append(q), vals.append(1.0)
+        top = p.a[:n_cls + n_kinds, p.n_x:]  # the layouts' class and slice-kind rows
+        self.a = csc_matrix(hstack([vstack([top, csc_matrix((len(models), ny))]),
+                                    coo_matrix((vals, (rows, cols)),
+                                               shape=(n_cls + n_kinds + len(models), len(self.columns)))]))
+        self.lo = np.r_[np.full(n_cls + n_kinds, -np.inf), np.ones(len(models))]
+        self.hi = np.r_[p.hi[:n_cls], np.zeros(n_kinds), np.ones(len(models))]
+        self.ub = np.r_[p.ub[p.n_x:], np.ones(len(self.columns))]
+        self.start = np.r_[start[p.n_x:], np.zeros(len(self.columns))]
+        for mi in models:
+            self.start[ny + index[(mi, tuple(sorted(own.get(mi, {}).items())))]] = 1.0
+        self.p, self.ny = p, ny
+
+    def cost(self, program_cost: np.ndarray) -> np.ndarray:
+        """A program objective over the master's columns: each cover costs its replicas'."""
+        covers = [sum(program_cost[j] * k for j, k in counts.items()) for _, counts in self.columns]
+        return np.r_[program_cost[self.p.n_x:self.p.n_x + self.ny], covers]
+
+    def solve(self, cost: np.ndarray, time_limit: float, gap: float, spend: float | None = None,
+              restrict: bool = False) -> np.ndarray | None:
+        """The master's optimum of ``cost`` from its start (within ``spend``, the plan's cost,
+        if given) as program values, or None if HiGHS returns none. ``restrict``: over the
+        covers its LP relaxation uses and the start's alone (a restricted master: seconds
+        where the whole one spends minutes in root cuts, and on a fleet of many small models
+        as good)."""
+        a, lo, hi, ub, start = self.a, self.lo, self.hi, self.ub, self.start
+        if spend is not None:
+            a = csc_matrix(vstack([a, np.r_[self.p.c[self.p.n_x:self.p.n_x + self.ny], np.zeros(len(self.columns))]]))
+            lo, hi = np.r_[lo, -np.inf], np.r_[hi, spend + 1e-6]
+        cols = np.arange(len(cost))
+        if restrict:
+            lp, _, _ = _run(cost, a, lo, hi, ub, time_limit, gap, None, n_int=0)
+            if lp is not None:
+                cols = np.flatnonzero(np.r_[np.ones(self.ny, dtype=bool), (lp[self.ny:] > 1e-9) | (start[self.ny:] > 0.5)])
+        x, _, _ = _run(cost[cols], a[:, cols], lo, hi, ub[cols], time_limit, gap, start[cols])
+        if x is None:
+            return None
+        self.start = np.zeros(len(cost))
+        self.start[cols] = np.round(x)
+        out = np.zeros(len(self.p.c))
+        out[self.p.n_x:] = self.start[:self.ny]
+        for q in np.flatnonzero(self.start[self.ny:] > 0.5):
+            for j, k in self.columns[q][1].items():
+                out[j] += k
+        return out
+
+
+def _with_slack(p: _Program, demands: Sequence[Demand], inv: Inventory, cands: list[Candidate],
+                slack: Sequence[int]) -> _Program:
+    """``p`` with a continuous column per model of ``slack`` on its capacity row: the req/s
+    left unplaced, each priced above the dearest req/s any replica serves."""
+    base = len(inv.classes) + len(p.kinds)
+    cheapest = min((min(c.cap.rate, demands[c.model].required) for c in cands if c.model in set(slack)),
+                   default=1.0)
+    price = 2.0 * max(inv.weight(c) for c in inv.classes) / max(cheapest, 1e-9)
+    cols = coo_matrix((np.ones(len(slack)), ([base + mi for mi in slack], range(len(slack)))),
+                      shape=(p.a.shape[0], len(slack)))
+    return _Program(np.r_[p.c, np.full(len(slack), price)], hstack([p.a, cols]).tocsr(), p.lo, p.hi,
+                    np.r_[p.ub, [demands[mi].required for mi in slack]], p.n_x, p.y_index, p.kinds)
+
+
+def milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
+                time_limit: float, clock: Callable[[], float] = time.perf_counter, start: Start | None = None,
+                slack: Sequence[int] = (), start_unplaced: dict[int, float] | None = None,
+                ) -> tuple[dict[int, int], dict[int, list[LayoutOption]], float, tuple[float, float] | None]:
+    """Replica counts, layouts per class, the proven lower bound, and (when the master ran)
+    :func:`~placement.solve.bound.lower_bound`'s value with the seconds of ``clock`` it took, within
+    ``time_limit`` seconds of ``clock``. Raises :class:`MilpTimeout` if no integer plan is known by then
+    (never when ``start`` is given). Models in ``slack`` (best-effort) may be placed in part;
+    ``start_unplaced`` is the start's req/s left unplaced per model."""
+    t0 = clock()
+    p = _program(demands, inv, cands, opts, tie_break=False, cuts=True, uncut=frozenset(slack))
+    n_int = len(p.c)
+    x0 = _vector(p, start) if start is not None else None
+    proven = 0.0
+    if slack:
+        p = _with_slack(p, demands, inv, cands, slack)
+        if x0 is not None:
+            x0 = np.r_[x0, [(start_unplaced or {}).get(mi, 0.0) for mi in slack]]
+    master, lower = None, None
+    if x0 is not None and not slack:  # NOTE: then p is lower_bound()'s own program
+        tb = clock()
+        bound, covers = bound_and_covers(demands, inv, cands, p)
+        proven = rounded(inv, bound)
+        lower = (proven, clock() - tb)
+        left = time_limit - (clock() - t0)
+        master = _Master(p, inv, covers, cands, x0)
+        for restrict in (True, False):  # the restricted master first: often it meets the bound
+            if float(p.c @ x0) <= proven * (1 + 1e-6):
+                break
+            left = time_limit - (clock() - t0)
+            xm = master.solve(master.cost(p.c), MASTER_SHARE * STAGE1_SHARE * left, 1e-6, restrict=restrict)
+            if xm is not None and float(p.c @ xm) < float(p.c @ x0):
+                x0 = xm
+    if x0 is not None and float(p.c @ x0) <= proven * (1 + 1e-6):
+        best = x0  # the master's plan meets the bound: nothing to search
+    else:
+        master = None  # the whole program's plan may be no cover of the master's
+        left = time_limit - (clock() - t0)
+        x, dual, status = _run(p.c, p.a, p.lo, p.hi, p.ub, STAGE1_SHARE * left, 1e-6, x0, n_int)
+        if x is None:
+            if "limit" in status.lower():
+                raise MilpTimeout(f"MILP found no feasible plan within {time_limit:g} s")
+            raise SolverError(f"MILP found no feasible plan ({status})")
+        proven = max(proven, dual)
+        best = np.r_[np.round(x[:n_int]), x[n_int:]]
+        if x0 is not None and float(p.c @ x0) < float(p.c @ best) - 1e-9:
+            best = x0  # NOTE: HiGHS keeps the start as incumbent; this only guards against rounding
+    left = time_limit - (clock() - t0)
+    if left > STAGE2_MIN_SECONDS:
+        tie = np.r_[_program(demands, inv, cands, opts, tie_break=True).c, p.c[n_int:]]
+        tie[p.n_x:n_int] = 0.0
+        tie /= max(float(tie.max()), 1e-12)  # NOTE: the same optimum; HiGHS warns of, and slows on, tiny costs
+        if master is not None:  # the master's covers, at the plan's spend: restricted, then all
+            x2 = master.solve(master.cost(tie), left, 1e-3, float(p.c @ best), restrict=True)
+            left = time_limit - (clock() - t0)
+            if x2 is not None and left > STAGE2_MIN_SECONDS:
+                whole = master.solve(master.cost(tie), left, 1e-3, float(p.c @ best))
+                x2 = x2 if whole is None else whole
+        else:
+            a2 = vstack([p.a, p.c.reshape(1, -1)]).tocsr()
+            lo2 = np.r_[p.lo, -np.inf]
+            hi2 = np.r_[p.hi, float(p.c @ best) + 1e-6]
+            x2, _, _ = _run(tie, a2, lo2, hi2, p.ub, left, 1e-3, best, n_int)
+        if x2 is not None:
+            best = np.r_[np.round(x2[:n_int]), x2[n_int:]]
+    x = np.round(best[:n_int]).astype(int)
+    chosen = {j: int(x[j]) for j in range(p.n_x) if x[j] > 0}
+    lay: dict[int, list[LayoutOption]] = defaultdict(list)
+    for yi, (ci, lo) in enumerate(p.y_index):
+        lay[ci] += [lo] * int(x[p.n_x + yi])
+    return chosen, dict(lay), proven, lower
