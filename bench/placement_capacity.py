@@ -91,6 +91,23 @@ def _row(s: dict, predicted: float, fraction: float) -> dict:
             "load_average": round(os.getloadavg()[0], 2), "pass": s["goodput_rps"] >= 0.9 * predicted * fraction}
 
 
+def markdown(result: dict) -> str:
+    meta, rows = result["meta"], result["rows"]
+    lines = ["# Predicted capacity vs served goodput (emulated GPUs, gateway, Poisson load)", "",
+             f"`{meta['command']}` on {meta['machine']}. Poisson load offered at a fraction of the "
+             "predicted capacity; SLO 100 ms. `load avg` is the machine's 1-minute load average after the "
+             "run (2 cores): above 2 the client, gateway and Triton were starved of CPU and the row says "
+             "little about the plan.", "",
+             "| scenario @ offered | predicted req/s | offered req/s | goodput req/s | attainment | p99 ms | "
+             "client fell behind | load avg | goodput >= 0.9 x offered |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        lines.append(f"| {name} | {r['predicted_rps']} | {r['offered_rps']} | {r['goodput_rps']} | "
+                     f"{r['attainment']:.4f} | {r['p99_ms']:.1f} | {r['fell_behind']} | {r['load_average']} | "
+                     f"{r['pass']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--duration", type=float, default=20.0)
@@ -108,20 +125,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(key, json.dumps(rows[key]), flush=True)
     meta = {"command": f"python -m bench.placement_capacity --duration {args.duration:g} --fractions {args.fractions}",
             "machine": f"{platform.machine()} {platform.python_version()}"}
-    lines = ["# Predicted capacity vs served goodput (emulated GPUs, gateway, Poisson load)", "",
-             f"`{meta['command']}` on {meta['machine']}. Poisson load offered at a fraction of the "
-             "predicted capacity; SLO 100 ms. `load avg` is the machine's 1-minute load average after the "
-             "run (2 cores): above 2 the client, gateway and Triton were starved of CPU and the row says "
-             "little about the plan.", "",
-             "| scenario @ offered | predicted req/s | offered req/s | goodput req/s | attainment | p99 ms | "
-             "client fell behind | load avg | goodput >= 0.9 x offered |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for name, r in rows.items():
-        lines.append(f"| {name} | {r['predicted_rps']} | {r['offered_rps']} | {r['goodput_rps']} | "
-                     f"{r['attainment']:.4f} | {r['p99_ms']:.1f} | {r['fell_behind']} | {r['load_average']} | "
-                     f"{r['pass']} |")
-    write_results(args.out, "placement_capacity", {"meta": meta, "rows": rows}, "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    result = {"meta": meta, "rows": rows}
+    write_results(args.out, "placement_capacity", result, markdown(result))
+    print(markdown(result))
     return 0 if all(r["pass"] for r in rows.values()) else 1
 
 

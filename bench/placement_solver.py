@@ -206,6 +206,11 @@ def run_fleet(models: int, gpus: int, milp_limit: float) -> dict:
     return row
 
 
+def fleet_only_markdown(result: dict) -> str:
+    """placement_solver_fleet.md: the generated fleet alone (``--only-fleet``)."""
+    return "\n".join(["# Placement solver benchmark: the generated fleet", *fleet_markdown(result["fleet"])]) + "\n"
+
+
 def fleet_markdown(row: dict | None) -> list[str]:
     if not row:
         return []
@@ -404,8 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.only_fleet:
         meta = {"command": "python -m bench.placement_solver " + " ".join(sys.argv[1:] if argv is None else argv),
                 "machine": f"{platform.machine()} {platform.python_version()}"}
-        text = "\n".join(["# Placement solver benchmark: the generated fleet", *fleet_markdown(fleet_row)]) + "\n"
-        write_results(args.out, "placement_solver_fleet", {"meta": meta, "fleet": fleet_row}, text)
+        result = {"meta": meta, "fleet": fleet_row}
+        text = fleet_only_markdown(result)
+        write_results(args.out, "placement_solver_fleet", result, text)
         print(text)
         return 0
     base = with_derived(ProfileSet.reference())
