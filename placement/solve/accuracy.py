@@ -48,20 +48,19 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix, hstack, vstack
 
 from placement.plan import EPS, Demand, GpuPlan, Inventory, Plan, has_known_accuracy
-from placement.solve.shortfall import shortfalls
-from placement.solve.solver import (
+from placement.solve.bound import lower_bound, program, timed_bound, with_slack
+from placement.solve.candidates import (
     Candidate,
     LayoutOption,
     MilpTimeout,
     Options,
     SolverError,
-    _check_coverable,
-    _program,
     candidates,
-    lower_bound,
-    pack,
-    timed_bound,
+    check_coverable,
 )
+from placement.solve.greedy import greedy_choice, missing_text
+from placement.solve.packing import pack
+from placement.solve.shortfall import shortfalls
 from profiles.profile import ProfileSet
 
 HOLD = 1e-6  # the second stage keeps the first stage's mean accuracy to within this
@@ -108,12 +107,10 @@ def _split_program(demands: Sequence[Demand], profiles: ProfileSet, inv: Invento
     models of ``slack`` (best-effort) may be placed in part (the module's docstring).
     Returns (base program, matrix, row bounds, column bounds, integrality, spend, tie-break,
     accuracy objective); the vectors span every column."""
-    base = _program(demands, inv, cands, opts, tie_break=False, cuts=True, uncut=frozenset(slack))
-    tie = _program(demands, inv, cands, opts, tie_break=True).c
+    base = program(demands, inv, cands, opts, tie_break=False, cuts=True, uncut=frozenset(slack))
+    tie = program(demands, inv, cands, opts, tie_break=True).c
     if slack:
-        from placement.solve.milp import _with_slack  # noqa: PLC0415  (imports HiGHS)
-
-        base = _with_slack(base, demands, inv, cands, slack)
+        base = with_slack(base, demands, inv, cands, slack)
     n0 = len(base.c)
     unplaced = {mi: n0 - len(slack) + i for i, mi in enumerate(slack)}  # the slack columns
     known = [d.rate > 0 and has_known_accuracy(d, profiles) for d in demands]
@@ -279,11 +276,9 @@ def _cut_to_budget(inv: Inventory, low: dict[int, int], high: dict[int, int]) ->
 def _greedy_fit(ds: list[Demand], profiles: ProfileSet, inv: Inventory, opts: Options) -> _Fit:
     """The greedy's plan of ``ds`` within the pool and its budget: guaranteed demand whole (else
     :class:`SolverError`), best-effort in what is left (see the module's docstring)."""
-    from placement.solve.greedy import greedy_choice, missing_text  # noqa: PLC0415  (greedy builds on the solver)
-
     def run(pool: Inventory, demands: list[Demand]):  # noqa: ANN202  (placement.solve.greedy.Greedy)
         cs = candidates(demands, profiles, pool, opts)
-        _check_coverable(demands, cs)
+        check_coverable(demands, cs)
         g = greedy_choice(demands, pool, cs, opts)
         if g.missing:
             raise SolverError(f"guaranteed demand does not fit the pool: it needs {missing_text(pool, g.missing)} "

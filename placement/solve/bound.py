@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,7 +19,11 @@ from placement.solve.candidates import Candidate, LayoutOption, Options, layout_
 
 
 @dataclass
-class _Program:
+class Program:
+    """The integer program in matrix form: costs ``c``, rows ``lo <= a @ v <= hi``, column
+    bounds ``ub``; the first ``n_x`` columns are replicas, then one per (class, layout) in
+    ``y_index``."""
+
     c: np.ndarray
     a: np.ndarray | object
     lo: np.ndarray
@@ -101,8 +105,8 @@ def _rounding_cuts(a, cols: _Columns, uncut: frozenset[int] = frozenset()):
     return vstack([a, cuts]).tocsr(), np.array(rhs, dtype=float)
 
 
-def _program(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
-             tie_break: bool, cuts: bool = False, uncut: frozenset[int] = frozenset()) -> _Program:
+def program(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
+             tie_break: bool, cuts: bool = False, uncut: frozenset[int] = frozenset()) -> Program:
     from scipy.sparse import coo_matrix
 
     y_index = [(ci, lo) for ci, c in enumerate(inv.classes) for lo in layout_options(c, opts)]
@@ -152,7 +156,23 @@ def _program(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], 
         per = 0.5 * wmin / max(1.0, float(ub[:n_x].sum()))
         frac = np.fromiter((c.gpu_fraction for c in cands), dtype=float, count=n_x)
         cost[:n_x] = per * (0.5 * np.minimum(1.0, best_acc[cols.model] - acc) + 0.5 * frac)
-    return _Program(cost, a, lo, hi, ub, n_x, y_index, kinds)
+    return Program(cost, a, lo, hi, ub, n_x, y_index, kinds)
+
+
+def with_slack(p: Program, demands: Sequence[Demand], inv: Inventory, cands: list[Candidate],
+              slack: Sequence[int]) -> Program:
+    """``p`` with a continuous column per model of ``slack`` on its capacity row: the req/s
+    left unplaced, each priced above the dearest req/s any replica serves."""
+    from scipy.sparse import coo_matrix, hstack
+
+    base = len(inv.classes) + len(p.kinds)
+    cheapest = min((min(c.cap.rate, demands[c.model].required) for c in cands if c.model in set(slack)),
+                   default=1.0)
+    price = 2.0 * max(inv.weight(c) for c in inv.classes) / max(cheapest, 1e-9)
+    cols = coo_matrix((np.ones(len(slack)), ([base + mi for mi in slack], range(len(slack)))),
+                      shape=(p.a.shape[0], len(slack)))
+    return Program(np.r_[p.c, np.full(len(slack), price)], hstack([p.a, cols]).tocsr(), p.lo, p.hi,
+                   np.r_[p.ub, [demands[mi].required for mi in slack]], p.n_x, p.y_index, p.kinds)
 
 
 # --------------------------------------------------------------------------- lower bound
@@ -172,8 +192,21 @@ def lower_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
     prices, so it pays for that rounding."""
     if not cands:
         return 0.0
-    p = _program(demands, inv, cands, opts, tie_break=False, cuts=True)
+    p = program(demands, inv, cands, opts, tie_break=False, cuts=True)
     return rounded(inv, bound_and_covers(demands, inv, cands, p, lagrangian)[0])
+
+
+def timed_bound(demands: Sequence[Demand], inventory: Inventory, cands: list[Candidate], options: Options,
+                wanted: bool, clock: Callable[[], float], known: tuple[float, float] | None = None
+                ) -> tuple[float, float]:
+    """The plan's lower bound (0 when not ``wanted``: a partial plan has none) and the seconds
+    of ``clock`` it took, which a plan reports apart from the rest of the solve; ``known``: the
+    two already found (the MILP's master is built from the bound), not computed again."""
+    if wanted and known is not None:
+        return known
+    t = clock()
+    lb = lower_bound(demands, inventory, cands, options) if wanted else 0.0
+    return lb, clock() - t
 
 
 def rounded(inv: Inventory, bound: float) -> float:
@@ -181,7 +214,7 @@ def rounded(inv: Inventory, bound: float) -> float:
     return float(math.ceil(bound - 1e-6)) if inv.unit == "gpus" else float(bound)
 
 
-def bound_and_covers(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], p: _Program,
+def bound_and_covers(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], p: Program,
                      lagrangian: bool = True) -> tuple[float, list[Cover]]:
     """The bound of :func:`lower_bound` on ``p`` (the program with rounding cuts) before
     rounding, and the whole-replica covers its Lagrangian pricing went through: every
@@ -197,7 +230,7 @@ def bound_and_covers(demands: Sequence[Demand], inv: Inventory, cands: list[Cand
     return max(best, lagrange), covers
 
 
-def _solve_lp(p: _Program) -> tuple[float, np.ndarray] | None:
+def _solve_lp(p: Program) -> tuple[float, np.ndarray] | None:
     """The program's LP relaxation: its optimum and each row's dual price (>= 0 on a binding
     upper side), or None if HiGHS finds no optimum."""
     from scipy.optimize import linprog
@@ -266,7 +299,7 @@ def cheapest_cover(items: Sequence[tuple[float, float, int]], need: float) -> tu
     return (best if nodes < COVER_NODES else lp(0, need)), counts
 
 
-def _lagrangian_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], p: _Program,
+def _lagrangian_bound(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], p: Program,
                       duals: np.ndarray) -> tuple[float, list[Cover]]:
     """The best Lagrangian bound over the slice-kind prices tried: first the LP's duals, then
     those of a restricted Dantzig-Wolfe master (columns: each model's whole-replica sets); and

@@ -29,7 +29,7 @@ import numpy as np
 from scipy.sparse import coo_matrix, csc_matrix, hstack, vstack
 
 from placement.plan import Demand, Inventory
-from placement.solve.bound import Cover, _Program, _program, bound_and_covers, rounded
+from placement.solve.bound import Cover, Program, bound_and_covers, program, rounded, with_slack
 from placement.solve.candidates import (
     Candidate,
     LayoutOption,
@@ -44,7 +44,7 @@ MASTER_SHARE = 0.5  # of stage 1's time: the integer master; the whole program g
 STAGE2_MIN_SECONDS = 0.5
 
 
-def _vector(p: _Program, start: Start) -> np.ndarray:
+def _vector(p: Program, start: Start) -> np.ndarray:
     x = np.zeros(len(p.c))
     for j, n in start.chosen.items():
         x[j] = n
@@ -99,7 +99,7 @@ class _Master:
     values): one cover per model, GPUs per layout within the pool, each slice kind's shares
     within its slices. Its columns: the layouts (as in ``p``), then the covers."""
 
-    def __init__(self, p: _Program, inv: Inventory, covers: Sequence[Cover], cands: list[Candidate],
+    def __init__(self, p: Program, inv: Inventory, covers: Sequence[Cover], cands: list[Candidate],
                  start: np.ndarray) -> None:
         n_cls, n_kinds, ny = len(inv.classes), len(p.kinds), len(p.y_index)
         kind_row = {k: i for i, k in enumerate(p.kinds)}
@@ -167,20 +167,6 @@ class _Master:
         return out
 
 
-def _with_slack(p: _Program, demands: Sequence[Demand], inv: Inventory, cands: list[Candidate],
-                slack: Sequence[int]) -> _Program:
-    """``p`` with a continuous column per model of ``slack`` on its capacity row: the req/s
-    left unplaced, each priced above the dearest req/s any replica serves."""
-    base = len(inv.classes) + len(p.kinds)
-    cheapest = min((min(c.cap.rate, demands[c.model].required) for c in cands if c.model in set(slack)),
-                   default=1.0)
-    price = 2.0 * max(inv.weight(c) for c in inv.classes) / max(cheapest, 1e-9)
-    cols = coo_matrix((np.ones(len(slack)), ([base + mi for mi in slack], range(len(slack)))),
-                      shape=(p.a.shape[0], len(slack)))
-    return _Program(np.r_[p.c, np.full(len(slack), price)], hstack([p.a, cols]).tocsr(), p.lo, p.hi,
-                    np.r_[p.ub, [demands[mi].required for mi in slack]], p.n_x, p.y_index, p.kinds)
-
-
 def milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
                 time_limit: float, clock: Callable[[], float] = time.perf_counter, start: Start | None = None,
                 slack: Sequence[int] = (), start_unplaced: dict[int, float] | None = None,
@@ -191,12 +177,12 @@ def milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
     (never when ``start`` is given). Models in ``slack`` (best-effort) may be placed in part;
     ``start_unplaced`` is the start's req/s left unplaced per model."""
     t0 = clock()
-    p = _program(demands, inv, cands, opts, tie_break=False, cuts=True, uncut=frozenset(slack))
+    p = program(demands, inv, cands, opts, tie_break=False, cuts=True, uncut=frozenset(slack))
     n_int = len(p.c)
     x0 = _vector(p, start) if start is not None else None
     proven = 0.0
     if slack:
-        p = _with_slack(p, demands, inv, cands, slack)
+        p = with_slack(p, demands, inv, cands, slack)
         if x0 is not None:
             x0 = np.r_[x0, [(start_unplaced or {}).get(mi, 0.0) for mi in slack]]
     master, lower = None, None
@@ -230,7 +216,7 @@ def milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
             best = x0  # NOTE: HiGHS keeps the start as incumbent; this only guards against rounding
     left = time_limit - (clock() - t0)
     if left > STAGE2_MIN_SECONDS:
-        tie = np.r_[_program(demands, inv, cands, opts, tie_break=True).c, p.c[n_int:]]
+        tie = np.r_[program(demands, inv, cands, opts, tie_break=True).c, p.c[n_int:]]
         tie[p.n_x:n_int] = 0.0
         tie /= max(float(tie.max()), 1e-12)  # NOTE: the same optimum; HiGHS warns of, and slows on, tiny costs
         if master is not None:  # the master's covers, at the plan's spend: restricted, then all

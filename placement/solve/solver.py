@@ -27,11 +27,10 @@ model placed short (:mod:`placement.solve.shortfall`).
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from placement.plan import Demand, GpuPlan, Inventory, Plan, Replica, SlicePlan
-from placement.solve.bound import _program, lower_bound
+from placement.plan import Demand, Inventory, Plan
+from placement.solve.bound import lower_bound, timed_bound
 from placement.solve.candidates import (
     DEFAULT,
     Candidate,
@@ -43,60 +42,15 @@ from placement.solve.candidates import (
     check_coverable,
     layout_options,
 )
+from placement.solve.greedy import greedy_choice, missing_text
+from placement.solve.packing import pack
 from placement.solve.shortfall import capacities, shortfalls
-from profiles.catalogue import WHOLE, Instance
 from profiles.profile import ProfileSet
 
 __all__ = ["DEFAULT", "METHODS", "Candidate", "LayoutOption", "MilpTimeout", "Options", "SolverError",
-           "candidates", "layout_options", "lower_bound", "pack", "solve", "timed_bound"]
+           "candidates", "layout_options", "lower_bound", "solve"]
 
 METHODS = ("greedy", "milp")
-_check_coverable = check_coverable  # the accuracy planner's name for it
-__all__ += ["_check_coverable", "_program"]
-
-
-# --------------------------------------------------------------------------- packing
-
-
-def pack(demands: Sequence[Demand], inv: Inventory, profiles: ProfileSet,
-         chosen: dict[int, int], cands: list[Candidate],
-         gpu_layouts: dict[int, list[LayoutOption]]) -> tuple[GpuPlan, ...]:
-    """Turn replica counts (candidate index -> count) and layouts per class into GPUs with
-    slices at explicit placements, MPS shares packed first-fit decreasing."""
-    gpus: list[GpuPlan] = []
-    for ci, c in enumerate(inv.classes):
-        opts = gpu_layouts.get(ci, [])
-        if len(opts) > len(c.ids):
-            raise SolverError(f"class {c.key}: plan needs {len(opts)} GPUs, the pool has {len(c.ids)}")
-        # bins: every slice of every GPU of this class, grouped by kind
-        bins: dict[str, list[list]] = defaultdict(list)  # kind -> [gpu_idx, instance, fill, replicas]
-        for gi, lo in enumerate(opts):
-            insts = lo.layout or (Instance(-1, WHOLE),)
-            for inst in insts:
-                bins[inst.profile].append([gi, inst, 0.0, []])
-        items = sorted(((cands[j], n) for j, n in chosen.items() if cands[j].cls == ci and n > 0),
-                       key=lambda t: (-t[0].share, demands[t[0].model].model, t[0].profile.variant))
-        for cand, n in items:
-            for _ in range(n):
-                slot = next((b for b in bins[cand.slice] if b[2] + cand.share <= 1.0 + 1e-9), None)
-                if slot is None:
-                    raise SolverError(f"class {c.key}: no room left on a {cand.slice} slice for "
-                                      f"{cand.profile.variant} at {cand.share:.0%}")
-                slot[2] += cand.share
-                slot[3].append(Replica(demands[cand.model].model, cand.profile.variant, cand.share,
-                                       cand.cap.max_batch, cand.cap.rate))
-        per_gpu: dict[int, list[SlicePlan]] = defaultdict(list)
-        for kind_bins in bins.values():
-            for gi, inst, _fill, reps in kind_bins:
-                if reps:
-                    mps = len(reps) > 1 or reps[0].share < 1.0
-                    start = None if inst.profile == WHOLE else inst.start
-                    per_gpu[gi].append(SlicePlan(inst.profile, start, mps, tuple(reps)))
-        for gi, lo in enumerate(opts):
-            if per_gpu.get(gi):
-                sl = tuple(sorted(per_gpu[gi], key=lambda s: (s.start or 0)))
-                gpus.append(GpuPlan(c.ids[gi], c.gpu, bool(lo.layout), sl))
-    return tuple(gpus)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -116,15 +70,11 @@ def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
     t0 = clock()
     cands = candidates(demands, profiles, inventory, options)
     check_coverable(demands, cands)
-    from placement.solve.greedy import greedy_choice  # noqa: PLC0415  (greedy builds on this module)
-
     label = method if options == DEFAULT else f"{method}[mig={int(options.mig)},mps={int(options.mps)}]"
     if inventory.accuracy_aware:
-        from placement.solve.accuracy import solve_accuracy  # noqa: PLC0415  (builds on this module)
+        from placement.solve.accuracy import solve_accuracy  # noqa: PLC0415  (imports scipy's MILP)
 
         return solve_accuracy(demands, profiles, inventory, cands, method, label, options, time_limit, clock, t0, bound)
-    from placement.solve.greedy import missing_text  # noqa: PLC0415
-
     proven, lower = 0.0, None
     g = greedy_choice(demands, inventory, cands, options)
     lacking = ""
@@ -158,16 +108,3 @@ def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
     lb, lb_s = timed_bound(demands, inventory, cands, options, bound and not short, clock, lower)
     return Plan(gpus, tuple(demands), inventory, label, lb, clock() - t0, profiles, proven, shortfall=short,
                 bound_seconds=lb_s)
-
-
-def timed_bound(demands: Sequence[Demand], inventory: Inventory, cands: list[Candidate], options: Options,
-                wanted: bool, clock: Callable[[], float], known: tuple[float, float] | None = None
-                ) -> tuple[float, float]:
-    """The plan's lower bound (0 when not ``wanted``: a partial plan has none) and the seconds
-    of ``clock`` it took, which a plan reports apart from the rest of the solve; ``known``: the
-    two already found (the MILP's master is built from the bound), not computed again."""
-    if wanted and known is not None:
-        return known
-    t = clock()
-    lb = lower_bound(demands, inventory, cands, options) if wanted else 0.0
-    return lb, clock() - t

@@ -8,7 +8,7 @@ import pytest
 
 from bench.fleet import generate
 from placement.cli import load
-from placement.solve.bound import _program, bound_and_covers, rounded
+from placement.solve.bound import bound_and_covers, program, rounded
 from placement.solve.candidates import DEFAULT, candidates
 from placement.solve.greedy import greedy_choice
 from placement.solve.milp import _Master, _vector
@@ -27,7 +27,7 @@ def test_the_master_plan_meets_every_row_of_the_whole_program(fleet, restrict):
     inv, demands, _ = fleet
     cands = candidates(demands, fleet[2], inv, DEFAULT)
     start = greedy_choice(demands, inv, cands, DEFAULT).start
-    p = _program(demands, inv, cands, DEFAULT, tie_break=False, cuts=True)
+    p = program(demands, inv, cands, DEFAULT, tie_break=False, cuts=True)
     bound, covers = bound_and_covers(demands, inv, cands, p)
     x0 = _vector(p, start)
     master = _Master(p, inv, covers, cands, x0)
