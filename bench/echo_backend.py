@@ -140,7 +140,7 @@ async def start_echo(port: int, hold_s: float = 0.0, host: str = "127.0.0.1"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from gateway.cli import run_on_serve_loop
+    from gateway.serving import run_on_serve_loop
 
     ap = argparse.ArgumentParser(description="trivial KServe v2 echo backend")
     ap.add_argument("ports", type=int, nargs="+")

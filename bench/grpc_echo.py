@@ -20,9 +20,9 @@ from collections.abc import Awaitable, Callable
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from gateway.cli import run_on_serve_loop
 from gateway.codec import Tensor
 from gateway.frontdoor.grpc import SERVICE
+from gateway.serving import run_on_serve_loop
 
 Handler = Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]
 

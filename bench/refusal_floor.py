@@ -17,9 +17,9 @@ import sys
 import urllib.error
 import urllib.request
 
-from gateway.cli import run_on_serve_loop
 from gateway.errors import REASON_HEADER
 from gateway.frontdoor.httpserver import HttpRequest, HttpResponse, HttpServer, error_response
+from gateway.serving import run_on_serve_loop
 
 REFUSAL = error_response(429, "refused", (("Retry-After", "1"), (REASON_HEADER, "infeasible")))
 

@@ -12,7 +12,7 @@ import asyncio
 import socket
 import sys
 
-from gateway.cli import run_on_serve_loop
+from gateway.serving import run_on_serve_loop
 
 
 class _Pipe(asyncio.Protocol):

@@ -265,8 +265,8 @@ def worker_config(doc: Any, base_dir: Path, index: int, n: int, http_port: int, 
 
 
 def worker_main(argv: list[str] | None = None) -> int:
-    from gateway.cli import run_on_serve_loop, serve_config
     from gateway.errors import GatewayError
+    from gateway.serving import run_on_serve_loop, serve_config
 
     ap = argparse.ArgumentParser(prog="python -m gateway.workers", description="one worker of headrace serve --workers")
     for flag in ("--doc", "--base-dir", "--metrics-host", "--log-level"):

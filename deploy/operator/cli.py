@@ -21,23 +21,21 @@ import ssl
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import yaml
 from rich.console import Console
 
+from deploy.operator.client import ADMIN_CA_ENV, CliError, admin_context, call
+from deploy.operator.desired import admin_tls, validate
 from deploy.operator.state import STATE_ENV, DirStateStore, same_process
-from profiles.schema import Documents, SpecError
+from deploy.operator.status import print_endpoints, print_status
 
 WIDTH = 120
-ADMIN_CA_ENV = "HEADRACE_ADMIN_CA"
 
 if TYPE_CHECKING:
-    from deploy.operator.controller import Desired
-    from gateway.frontdoor.tls import ServerTls
+    from deploy.operator.desired import Desired
     from profiles.profile import ProfileSet
 
 HELP = """examples:
@@ -55,83 +53,6 @@ certificate up recorded in the state directory.
 """
 
 
-class CliError(Exception):
-    def __init__(self, msg: str, code: int = 1) -> None:
-        super().__init__(msg)
-        self.code = code
-
-
-def _base_profiles():  # noqa: ANN202
-    from placement.cli import load_profile_set  # noqa: PLC0415
-    from profiles.digits.family import MEASURED_DIR  # noqa: PLC0415
-
-    return load_profile_set([str(MEASURED_DIR)])
-
-
-def validate(files: list[str], check_security: bool = False) -> tuple[str, Desired, ProfileSet]:
-    """The documents as one YAML stream with absolute paths, what they ask for, and the base
-    profile set it was checked against; validated here so errors name their file (exit 2).
-    ``check_security``: also read the Gateway's certificates and tenants' keys, as the gateway
-    will when it starts (``up``; ``apply`` does not change them)."""
-    from deploy.operator.controller import desired  # noqa: PLC0415
-    from deploy.operator.documents import resolved_stream  # noqa: PLC0415
-    from gateway.config import ConfigError  # noqa: PLC0415
-    from profiles.profile import ProfileError  # noqa: PLC0415
-    from profiles.schema import load_documents  # noqa: PLC0415
-
-    try:
-        docs = load_documents(*files)
-        if check_security:
-            _check_security(docs)
-        text = resolved_stream(files)
-        base = _base_profiles()
-        return text, desired(docs, text, base, files), base
-    except (SpecError, ProfileError, ConfigError) as e:
-        raise CliError(str(e), 2) from None
-
-
-def _check_security(docs: Documents) -> None:
-    """The Gateway document's TLS files and tenants' keys read and checked; a
-    :class:`ConfigError` names file, document and field."""
-    from gateway.frontdoor.security import load_security  # noqa: PLC0415
-
-    if docs.gateways:
-        gw = docs.gateways[0]
-        load_security(gw.spec, f"{docs.origin(gw)}: spec.", docs.base_dir.get(id(gw)))
-        _admin_tls(docs)
-
-
-def _admin_tls(docs: Documents) -> ServerTls | None:
-    """The admin API's certificate and key (``spec.admin.tls``), read and checked; None: plain HTTP."""
-    from gateway.frontdoor.tls import load_tls  # noqa: PLC0415
-
-    gw = docs.gateways[0] if docs.gateways else None
-    if gw is None or gw.spec.admin.tls is None:
-        return None
-    t = gw.spec.admin.tls
-    return load_tls(t.cert_file, t.key_file, None, f"{docs.origin(gw)}: spec.admin.tls", docs.base_dir.get(id(gw)))
-
-
-# --------------------------------------------------------------------------- the admin client
-
-
-def admin_context(ca_file: str | None, recorded_cert: str | None = None) -> ssl.SSLContext:
-    """How an HTTPS admin API is verified: with ``ca_file`` (--admin-ca, $HEADRACE_ADMIN_CA);
-    else with the certificate ``up`` recorded (that certificate itself is trusted, so a
-    self-signed one works on the controller's host); else with the system's CAs."""
-    try:
-        if ca_file:
-            return ssl.create_default_context(cafile=ca_file)
-        if recorded_cert:
-            ctx = ssl.create_default_context(cafile=recorded_cert)
-            ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
-            return ctx
-    except (OSError, ssl.SSLError) as e:
-        what = f"--admin-ca {ca_file}" if ca_file else f"the admin certificate {recorded_cert} in the state"
-        raise CliError(f"{what}: cannot load it: {getattr(e, 'strerror', None) or e}", 2) from None
-    return ssl.create_default_context()
-
-
 def _client(args: argparse.Namespace) -> tuple[str, str, ssl.SSLContext | None]:
     """The admin URL, token and (over HTTPS) how its certificate is verified."""
     store = DirStateStore.default(args.state_dir)
@@ -145,29 +66,6 @@ def _client(args: argparse.Namespace) -> tuple[str, str, ssl.SSLContext | None]:
         raise CliError(f"admin token: {e}", 1) from None
     ca = getattr(args, "admin_ca", None) or os.environ.get(ADMIN_CA_ENV)
     return url, token, admin_context(ca, st.get("admin_tls_cert")) if url.startswith("https:") else None
-
-
-def call(url: str, token: str, method: str, path: str, body: bytes | None = None,
-         timeout: float = 600.0, context: ssl.SSLContext | None = None) -> Any:
-    """One admin call; ``context`` verifies an HTTPS admin API (None: the system's CAs)."""
-    req = urllib.request.Request(url + path, data=body, method=method,
-                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/yaml"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
-            data = r.read()
-            return json.loads(data) if r.headers.get_content_type() == "application/json" else data.decode()
-    except urllib.error.HTTPError as e:
-        try:
-            msg = json.loads(e.read()).get("error", "")
-        except ValueError:
-            msg = e.reason
-        raise CliError(f"{e.code}: {msg}", 2 if e.code in (400, 401, 422) else 1) from None
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        if isinstance(reason, ssl.SSLCertVerificationError):
-            raise CliError(f"cannot verify the controller at {url}: {reason.verify_message}; give the CA that "
-                           f"signed its certificate with --admin-ca or ${ADMIN_CA_ENV}", 2) from None
-        raise CliError(f"cannot reach the controller at {url}: {e}", 1) from None
 
 
 # --------------------------------------------------------------------------- up
@@ -205,7 +103,7 @@ async def _serve(args: argparse.Namespace, text: str, want: Desired, base: Profi
 
     settings = want.settings
     token = store.token(settings.admin.token_file, settings.admin.token_env)
-    admin_tls = _admin_tls(want.docs)
+    tls = admin_tls(want.docs)
     ctl = Controller(store, base, method=args.method, tick=args.tick)
     st = store.read()
     st.update(controller_pid=os.getpid(), controller_started=start_time(os.getpid()),
@@ -262,7 +160,7 @@ def up(args: argparse.Namespace) -> int:
         raise CliError(f"--gateways ({args.gateways}) needs --ray (or runtime: ray in the GpuPool)", 2)
     if args.detach:
         return _detach(args, store, out)
-    from gateway.cli import run_on_serve_loop  # noqa: PLC0415
+    from gateway.serving import run_on_serve_loop  # noqa: PLC0415
 
     return run_on_serve_loop(_serve(args, text, want, base, store, out))
 
@@ -379,40 +277,6 @@ def status(args: argparse.Namespace) -> int:
     else:
         print_status(st, Console(width=WIDTH))
     return 0
-
-
-def print_endpoints(st: dict[str, Any], out: Console) -> None:
-    gw = st.get("gateway") or {}
-    out.print(f"gateway: http {gw.get('http')}  grpc {gw.get('grpc')}  admin {st.get('admin')}", highlight=False)
-
-
-def print_status(st: dict[str, Any], out: Console) -> None:
-    from rich.table import Table  # noqa: PLC0415
-
-    t = Table(title=f"generation {st['generation']} (observed {st['observedGeneration']}), {st['gpus']} GPUs")
-    for col in ("deployment", "Ready", "Progressing", "Degraded", "replicas", "capacity", "planned",
-                "observed", "attainment 1m"):
-        t.add_column(col, justify="left" if col == "deployment" else "right")
-    for d in st["deployments"]:
-        c = {x["type"]: x for x in d["conditions"]}
-        att = "-" if d["attainment_1m"] is None else f"{d['attainment_1m']:.2%}"
-        serving = sum(r["serving"] for r in d["replicas"])
-        t.add_row(d["name"], c["Ready"]["status"], c["Progressing"]["status"], c["Degraded"]["status"],
-                  f"{serving}/{len(d['replicas'])}", f"{d['capacity_rps']:g}", f"{d['planned_rate']:g}",
-                  f"{d['observed_rps']:g}", att)
-    out.print(t)
-    r = Table(title="replicas")
-    for col in ("id", "variant", "GPU", "slice", "share", "req/s", "process", "serving"):
-        r.add_column(col)
-    for d in st["deployments"]:
-        for x in d["replicas"]:
-            r.add_row(x["id"], x["variant"], x["gpu_model"], x["slice"], f"{x['share']:.0%}",
-                      f"{x['capacity_rps']:g}", x["process"], str(x["serving"]))
-    out.print(r)
-    for d in st["deployments"]:
-        for x in d["conditions"]:
-            if x["type"] == "Degraded" and x["status"] == "True":
-                out.print(f"{d['name']}: Degraded ({x['reason']}): {x['message']}", highlight=False)
 
 
 # --------------------------------------------------------------------------- wiring

@@ -171,9 +171,9 @@ class ControllerActorImpl:
     the head node: it stays when worker nodes come and go)."""
 
     def __init__(self, namespace: str = NAMESPACE) -> None:
-        from gateway.cli import _loop_factory  # noqa: PLC0415
+        from gateway.serving import loop_factory  # noqa: PLC0415
 
-        factory = _loop_factory()
+        factory = loop_factory()
         self.loop = factory() if factory else asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True, name="headrace-controller").start()
         self.namespace = namespace

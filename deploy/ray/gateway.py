@@ -24,7 +24,7 @@ class GatewayActorImpl:
     """One gateway on its own event loop and ports."""
 
     def __init__(self, index: int, namespace: str) -> None:
-        from gateway.cli import _loop_factory  # noqa: PLC0415
+        from gateway.serving import loop_factory  # noqa: PLC0415
         from profiles.triton.server import free_port  # noqa: PLC0415
 
         self.index = index
@@ -34,7 +34,7 @@ class GatewayActorImpl:
             ports = [free_port(), free_port()]
             ray.get(self.state.put.remote(f"gateway-ports:{index}", ports))
         self.ports = ports
-        factory = _loop_factory()
+        factory = loop_factory()
         self.loop = factory() if factory else asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True, name=f"headrace-gateway-{index}").start()
         self.gateway = None
