@@ -105,7 +105,7 @@ class Driver(Fleet):
     ) -> None:
         self.core = core
         self.expose_replicas = expose_replicas  # answers name their replica (headrace_replica)
-        self._queued: Callable[[], int] | None = getattr(core, "queued", None)  # optional fast path
+        self._queued = core.queued  # bound once: read on every arrival and completion
         self.clock = clock
         self.metrics = metrics or GatewayMetrics()
         self.stats = Statistics()  # Triton-shaped statistics (the front doors' ServerInfo reads them)
@@ -227,13 +227,10 @@ class Driver(Fleet):
             m.of(m.inflight, st.info.model, st.info.id).set(len(st.inflight))
             m.of(m.overhead, st.info.model, st.info.id).set(st.overhead)
             m.of(m.run_excess, st.info.model, st.info.id).set(st.run_excess)
-        level, moves = getattr(self.core, "level", None), getattr(self.core, "variant_moves", None)
         for name in self.models:
-            if level is not None:
-                m.of(m.level, name).set(level(name))
-            if moves is not None:
-                for kind, n in zip(("down", "up", "late"), moves(name), strict=True):
-                    m.of(m.variant_moves, name, kind).set(n)
+            m.of(m.level, name).set(self.core.level(name))
+            for kind, n in zip(("down", "up", "late"), self.core.variant_moves(name), strict=True):
+                m.of(m.variant_moves, name, kind).set(n)
         return m.render()
 
     def ready(self) -> bool:
@@ -312,7 +309,7 @@ class Driver(Fleet):
         if trace is not None:
             trace.admitted()  # its queue span starts before a poll can send it
         fut.add_done_callback(partial(self._gone, req.id))
-        if not self._poll_scheduled and self._queued is not None and self._queued() == 1:
+        if not self._poll_scheduled and self._queued() == 1:
             self._poll()  # a lone arrival: dispatch it now rather than one loop turn later
         else:
             self._poll_soon()
@@ -436,7 +433,7 @@ class Driver(Fleet):
                 p.future.set_result(InferResult(outs, b.variant, b.replica, ok, self.expose_replicas,
                                                 sent - r.arrival, now - sent))
         # with nothing queued a poll cannot dispatch or reject anything: skip it (hot path)
-        if self._queued is None or self._queued():
+        if self._queued():
             self._poll()
         await asyncio.sleep(0)  # the answers go out first; the bookkeeping below is off their path
         self._record(rep, b, live, met, sent, now)

@@ -66,9 +66,9 @@ class Recording:
         self.core = core
         self.priorities: list[Priority] = []
 
-    def submit(self, req: Any, now: float) -> Any:
-        self.priorities.append(req.priority)
-        return self.core.submit(req, now)
+    def submit(self, request: Any, now: float) -> Any:
+        self.priorities.append(request.priority)
+        return self.core.submit(request, now)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.core, name)

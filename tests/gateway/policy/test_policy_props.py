@@ -25,7 +25,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.policy import EdfScheduler, SchedulerConfig
-from gateway.policy.types import Batch, Decision, Priority, Reject, ReplicaInfo, Request
+from gateway.policy.types import (
+    Batch,
+    Decision,
+    Priority,
+    Reject,
+    ReplicaInfo,
+    ReplicaState,
+    Request,
+)
 from loadgen.sim.simulator import Fault, SimReplica, Simulator
 from tests.policy_builders import fake_profile
 
@@ -62,7 +70,7 @@ class CheckedCore:
         self.infos: dict[str, ReplicaInfo] = {}
         self.healthy: dict[str, bool] = {}
         self.inflight: dict[str, list[Batch]] = {}
-        self.queued: dict[int, Request] = {}
+        self.waiting: dict[int, Request] = {}  # admitted and not yet answered or dispatched
         self.answered: set[int] = set()
         self.violations: list[str] = []
         self.aware = core.policy.deadline_aware
@@ -78,7 +86,7 @@ class CheckedCore:
         if r.id in self.answered:
             self.violations.append(f"request {r.id} answered twice ({how})")
         self.answered.add(r.id)
-        self.queued.pop(r.id, None)
+        self.waiting.pop(r.id, None)
 
     def _ok_replicas(self, model: str) -> list[str]:
         return [i for i, inf in self.infos.items() if inf.model == model and self.healthy[i]]
@@ -100,15 +108,15 @@ class CheckedCore:
 
     def submit(self, request: Request, now: float) -> Reject | None:
         reps = self._ok_replicas(request.model)
-        g_ahead = sum(r.size for r in self.queued.values()
+        g_ahead = sum(r.size for r in self.waiting.values()
                       if r.priority == Priority.GUARANTEED and r.deadline <= request.deadline)
         if self.core.config.admission == "alone":
             g_ahead = 0
-        queue = sorted((r for r in self.queued.values() if r.priority == Priority.GUARANTEED
+        queue = sorted((r for r in self.waiting.values() if r.priority == Priority.GUARANTEED
                         and r.model == request.model), key=lambda r: r.deadline)
         rej = self.core.submit(request, now)
         if rej is None:
-            self.queued[request.id] = request
+            self.waiting[request.id] = request
         else:
             self._answer(request, "submit-reject")
         if not self.aware or not reps:
@@ -162,21 +170,21 @@ class CheckedCore:
                 if g:
                     last = max(r.deadline for r in g)
                     start = b.predicted_finish - self._lat(b.replica)(b.rows)
-                    for r in self.queued.values():
+                    for r in self.waiting.values():
                         if (r.id not in members and r.priority == Priority.GUARANTEED
                                 and r.model == g[0].model and r.deadline < last
                                 and b.rows + r.size <= info.max_batch
                                 and start + self._lat(b.replica)(b.rows + r.size) <= r.deadline):
                             self.violations.append(f"EDF: {r.id} left out of a batch it could join")
             if len(g) < len(b.requests):  # best-effort rows: nothing guaranteed may be waiting
-                for r in self.queued.values():
+                for r in self.waiting.values():
                     if r.priority == Priority.GUARANTEED and r.id not in members and r.model == b.requests[0].model \
                             and not any(x.request.id == r.id for x in d.rejects):
                         self.violations.append(f"best-effort rows dispatched while {r.id} waits")
             for r in b.requests:
-                if r.id not in self.queued:
+                if r.id not in self.waiting:
                     self.violations.append(f"dispatched {r.id} which is not queued")
-                self.queued.pop(r.id, None)
+                self.waiting.pop(r.id, None)
             self.inflight[b.replica].append(b)
         for rj in d.rejects:
             r = rj.request
@@ -190,6 +198,27 @@ class CheckedCore:
             self.violations.append(f"wakeup {d.wakeup} not after now {now}")
         return d
 
+    def drain_replica(self, replica_id: str, now: float) -> None:
+        self.core.drain_replica(replica_id, now)
+
+    def cancel(self, request_id: int, now: float) -> bool:
+        gone = self.core.cancel(request_id, now)
+        if gone and (r := self.waiting.get(request_id)) is not None:
+            self._answer(r, "cancelled")
+        return gone
+
+    def replicas(self) -> tuple[ReplicaState, ...]:
+        return self.core.replicas()
+
+    def queued(self, model: str | None = None) -> int:
+        return self.core.queued(model)
+
+    def level(self, model: str) -> int:
+        return self.core.level(model)
+
+    def variant_moves(self, model: str) -> tuple[int, int, int]:
+        return self.core.variant_moves(model)
+
     def on_complete(self, batch: Batch, now: float, retry: tuple[Request, ...] = ()) -> None:
         lst = self.inflight.get(batch.replica, [])
         if batch in lst:
@@ -198,7 +227,7 @@ class CheckedCore:
         rid = {r.id for r in retry}
         for r in batch.requests:
             if r.id in rid:
-                self.queued[r.id] = r
+                self.waiting[r.id] = r
             else:
                 self._answer(r, "completed")
 
@@ -270,5 +299,5 @@ def test_checker_catches_a_core_that_drops_requests() -> None:
     reps = [SimReplica(ReplicaInfo(f"r{k}", "m", "m", fake_profile(max_batch=8), 8)) for k in range(2)]
     res = Simulator(core, reps, service="p99", faults=[Fault("r0", 0.1005, 0.05)]).run(reqs)
     # the checker still holds the retried requests as queued; the simulator never answered them
-    assert core.queued and res.unanswered == len(core.queued)
+    assert core.waiting and res.unanswered == len(core.waiting)
     assert core.answered != {r.id for r in reqs}
