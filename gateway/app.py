@@ -4,7 +4,7 @@
 probes), then the gRPC and HTTP listeners (over TLS when ``tls:`` is set; ``/metrics`` on its
 own listener when ``metrics_listen:`` is); ``stop()`` drains and stops them in reverse, then
 writes what the access log holds and exports the last spans. Its certificates and tenants'
-keys are read when it is made, so a bad one is a :class:`~gateway.config.ConfigError` before
+keys are read when it is made, so a bad one is a :class:`~gateway.errors.ConfigError` before
 any port is opened; so is tracing turned on without OpenTelemetry installed, and an access
 log file that cannot be opened is an :class:`OSError` naming ``access_log.path``.
 :class:`GatewayThread` runs a gateway on a background event loop (tests, benchmarks, embedding).

@@ -10,8 +10,8 @@ import argparse
 import logging
 import sys
 
-from gateway.config import ConfigError, load_config, with_ports
-from gateway.errors import GatewayError
+from gateway.config import load_config, with_ports
+from gateway.errors import ConfigError, GatewayError
 from gateway.serving import run_on_serve_loop, serve_config
 
 

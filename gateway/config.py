@@ -26,14 +26,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gateway.backends.tls import load_backend_tls
+from gateway.errors import ConfigError
 from gateway.policy.config import SchedulerConfig
 from gateway.policy.types import Priority
 from profiles.profile import LatencyPoint, Profile, ProfileError, ProfileSet, load_profiles
 from profiles.schema import GatewaySettings
-
-
-class ConfigError(ValueError):
-    """The gateway config is invalid; the message names the field and the value."""
 
 
 class TritonTlsConfig(BaseModel):
@@ -266,8 +264,6 @@ def resolve(cfg: GatewayConfig) -> list[ServedModel]:
                 prof = with_overhead(prof, r.overhead_ms / 1e3)
             tls = None
             if r.tls is not None:
-                from gateway.backends.tls import load_backend_tls  # it needs ConfigError from here
-
                 tls = load_backend_tls(r.tls.ca_file, r.tls.cert_file, r.tls.key_file, r.tls.server_name,
                                        f"models.{i}.replicas.{j}.tls", cfg.base_dir)
             replicas.append(ServedReplica(r.id or f"{r.variant}@{r.url}", r.url, r.protocol, r.variant, prof,

@@ -8,6 +8,11 @@ import grpc
 from gateway.policy.types import RejectReason
 
 
+class ConfigError(ValueError):
+    """A configuration is invalid (a YAML field, a file it names, a command-line value); the
+    message names the field and the value. Raised at start, never answered to a client."""
+
+
 class GatewayError(Exception):
     """Base class; ``str(err)`` is the message returned to the client."""
 

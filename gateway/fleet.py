@@ -16,9 +16,10 @@ from typing import Any
 
 from gateway.backends.grpc import ModelInfo, TritonReplica
 from gateway.codec import Signature
-from gateway.config import ConfigError, ServedModel, ServedReplica
+from gateway.config import ServedModel, ServedReplica
 from gateway.errors import (
     BackendError,
+    ConfigError,
     GatewayError,
     InvalidRequest,
     ModelNotFound,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 
-from gateway.config import ConfigError
+from gateway.errors import ConfigError
 from gateway.frontdoor.tls import read_file
 
 

@@ -2,7 +2,7 @@
 
 A tenant's keys are named in the config by where they are kept (an environment variable, a
 file) or by their SHA-256 digest; :func:`load_tenants` reads them once at start (a variable
-that is unset, a file that cannot be read: :class:`~gateway.config.ConfigError` naming the
+that is unset, a file that cannot be read: :class:`~gateway.errors.ConfigError` naming the
 field) and keeps only digests. :meth:`Tenants.identify` hashes the key a request presents and
 finds its tenant with one dict lookup, confirmed with :func:`hmac.compare_digest`; no key is
 ever kept in plain text or logged.
@@ -27,8 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gateway.config import ConfigError
-from gateway.errors import Rejected, Unauthenticated
+from gateway.errors import ConfigError, Rejected, Unauthenticated
 from gateway.frontdoor.tls import ServerTls, load_tls, read_file
 from gateway.policy.types import Priority
 from profiles.schema import UNAUTHENTICATED, ApiKeySpec, GatewaySettings, TenantSpec

@@ -3,7 +3,7 @@ speaks TLS on the HTTP server's connections.
 
 :func:`load_tls` reads a certificate chain, its key and an optional client CA, and checks
 each: a file that cannot be read, is not PEM, or a key that does not match its certificate
-is a :class:`~gateway.config.ConfigError` naming the field (``tls.key_file: ...``). The
+is a :class:`~gateway.errors.ConfigError` naming the field (``tls.key_file: ...``). The
 result, :class:`ServerTls`, makes the HTTP server's :class:`ssl.SSLContext` and the gRPC
 server's credentials from the same bytes, so both listeners present the same certificate
 and ask clients for the same CA.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import grpc
 
-from gateway.config import ConfigError
+from gateway.errors import ConfigError
 
 log = logging.getLogger("headrace.gateway")
 

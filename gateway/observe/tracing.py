@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import grpc
 
-from gateway.config import ConfigError
+from gateway.errors import ConfigError
 
 if TYPE_CHECKING:  # the SDK is imported only when tracing is turned on
     from opentelemetry.context import Context

@@ -26,7 +26,7 @@ from typing import Any, get_args
 import yaml
 from pydantic import ValidationError
 
-from gateway.config import ConfigError
+from gateway.errors import ConfigError
 from gateway.policy import SchedulerConfig
 from gateway.policy.batching import POLICIES
 from loadgen import report

@@ -16,9 +16,9 @@ from tritonclient.grpc import service_pb2 as pb
 
 from gateway.backends.grpc import ModelInfo
 from gateway.codec import Signature, Tensor, TensorSig
-from gateway.config import ConfigError, ServedModel, ServedReplica
+from gateway.config import ServedModel, ServedReplica
 from gateway.driver import Driver
-from gateway.errors import BackendError, ModelNotFound, Rejected, Unavailable
+from gateway.errors import BackendError, ConfigError, ModelNotFound, Rejected, Unavailable
 from gateway.policy.config import SchedulerConfig
 from gateway.policy.scheduler import EdfScheduler
 from gateway.policy.types import Priority

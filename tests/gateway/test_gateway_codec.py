@@ -24,8 +24,8 @@ from gateway.codec import (
     raw_to_json,
     split,
 )
-from gateway.config import ConfigError, parse_config, resolve
-from gateway.errors import InvalidRequest
+from gateway.config import parse_config, resolve
+from gateway.errors import ConfigError, InvalidRequest
 
 
 def test_json_binary_and_grpc_decode_to_the_same_bytes():

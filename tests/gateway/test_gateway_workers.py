@@ -28,7 +28,8 @@ import yaml
 from bench.echo_backend import start_echo
 from bench.gateway_scaleout import Serve, scrape
 from gateway.app import GatewayThread
-from gateway.config import ConfigError, parse_config
+from gateway.config import parse_config
+from gateway.errors import ConfigError
 from gateway.workers import (
     RESTART_MAX_S,
     Supervisor,

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gateway.config import ConfigError
-from gateway.errors import Rejected, Unauthenticated
+from gateway.errors import ConfigError, Rejected, Unauthenticated
 from gateway.frontdoor.security import (
     QUOTA,
     TokenBucket,

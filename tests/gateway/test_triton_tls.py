@@ -10,7 +10,8 @@ import pytest
 import tritonclient.http as httpclient
 
 from gateway.app import GatewayThread
-from gateway.config import ConfigError, parse_config, resolve
+from gateway.config import parse_config, resolve
+from gateway.errors import ConfigError
 from profiles.triton.server import TritonServer
 from tests.gateway.test_front_door_contract import PROFILE, triton_repo
 from tests.pki import make_pki

@@ -14,8 +14,8 @@ import pytest
 
 from gateway.app import GatewayThread
 from gateway.codec import Tensor
-from gateway.config import ConfigError, parse_config, resolve
-from gateway.errors import REASON_HEADER
+from gateway.config import parse_config, resolve
+from gateway.errors import REASON_HEADER, ConfigError
 from placement.apply.render import Endpoint, gateway_config
 from placement.plan import Demand, Plan
 from placement.solve.solver import solve
