@@ -116,13 +116,12 @@ def measure(name: str, url: str, args: argparse.Namespace, lo: float, hi: float,
 
 def direct_triton(tmp: Path):  # noqa: ANN201
     """An emulated Triton of the planned slice, started here (the baseline and (c)'s backend)."""
-    from deploy.operator.cli import _base_profiles  # noqa: PLC0415
-    from deploy.operator.controller import prepare  # noqa: PLC0415
+    from deploy.operator.desired import base_profiles, prepare  # noqa: PLC0415
     from placement.apply.emulated import Emulated  # noqa: PLC0415
     from placement.solve.solver import solve  # noqa: PLC0415
     from placement.spec import inventory, single_pool  # noqa: PLC0415
 
-    want = prepare(yaml.safe_dump_all(documents("local")), _base_profiles(), "bench")
+    want = prepare(yaml.safe_dump_all(documents("local")), base_profiles(), "bench")
     plan = solve(want.demands({}), want.profiles, inventory(single_pool(want.docs, ["bench"])), "greedy")
     ex = Emulated(want.profiles, workdir=tmp / "direct")
     ex.apply(plan)

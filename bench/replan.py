@@ -95,7 +95,7 @@ class TritonClientProbe(threading.Thread):
 
 def one_run(op: dict[str, str], mix: str, rate: float, duration: float, seed: int,
             changes: list[Path] | None, tmp: Path) -> dict[str, Any]:
-    from deploy.operator.cli import call  # noqa: PLC0415
+    from deploy.operator.client import call  # noqa: PLC0415
     from loadgen.run import run_load_sync  # noqa: PLC0415
     from loadgen.spec import LoadSpec  # noqa: PLC0415
 
@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     exit_on_sigterm()
     from deploy.cli import main as headrace  # noqa: PLC0415
-    from deploy.operator.cli import call, ensure_down  # noqa: PLC0415
+    from deploy.operator.cli import ensure_down  # noqa: PLC0415
+    from deploy.operator.client import call  # noqa: PLC0415
     from deploy.operator.state import DirStateStore  # noqa: PLC0415
 
     tmp = Path(tempfile.mkdtemp(prefix="headrace-bench-replan-"))

@@ -20,6 +20,7 @@ SUBCOMMAND_MODULES = (
     "deploy.demo",  # headrace demo (the README's main job)
     "loadgen.sim.cli",  # headrace sim
     "deploy.operator.cli",  # headrace up / apply / status / down / rollback
+    "deploy.ray.serve_cli",  # headrace render-serve
     "deploy.explain",  # headrace explain
     "gateway.compiled",  # headrace compile
 )

@@ -61,8 +61,7 @@ def _with_rate(files: list[str], rate: float, workdir: Path) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from deploy.cli import main
-    from deploy.operator.cli import ensure_down
+    from deploy.operator.cli import ensure_down, main
     from profiles.digits.family import MEASURED_DIR
     from profiles.profile import ProfileSet
 

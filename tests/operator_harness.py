@@ -15,7 +15,8 @@ from typing import Any
 import yaml
 
 from deploy.cli import main
-from deploy.operator.cli import call, ensure_down
+from deploy.operator.cli import ensure_down
+from deploy.operator.client import call
 from deploy.operator.state import DirStateStore
 
 

@@ -108,7 +108,7 @@ async def _serve(args: argparse.Namespace, text: str, want: Desired, base: Profi
     st = store.read()
     st.update(controller_pid=os.getpid(), controller_started=start_time(os.getpid()),
               token_file=settings.admin.token_file, running=False,
-              admin_tls_cert=None if admin_tls is None else str(admin_tls.cert_path.resolve()))
+              admin_tls_cert=None if tls is None else str(tls.cert_path.resolve()))
     store.write(st)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -119,7 +119,7 @@ async def _serve(args: argparse.Namespace, text: str, want: Desired, base: Profi
         try:
             await ctl.up(text)
             runner, ctl.admin_url = await serve_admin(ctl, token, settings.admin.host, settings.admin.port,
-                                                      None if admin_tls is None else admin_tls.ssl_context())
+                                                      None if tls is None else tls.ssl_context())
         except (ExecutorError, SolverError, PlanError, OSError) as e:
             raise CliError(str(e).splitlines()[0] if isinstance(e, SolverError | PlanError) else str(e),
                            2 if isinstance(e, SolverError | PlanError) else 1) from None
@@ -153,7 +153,7 @@ def up(args: argparse.Namespace) -> int:
     text, want, base = validate(args.file, check_security=True)
     _cleanup_leftovers(store, out)
     if args.ray is not None or single_pool_runtime(want) == "ray":
-        from deploy.ray.cli import up_on_ray  # noqa: PLC0415
+        from deploy.ray.launch import up_on_ray  # noqa: PLC0415
 
         return up_on_ray(args, text, want, store, out)
     if args.gateways:
@@ -170,7 +170,7 @@ def single_pool_runtime(want: Desired) -> str:
 
 
 def _detach(args: argparse.Namespace, store: DirStateStore, out: Console) -> int:
-    argv = [sys.executable, "-m", "deploy.cli", "up", "--state-dir", str(store.path), "--method", args.method,
+    argv = [sys.executable, "-m", "deploy.operator.cli", "up", "--state-dir", str(store.path), "--method", args.method,
             "--tick", str(args.tick)]
     for f in args.file:
         argv += ["-f", str(Path(f).resolve())]
@@ -228,7 +228,7 @@ def down(args: argparse.Namespace) -> int:
     call(url, token, "POST", "/v1/down", b"", context=ctx)
     st = store.read()
     if st.get("ray_address"):  # the controller actor stops its actors, then exits
-        from deploy.ray.cli import wait_gone  # noqa: PLC0415
+        from deploy.ray.launch import wait_gone  # noqa: PLC0415
 
         wait_gone(st["ray_address"], args.timeout)
         st.update(running=False, admin_url=None)
@@ -327,11 +327,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     common(p)
     p.set_defaults(func=_run(status))
 
-    from deploy.ray.serve_config import register as register_serve  # noqa: PLC0415  (headrace render-serve)
-
-    register_serve(sub)
     for name, fn, text in (("down", down, "stop the gateway and every process the controller started"),
                            ("rollback", rollback, "apply the previous generation again")):
         p = sub.add_parser(name, help=text)
         common(p)
         p.set_defaults(func=_run(fn))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The operator's commands on their own: ``headrace demo`` drives them, and the controller
+    ``up --detach`` leaves running is ``python -m deploy.operator.cli up ...``."""
+    parser = argparse.ArgumentParser(prog="headrace")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

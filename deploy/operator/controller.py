@@ -15,25 +15,23 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
+from deploy.operator.desired import Desired, prepare
 from deploy.operator.observe import Observer
 from deploy.operator.runtime import LocalRuntime, ProcessRuntime
 from deploy.operator.state import StateStore
-from deploy.operator.status import status
+from deploy.operator.status import Event, status
 from gateway.app import Gateway
 from gateway.config import GatewayConfig, resolve
 from placement import autoscale
 from placement.apply.render import Endpoint, gateway_config
 from placement.diff import PlanDiff, diff, replan
-from placement.plan import Demand, Plan
+from placement.plan import Plan
 from placement.solve.solver import solve
-from placement.spec import check_profiles, demand, inventory, profiles_for, single_pool
-from profiles.catalogue import HOST
+from placement.spec import inventory, single_pool
 from profiles.profile import ProfileSet
-from profiles.schema import Documents, GatewaySpec, SpecError, parse_documents
-from profiles.triton.sources import VariantSource
 
 log = logging.getLogger("headrace.operator")
 
@@ -42,73 +40,10 @@ class ApplyError(RuntimeError):
     """A plan could not be made or applied; the message says which step and why."""
 
 
-@dataclass
-class Desired:
-    """One generation's documents, validated, with what planning needs."""
-
-    text: str
-    docs: Documents
-    profiles: ProfileSet
-    sources: dict[tuple[str, str], VariantSource]
-    settings: GatewaySpec
-
-    def demands(self, rates: dict[str, float]) -> list[Demand]:
-        out = []
-        for md in self.docs.deployments:
-            d = demand(md)
-            out.append(replace(d, rate=rates[d.model]) if d.model in rates else d)
-        return out
-
-
-def prepare(text: str, base: ProfileSet, where: str = "apply") -> Desired:
-    """Validate a YAML stream of documents against the schema and the profiles."""
-    docs = Documents()
-    parse_documents(text, where, docs)
-    return desired(docs, text, base, [where])
-
-
-def desired(docs: Documents, text: str, base: ProfileSet, names: list[str]) -> Desired:
-    """Validated documents (``names``: where they came from, for errors) checked against the
-    profiles and the operator's limits, with what planning needs."""
-    where = ", ".join(names)
-    pool = single_pool(docs, names)
-    if len(docs.gateways) > 1:
-        raise SpecError(f"{where}: at most one Gateway document, found {len(docs.gateways)}")
-    profiles = profiles_for(docs, base)
-    check_profiles(docs, profiles)
-    if not pool.spec.emulate and any(g.model != HOST for n in pool.spec.nodes for g in n.gpus):
-        raise SpecError(f"{docs.origin(pool)}: spec.emulate: the operator serves GPU pools on emulated "
-                        "GPUs (emulate: true) and the host; real GPUs are configured by "
-                        "`headrace plan --apply --executor nvml` (got False)")
-    sources = {}
-    for md in docs.deployments:
-        for v in md.spec.variant_specs():
-            if md.spec.source == "artifact" and v.artifact is not None:
-                sources[(md.spec.model, v.name)] = VariantSource("artifact", v.artifact.uri, v.artifact.version)
-            else:
-                sources[(md.spec.model, v.name)] = VariantSource(md.spec.source)
-        if not md.spec.variants:
-            for p in profiles.find(model=md.spec.model):
-                sources.setdefault((md.spec.model, p.variant), VariantSource(md.spec.source))
-    settings = docs.gateways[0].spec if docs.gateways else GatewaySpec()
-    return Desired(text, docs, profiles, sources, settings)
-
-
 def rate_window(upscale_delay_s: float) -> float:
     """Seconds the autoscaler's observed rate is averaged over: at most the upscale delay (a
     step shows within it), at least a second (Poisson noise), at most 5 s."""
     return max(1.0, min(upscale_delay_s, 5.0))
-
-
-@dataclass
-class Event:
-    time: float  # wall clock
-    model: str
-    kind: str  # Applied, ScaledUp, ScaledDown, Restarted, ...
-    message: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"time": self.time, "model": self.model, "kind": self.kind, "message": self.message}
 
 
 @dataclass

@@ -1,21 +1,66 @@
 """``headrace status``: per deployment, its conditions (Ready / Progressing / Degraded, each with
 reason, message and observedGeneration), replicas per variant and slice, planned capacity
-against the observed rate, and attainment over the last minute, read from the gateway."""
+against the observed rate, and attainment over the last minute, read from the gateway; and the
+same status printed as tables."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from placement.diff import replica_ids
 
 if TYPE_CHECKING:
-    from deploy.operator.controller import Controller
+    from rich.console import Console
+
+    from deploy.operator.desired import Desired
+    from deploy.operator.observe import Observer
+    from deploy.operator.runtime import ProcessRuntime
+    from gateway.app import Gateway
+    from placement.plan import Plan
 
 RATE_WINDOW_S = 10.0
 ATTAINMENT_WINDOW_S = 60.0
 
 
-def _condition(c: Controller, model: str, kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+@dataclass
+class Event:
+    """Something the controller did to a deployment; status lists the latest."""
+
+    time: float  # wall clock
+    model: str
+    kind: str  # Applied, ScaledUp, ScaledDown, Restarted, ...
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"time": self.time, "model": self.model, "kind": self.kind, "message": self.message}
+
+
+class Observed(Protocol):
+    """What :func:`status` reads of a controller; it records in ``transitions`` when each
+    condition last changed."""
+
+    clock: Callable[[], float]
+    wall: Callable[[], float]
+    desired: Desired | None
+    plan: Plan | None
+    runtime: ProcessRuntime | None
+    gateway: Gateway | None
+    observer: Observer
+    generation: int
+    observed_generation: int
+    rates: dict[str, float]
+    applying: str | None  # what the running apply is doing
+    failure: str | None  # why the last apply failed
+    restarting: dict[str, str]  # replica id -> why
+    transitions: dict[tuple[str, str], tuple[bool, float]]  # (model, condition) -> (status, since)
+    events: deque[Event]
+    admin_url: str
+
+
+def _condition(c: Observed, model: str, kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
     key = (model, kind)
     prev = c.transitions.get(key)
     if prev is None or prev[0] != ok:
@@ -24,7 +69,7 @@ def _condition(c: Controller, model: str, kind: str, ok: bool, reason: str, mess
             "observedGeneration": c.observed_generation, "lastTransitionTime": c.transitions[key][1]}
 
 
-def _replicas(c: Controller, model: str) -> list[dict[str, Any]]:
+def _replicas(c: Observed, model: str) -> list[dict[str, Any]]:
     out = []
     if c.plan is None:
         return out
@@ -47,7 +92,7 @@ def _replicas(c: Controller, model: str) -> list[dict[str, Any]]:
     return out
 
 
-def status(c: Controller) -> dict[str, Any]:
+def status(c: Observed) -> dict[str, Any]:
     now = c.clock()
     deployments = []
     for md in c.desired.docs.deployments if c.desired else []:
@@ -88,3 +133,39 @@ def status(c: Controller) -> dict[str, Any]:
         "shortfall": [sf.to_dict() for sf in c.plan.shortfall] if c.plan else [],
         "deployments": deployments, "events": [e.to_dict() for e in list(c.events)[-20:]],
     }
+
+
+def print_endpoints(st: dict[str, Any], out: Console) -> None:
+    """Where the gateway and the admin API listen, on one line."""
+    gw = st.get("gateway") or {}
+    out.print(f"gateway: http {gw.get('http')}  grpc {gw.get('grpc')}  admin {st.get('admin')}", highlight=False)
+
+
+def print_status(st: dict[str, Any], out: Console) -> None:
+    """A status as tables: deployments, then replicas, then why any is Degraded."""
+    from rich.table import Table  # noqa: PLC0415
+
+    t = Table(title=f"generation {st['generation']} (observed {st['observedGeneration']}), {st['gpus']} GPUs")
+    for col in ("deployment", "Ready", "Progressing", "Degraded", "replicas", "capacity", "planned",
+                "observed", "attainment 1m"):
+        t.add_column(col, justify="left" if col == "deployment" else "right")
+    for d in st["deployments"]:
+        c = {x["type"]: x for x in d["conditions"]}
+        att = "-" if d["attainment_1m"] is None else f"{d['attainment_1m']:.2%}"
+        serving = sum(r["serving"] for r in d["replicas"])
+        t.add_row(d["name"], c["Ready"]["status"], c["Progressing"]["status"], c["Degraded"]["status"],
+                  f"{serving}/{len(d['replicas'])}", f"{d['capacity_rps']:g}", f"{d['planned_rate']:g}",
+                  f"{d['observed_rps']:g}", att)
+    out.print(t)
+    r = Table(title="replicas")
+    for col in ("id", "variant", "GPU", "slice", "share", "req/s", "process", "serving"):
+        r.add_column(col)
+    for d in st["deployments"]:
+        for x in d["replicas"]:
+            r.add_row(x["id"], x["variant"], x["gpu_model"], x["slice"], f"{x['share']:.0%}",
+                      f"{x['capacity_rps']:g}", x["process"], str(x["serving"]))
+    out.print(r)
+    for d in st["deployments"]:
+        for x in d["conditions"]:
+            if x["type"] == "Degraded" and x["status"] == "True":
+                out.print(f"{d['name']}: Degraded ({x['reason']}): {x['message']}", highlight=False)

@@ -15,7 +15,8 @@ from typing import Any
 
 import ray
 
-from deploy.operator.controller import ApplyError, Controller, Desired, prepare
+from deploy.operator.controller import ApplyError, Controller
+from deploy.operator.desired import Desired, base_profiles, prepare
 from deploy.ray.resources import HEAD, PIN, node_of, present_nodes
 from deploy.ray.runtime import NAMESPACE, RayRuntime
 from deploy.ray.state import RayStateStore
@@ -187,11 +188,10 @@ class ControllerActorImpl:
            ready_timeout: float = 60.0) -> dict[str, Any]:
         """Plan, start the replicas and the gateway, serve the admin API; returns the status."""
         from deploy.operator.admin import serve_admin  # noqa: PLC0415
-        from deploy.operator.cli import _base_profiles  # noqa: PLC0415
 
         store = RayStateStore(self.namespace)
         ray.get(store.actor.token.remote(token))
-        base = _base_profiles()
+        base = base_profiles()
         runtime = RayRuntime(base, store.run_dir / "replicas", ready_timeout=ready_timeout)
         self.ctl = RayController(store, base, method=method, tick=tick, runtime=runtime, gateways=gateways,
                                  namespace=self.namespace)

@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from deploy.operator.cli import CliError, print_endpoints, print_status
+from deploy.operator.client import CliError
 from deploy.operator.state import DirStateStore
+from deploy.operator.status import print_endpoints, print_status
 
 if TYPE_CHECKING:
-    from deploy.operator.controller import Desired
+    from deploy.operator.desired import Desired
 
 
 def connect(address: str | None) -> str:

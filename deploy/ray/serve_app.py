@@ -14,6 +14,7 @@ from typing import Any
 
 from ray import serve
 
+from deploy.operator.desired import base_profiles
 from deploy.ray.runtime import GpuActorImpl, TritonActorImpl
 from deploy.ray.serve_config import deployment_name, plan_for
 from placement.diff import diff
@@ -60,9 +61,7 @@ def build(args: dict[str, Any]) -> Any:
     """The application for ``args``: ``documents`` (the YAML stream), ``method``, ``workdir``."""
     import tempfile  # noqa: PLC0415
 
-    from deploy.operator.cli import _base_profiles  # noqa: PLC0415
-
-    want, plan = plan_for(args["documents"], _base_profiles(), args.get("method", "greedy"))
+    want, plan = plan_for(args["documents"], base_profiles(), args.get("method", "greedy"))
     workdir = args.get("workdir") or tempfile.mkdtemp(prefix="headrace-serve-")
     gpus: dict[str, Any] = {}
     replicas = []

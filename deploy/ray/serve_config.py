@@ -1,24 +1,16 @@
-"""``headrace render-serve``: the deployment as a Ray Serve config for ``serve deploy``.
-
-Each Serve deployment gets the same custom resources ``headrace up --ray`` gives its actors (see
-:mod:`deploy.ray.resources`): a GPU's arbiter one unit of its GPU model on its node, a replica a
-pin to its node, the gateway a pin to the head node. Serve's HTTP proxy is off: clients call the
-gateway's own ports.
-"""
+"""The Ray Serve config (``ServeDeploySchema``) that serves a plan: a deployment for each GPU's
+arbiter, each replica and the gateway, pinned by the custom resources of
+:mod:`deploy.ray.resources`, with Serve's HTTP proxy off."""
 
 from __future__ import annotations
 
-import argparse
-import sys
 from typing import TYPE_CHECKING, Any
-
-import yaml
 
 from deploy.ray.resources import HEAD, PIN, node_of, pinned
 from placement.diff import diff
 
 if TYPE_CHECKING:
-    from deploy.operator.controller import Desired
+    from deploy.operator.desired import Desired
     from placement.plan import Plan
     from profiles.profile import ProfileSet
 
@@ -31,7 +23,7 @@ def deployment_name(kind: str, ident: str) -> str:
 
 
 def plan_for(text: str, base: ProfileSet, method: str = "greedy") -> tuple[Desired, Plan]:
-    from deploy.operator.controller import prepare  # noqa: PLC0415
+    from deploy.operator.desired import prepare  # noqa: PLC0415
     from placement.solve.solver import solve  # noqa: PLC0415
     from placement.spec import inventory, single_pool  # noqa: PLC0415
 
@@ -62,36 +54,3 @@ def render(text: str, want: Desired, plan: Plan, method: str = "greedy", name: s
     return {"proxy_location": "Disabled",
             "applications": [{"name": name, "route_prefix": None, "import_path": IMPORT_PATH,
                               "args": {"documents": text, "method": method}, "deployments": deployments}]}
-
-
-def run(args: argparse.Namespace) -> int:
-    from deploy.operator.cli import CliError, validate  # noqa: PLC0415
-    from placement.plan import PlanError  # noqa: PLC0415
-    from placement.solve.solver import SolverError  # noqa: PLC0415
-
-    try:
-        text, want, base = validate(args.file)
-        want, plan = plan_for(text, base, args.method)
-    except CliError as e:
-        print(f"headrace render-serve: {e}", file=sys.stderr)
-        return e.code
-    except (SolverError, PlanError) as e:
-        print(f"headrace render-serve: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
-    out = yaml.safe_dump(render(text, want, plan, args.method), sort_keys=False)
-    if args.output in (None, "-"):
-        sys.stdout.write(out)
-    else:
-        with open(args.output, "w") as f:
-            f.write(out)
-    return 0
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("render-serve", help="render the deployment as a Ray Serve config (serve deploy)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-f", "--file", action="append", required=True, metavar="FILE|DIR",
-                   help="GpuPool / ModelDeployment / Gateway YAML (repeatable; a folder: its *.yaml)")
-    p.add_argument("--method", choices=("greedy", "milp"), default="greedy", help="placement solver")
-    p.add_argument("-o", "--output", default=None, help="write the config here (default: stdout)")
-    p.set_defaults(func=run)

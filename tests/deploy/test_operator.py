@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy.operator.cli import CliError, call
+from deploy.operator.client import CliError, call
 from tests.operator_harness import LoadThread, deployment, operator_up, pool, write_docs
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from deploy.cli import main
 from deploy.operator.admin import serve_admin
-from deploy.operator.cli import CliError, admin_context, call
+from deploy.operator.client import CliError, admin_context, call
 from deploy.operator.state import DirStateStore
 from gateway.frontdoor.tls import load_tls
 from tests.operator_harness import deployment, operator_up, pool, write_docs

@@ -28,11 +28,11 @@ def test_an_actor_is_pinned_by_a_small_share_of_its_nodes_resource() -> None:
 
 def test_the_pool_is_cut_to_the_present_nodes_and_none_left_is_one_clear_error() -> None:
     pytest.importorskip("ray")
-    from deploy.operator.cli import _base_profiles
-    from deploy.operator.controller import ApplyError, prepare
+    from deploy.operator.controller import ApplyError
+    from deploy.operator.desired import base_profiles, prepare
     from deploy.ray.controller import on_nodes
 
-    want = prepare(yaml.safe_dump_all([ray_pool(), deployment("resnet50", 3500, 100)]), _base_profiles())
+    want = prepare(yaml.safe_dump_all([ray_pool(), deployment("resnet50", 3500, 100)]), base_profiles())
     assert on_nodes(want, {"n1", "n2"}) is want
     cut = on_nodes(want, {"n1"})
     assert [n.name for n in cut.docs.pools[0].spec.nodes] == ["n1"]
