@@ -35,7 +35,7 @@ from loadgen.sim.fleet import SimFleet, plan_fleet
 from loadgen.sim.run import SimOptions, run_sim
 from loadgen.spec import LoadSpec
 from placement import autoscale
-from placement.cli import load
+from placement.problem import load
 from placement.solve.solver import solve
 
 SAMPLE = Path(__file__).parents[1] / "loadgen" / "data" / "azure_sample.csv"

@@ -7,8 +7,8 @@ import argparse
 import sys
 
 from placement.apply.kubernetes import KubernetesError, Options, render
-from placement.cli import add_problem_args, load
 from placement.plan import PlanError
+from placement.problem import add_problem_args, load
 from placement.solve.solver import SolverError, solve
 from placement.spec import SpecError
 from profiles.catalogue import CatalogueError

@@ -3,7 +3,7 @@ of the operator's documents (``headrace up -f``: planned and rendered exactly as
 does), or of command-line flags, as one :class:`SimFleet`.
 
 The operator's path reuses its functions: the documents are loaded and checked
-(:func:`placement.cli.load`), planned (:func:`placement.solve.solver.solve`), and the plan rendered
+(:func:`placement.problem.load`), planned (:func:`placement.solve.solver.solve`), and the plan rendered
 into a gateway config (:func:`placement.apply.render.gateway_config`), which is then read as
 ``headrace serve`` reads it (:func:`gateway.config.parse_config`, :func:`gateway.config.resolve`).
 Each rendered replica's profile is its slice's profile already slowed by its MPS share, so a
@@ -151,7 +151,7 @@ def load_fleet(paths: Sequence[str | Path], overrides: Mapping[str, Any] | None 
 
 def _operator_fleet(files: tuple[str, ...], overrides: Mapping[str, Any], method: str,
                     profiles: tuple[str, ...] = ()) -> SimFleet:
-    from placement.cli import load
+    from placement.problem import load
     from placement.solve.solver import solve
     from profiles.schema import load_documents
 

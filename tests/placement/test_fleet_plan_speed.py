@@ -9,7 +9,7 @@ import json
 import pytest
 
 from bench.fleet import generate
-from placement.cli import load
+from placement.problem import load
 from placement.solve.capacity import poisson_quantile
 from placement.solve.solver import solve
 from profiles.derive import with_derived

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bench.fleet import generate
-from placement.cli import load
+from placement.problem import load
 from placement.solve.bound import bound_and_covers, program, rounded
 from placement.solve.candidates import DEFAULT, candidates
 from placement.solve.greedy import greedy_choice

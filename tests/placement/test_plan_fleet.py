@@ -4,7 +4,7 @@ deriving each copy on its own gives."""
 from __future__ import annotations
 
 from bench.fleet import generate
-from placement.cli import load
+from placement.problem import load
 from profiles.derive import with_derived
 from profiles.schema import load_documents
 

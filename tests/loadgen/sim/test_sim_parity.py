@@ -66,7 +66,7 @@ def test_operator_documents_are_planned_and_rendered_as_the_operator_does() -> N
     fleet = load_fleet([QUICKSTART])
     assert fleet.plan is not None and set(fleet.models) == {"resnet50", "digits"}
     assert fleet.models["resnet50"].slo == 0.1 and fleet.models["digits"].slo == 0.05
-    from placement.cli import load
+    from placement.problem import load
     _, _, profiles = load([str(p) for p in sorted(Path(QUICKSTART).glob("*.yaml"))], [])
     # each simulated replica runs at the latency render predicts for its slice and share
     for r, planned in zip(fleet.replicas, fleet.plan["replicas"], strict=True):
