@@ -37,10 +37,11 @@ from loadgen.spec import LoadSpec
 from placement import autoscale
 from placement.problem import load
 from placement.solve.solver import solve
+from profiles.schema import AutoscalingSpec
 
 SAMPLE = Path(__file__).parents[1] / "loadgen" / "data" / "azure_sample.csv"
-SPEC = autoscale.AutoscaleSpec(upscale_delay_s=0.0, downscale_delay_s=2.0, downscale_below=0.5,
-                               target_utilization=0.7)  # times in epochs
+SPEC = AutoscalingSpec(upscale_delay_s=0.0, downscale_delay_s=2.0, downscale_below=0.5,
+                       target_utilization=0.7)  # times in epochs
 
 
 def by_class(fleet: SimFleet, rec) -> dict[str, tuple[int, int]]:  # noqa: ANN001

@@ -3,6 +3,7 @@
 Hysteresis: scale up when the observed rate stays above the planned rate for ``upscale_delay_s``,
 down when it stays below ``planned x downscale_below`` for ``downscale_delay_s``. The new planned
 rate is ``max observed / target_utilization``, which sits inside that band, so a steady load never flaps.
+The settings are the deployment's ``autoscaling:`` (:class:`profiles.schema.AutoscalingSpec`).
 """
 
 from __future__ import annotations
@@ -11,68 +12,9 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from profiles.schema import AutoscalingSpec
+
 Direction = Literal["up", "down"]
-
-
-@dataclass(frozen=True)
-class AutoscaleSpec:
-    """How one deployment autoscales. Every time is in seconds, every rate in req/s."""
-
-    upscale_delay_s: float = 10.0
-    """The observed rate must stay above the planned rate this long before scaling up."""
-
-    downscale_delay_s: float = 60.0
-    """The observed rate must stay below ``planned x downscale_below`` this long before scaling down."""
-
-    downscale_below: float = 0.5
-    """The down threshold as a fraction of the planned rate. 0 disables downscaling.
-    Must be below ``target_utilization``, or the rate planned after an event is itself too high."""
-
-    target_utilization: float = 0.7
-    """After an event, planned rate = (max observed during the delay) / target_utilization."""
-
-    cooldown_s: float | None = None
-    """After any event, an event in the opposite direction waits this long. None = upscale_delay_s."""
-
-    min_rate: float | None = None
-    """The planned rate never goes below this. None = no floor (the planner's min_replicas still holds)."""
-
-    window_s: float = 0.0
-    """The observed rate is a mean over this many seconds, so a run's first ``window_s`` still
-    mixes in the load from before it began: those observations count toward its max only until
-    a later one comes (the new planned rate follows the level, not the transition)."""
-
-    min_replicas: int = 1
-    """The least replicas the planner may place. The policy does not enforce it. It only passes it on."""
-
-    max_replicas: int | None = None
-    """The most replicas the planner may place. None = unbounded. The policy only passes it on."""
-
-    def __post_init__(self) -> None:
-        for name in ("upscale_delay_s", "downscale_delay_s", "cooldown_s", "min_rate", "window_s"):
-            v = getattr(self, name)
-            if v is not None and not (math.isfinite(v) and v >= 0):
-                raise ValueError(f"AutoscaleSpec.{name} ({v}) must be a finite number >= 0")
-        u, b = self.target_utilization, self.downscale_below
-        if not (math.isfinite(u) and 0 < u <= 1):
-            raise ValueError(f"AutoscaleSpec.target_utilization ({u}) must be in (0, 1]")
-        if not (math.isfinite(b) and 0 <= b < 1):
-            raise ValueError(f"AutoscaleSpec.downscale_below ({b}) must be in [0, 1)")
-        if b >= u:
-            raise ValueError(
-                f"AutoscaleSpec.downscale_below ({b}) must be below target_utilization ({u}): "
-                f"a load that just scaled would sit at or under the down threshold and flap")
-        if self.min_replicas < 0:
-            raise ValueError(f"AutoscaleSpec.min_replicas ({self.min_replicas}) must be >= 0")
-        if self.max_replicas is not None and self.max_replicas < max(1, self.min_replicas):
-            raise ValueError(
-                f"AutoscaleSpec.max_replicas ({self.max_replicas}) must be >= 1 and >= "
-                f"min_replicas ({self.min_replicas})")
-
-    @property
-    def cooldown(self) -> float:
-        """The effective cooldown in seconds (``cooldown_s``, or ``upscale_delay_s`` if unset)."""
-        return self.upscale_delay_s if self.cooldown_s is None else self.cooldown_s
 
 
 @dataclass(frozen=True)
@@ -93,7 +35,7 @@ class AutoscaleState:
 
     run_max: float = 0.0
     """The largest rate observed during the current run (after its first ``window_s`` once
-    there are observations from then: see ``AutoscaleSpec.window_s``)."""
+    there are observations from then: see :func:`step`)."""
 
     last_event: Direction | None = None
     """The direction of the latest scale event. None = no event yet."""
@@ -140,12 +82,18 @@ def _r(x: float) -> str:
     return s[:-2] if s.endswith(".0") else s
 
 
-def step(spec: AutoscaleSpec, state: AutoscaleState, observed_rate: float,
-         now: float) -> tuple[ScaleDecision, AutoscaleState]:
+def step(spec: AutoscalingSpec, state: AutoscaleState, observed_rate: float, now: float, *,
+         window_s: float = 0.0) -> tuple[ScaleDecision, AutoscaleState]:
     """Take one observation of a deployment's request rate at ``now``. Return the decision and the new state.
 
-    The function is pure. The operator and the simulator both call it every few (real or virtual) seconds.
+    ``window_s``: the observed rate is a mean over this many seconds, so a run's first
+    ``window_s`` still mixes in the load from before it began: those observations count toward
+    its max only until a later one comes (the new planned rate follows the level, not the
+    transition). The function is pure. The operator and the simulator both call it every few
+    (real or virtual) seconds.
     """
+    if not (math.isfinite(window_s) and window_s >= 0):
+        raise ValueError(f"window_s ({window_s}) must be a finite number >= 0")
     if not (math.isfinite(observed_rate) and observed_rate >= 0):
         raise ValueError(f"observed_rate ({observed_rate}) must be a finite number >= 0")
     if not (math.isfinite(now) and now >= state.last_seen):
@@ -174,13 +122,13 @@ def step(spec: AutoscaleSpec, state: AutoscaleState, observed_rate: float,
     # A run continues only while every observation stays on the same side of the band.
     if state.run == side and state.run_since is not None:
         since = state.run_since
-        settled = now - since >= spec.window_s
+        settled = now - since >= window_s
         if settled and not state.run_settled:
             run_max = observed_rate  # the first observation free of the load before the run
         else:
             run_max = max(state.run_max, observed_rate)
     else:
-        since, run_max, settled = now, observed_rate, spec.window_s <= 0
+        since, run_max, settled = now, observed_rate, window_s <= 0
     running = AutoscaleState(planned, now, side, since, run_max, state.last_event, state.last_event_at,
                              run_settled=settled)
     elapsed = now - since

@@ -149,6 +149,12 @@ class VariantSpec(_Strict):
 
 
 class AutoscalingSpec(_Strict):
+    """How one deployment autoscales (:func:`placement.autoscale.step` reads it). Hysteresis:
+    up when the observed rate stays above the planned rate for ``upscale_delay_s``, down when
+    it stays below ``planned x downscale_below`` for ``downscale_delay_s``; the new planned rate
+    is the run's largest observed rate / ``target_utilization``, inside that band, so a steady
+    load never flaps. Every time is in seconds, every rate in req/s."""
+
     enabled: bool = Field(default=True, description="re-plan when the observed rate leaves the planned band")
     min_replicas: int = Field(default=1, ge=0, le=10_000, description="fewest replicas kept")
     max_replicas: int | None = Field(default=None, ge=1, le=10_000, description="most replicas (None: the pool)")
@@ -156,14 +162,33 @@ class AutoscalingSpec(_Strict):
                                    description="observed rate above the planned rate this long -> scale up")
     downscale_delay_s: float = Field(default=60.0, ge=0, le=86_400,
                                      description="observed rate below downscale_below x planned this long -> scale down")
-    downscale_below: float = Field(default=0.5, gt=0, lt=1,
-                                   description="fraction of the planned rate under which load counts as low")
+    downscale_below: float = Field(default=0.5, ge=0, lt=1,
+                                   description="fraction of the planned rate under which load counts as low "
+                                   "(0: never scale down); below target_utilization")
+    target_utilization: float = Field(default=0.7, gt=0, le=1,
+                                      description="after a scale event, planned rate = the largest rate observed "
+                                      "during the delay / target_utilization")
+    cooldown_s: float | None = Field(default=None, ge=0, le=86_400,
+                                     description="after a scale event, one in the opposite direction waits this "
+                                     "long (None: upscale_delay_s)")
+    min_rate: float | None = Field(default=None, ge=0, le=1e7,
+                                   description="the planned rate never goes below this (None: no floor; "
+                                   "min_replicas still holds)")
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalingSpec:
         if self.max_replicas is not None and self.max_replicas < self.min_replicas:
             raise ValueError(f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})")
+        if self.downscale_below >= self.target_utilization:
+            raise ValueError(f"downscale_below ({self.downscale_below:g}) must be below target_utilization "
+                             f"({self.target_utilization:g}): a load that just scaled would sit at or under the "
+                             "down threshold and flap")
         return self
+
+    @property
+    def cooldown(self) -> float:
+        """The effective cooldown in seconds (``cooldown_s``, or ``upscale_delay_s`` if unset)."""
+        return self.upscale_delay_s if self.cooldown_s is None else self.cooldown_s
 
 
 Source = Literal["emulated", "digits", "artifact"]

@@ -32,6 +32,7 @@ from placement.plan import Plan
 from placement.solve.solver import solve
 from placement.spec import inventory, single_pool
 from profiles.profile import ProfileSet
+from profiles.schema import AutoscalingSpec
 
 log = logging.getLogger("headrace.operator")
 
@@ -270,13 +271,10 @@ class Controller:
                 rate = self.rates.get(md.spec.model, md.spec.rate)
                 self.scaling[md.spec.model] = autoscale.initial(rate * md.spec.headroom, now)
 
-    def _scale_spec(self, model: str) -> autoscale.AutoscaleSpec:
+    def _scale_spec(self, model: str) -> AutoscalingSpec:
         md = next(m for m in self.desired.docs.deployments if m.spec.model == model)  # type: ignore[union-attr]
-        a = md.spec.autoscaling
-        assert a is not None
-        return autoscale.AutoscaleSpec(upscale_delay_s=a.upscale_delay_s, downscale_delay_s=a.downscale_delay_s,
-                                       downscale_below=a.downscale_below, min_replicas=a.min_replicas,
-                                       max_replicas=a.max_replicas, window_s=rate_window(a.upscale_delay_s))
+        assert md.spec.autoscaling is not None
+        return md.spec.autoscaling
 
     def _out_of_bounds(self, want: Desired, plan: Plan) -> str | None:
         """Why ``plan`` breaks a deployment's min_replicas / max_replicas (None: it does not)."""
@@ -294,8 +292,9 @@ class Controller:
     async def _autoscale(self, now: float) -> None:
         for model, state in list(self.scaling.items()):
             spec = self._scale_spec(model)
-            window = self.observer.window(model, spec.window_s, now)
-            decision, self.scaling[model] = autoscale.step(spec, state, window.rate, now)
+            window_s = rate_window(spec.upscale_delay_s)
+            window = self.observer.window(model, window_s, now)
+            decision, self.scaling[model] = autoscale.step(spec, state, window.rate, now, window_s=window_s)
             if decision.direction is None:
                 continue
             old = self.rates.get(model)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Callable, Sequence
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
-from placement.autoscale import AutoscaleSpec, ScaleDecision, initial, step
+from placement.autoscale import ScaleDecision, initial, step
+from profiles.schema import AutoscalingSpec, ModelDeployment, format_error
 
 PLANNED = 100.0
 
@@ -20,7 +23,7 @@ def times(stop: float, dt: float = 1.0, start: float = 0.0) -> list[float]:
     return [start + i * dt for i in range(math.ceil((stop - start) / dt))]
 
 
-def drive(spec: AutoscaleSpec, load: Callable[[float], float], ts: Sequence[float],
+def drive(spec: AutoscalingSpec, load: Callable[[float], float], ts: Sequence[float],
           planned: float = PLANNED) -> list[tuple[float, ScaleDecision]]:
     """Feed ``load(t)`` at each time in ``ts`` and return every (time, decision)."""
     state = initial(planned, ts[0])
@@ -43,7 +46,7 @@ def noisy(level: float, noise: float, seed: int) -> Callable[[float], float]:
 
 @pytest.mark.parametrize("dt", [1.0, 0.7, 3.0])
 def test_load_step_scales_up_once_at_first_observation_after_delay(dt: float) -> None:
-    spec = AutoscaleSpec()
+    spec = AutoscalingSpec()
     ts = times(200, dt)
     trace = drive(spec, lambda t: 3 * PLANNED if t >= 5 else PLANNED, ts)
     first_high = next(t for t in ts if t >= 5)
@@ -58,12 +61,12 @@ def test_load_step_scales_up_once_at_first_observation_after_delay(dt: float) ->
 
 
 def test_load_step_on_whole_seconds_scales_up_exactly_at_delay() -> None:
-    trace = drive(AutoscaleSpec(), lambda t: 3 * PLANNED if t >= 5 else PLANNED, times(100))
+    trace = drive(AutoscalingSpec(), lambda t: 3 * PLANNED if t >= 5 else PLANNED, times(100))
     assert [(t, d.direction) for t, d in events(trace)] == [(15.0, "up")]
 
 
 def test_load_falling_back_scales_down_once_after_delay_then_holds() -> None:
-    spec = AutoscaleSpec()
+    spec = AutoscalingSpec()
     trace = drive(spec, lambda t: 3 * PLANNED if 5 <= t < 100 else PLANNED, times(2000))
 
     assert [(t, d.direction) for t, d in events(trace)] == [(15.0, "up"), (100.0 + 60.0, "down")]
@@ -73,7 +76,7 @@ def test_load_falling_back_scales_down_once_after_delay_then_holds() -> None:
 
 
 def test_rising_ramp_is_covered_by_the_max_over_the_delay() -> None:
-    spec = AutoscaleSpec()
+    spec = AutoscalingSpec()
     trace = drive(spec, lambda t: PLANNED + 10 * t, times(20))  # above planned from t=1
     (t_up, up), = events(trace)
     assert t_up == 11.0
@@ -83,7 +86,7 @@ def test_rising_ramp_is_covered_by_the_max_over_the_delay() -> None:
 
 @pytest.mark.parametrize(("peak", "tail"), [(3.0, 1.5), (0.45, 0.05)])
 def test_new_rate_covers_the_peak_of_the_run_not_its_last_observation(peak: float, tail: float) -> None:
-    trace = drive(AutoscaleSpec(), lambda t: PLANNED * (peak if t < 3 else tail), times(100))
+    trace = drive(AutoscalingSpec(), lambda t: PLANNED * (peak if t < 3 else tail), times(100))
     first = events(trace)[0][1]
     assert first.direction == ("up" if peak > 1 else "down")
     assert first.rate >= peak * PLANNED
@@ -91,7 +94,7 @@ def test_new_rate_covers_the_peak_of_the_run_not_its_last_observation(peak: floa
 
 @pytest.mark.parametrize("level", [3.0, 0.2])
 def test_excursion_shorter_than_delay_resets_the_timer(level: float) -> None:
-    spec = AutoscaleSpec()
+    spec = AutoscalingSpec()
     delay = spec.upscale_delay_s if level > 1 else spec.downscale_delay_s
     period = delay + 1.0  # `delay` seconds outside the band (elapsed delay - 1), one back inside
 
@@ -106,7 +109,7 @@ def test_excursion_shorter_than_delay_resets_the_timer(level: float) -> None:
 @settings(max_examples=150, deadline=None)
 @given(level=st.floats(0.2, 3.0), noise=st.floats(0.0, 0.1), seed=st.integers(0, 2**32 - 1))
 def test_steady_noisy_load_never_flaps(level: float, noise: float, seed: int) -> None:
-    spec = AutoscaleSpec()
+    spec = AutoscalingSpec()
     trace = drive(spec, noisy(level * PLANNED, noise, seed), times(1200))
     found = events(trace)
     # NOTE: a steady load may need one event to settle, never a second
@@ -120,7 +123,7 @@ def test_steady_noisy_load_never_flaps(level: float, noise: float, seed: int) ->
 @settings(max_examples=100, deadline=None)
 @given(level=st.floats(0.2, 0.95), noise=st.floats(0.0, 0.1), seed=st.integers(0, 2**32 - 1))
 def test_steady_noisy_load_after_settling_produces_no_event(level: float, noise: float, seed: int) -> None:
-    spec = AutoscaleSpec()
+    spec = AutoscalingSpec()
     low, high = level * (1 - noise), level * (1 + noise)
     # a load whose noise straddles a threshold crosses it for a full delay sooner or later: an
     # event then is the policy working, not flapping
@@ -133,7 +136,7 @@ def test_steady_noisy_load_after_settling_produces_no_event(level: float, noise:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_step_up_and_back_makes_one_event_per_direction(seed: int) -> None:
-    spec = AutoscaleSpec()
+    spec = AutoscalingSpec()
     rng = random.Random(seed)
 
     def load(t: float) -> float:
@@ -145,7 +148,7 @@ def test_step_up_and_back_makes_one_event_per_direction(seed: int) -> None:
 
 
 def test_cooldown_delays_an_opposite_event() -> None:
-    spec = AutoscaleSpec(upscale_delay_s=1, downscale_delay_s=1, cooldown_s=30)
+    spec = AutoscalingSpec(upscale_delay_s=1, downscale_delay_s=1, cooldown_s=30)
 
     def load(t: float) -> float:
         return PLANNED * (1.0 if t < 5 else 3.0 if t < 8 else 0.1)
@@ -158,14 +161,14 @@ def test_cooldown_delays_an_opposite_event() -> None:
 
 
 def test_same_direction_is_not_held_by_cooldown() -> None:
-    spec = AutoscaleSpec(upscale_delay_s=1, cooldown_s=1000)
+    spec = AutoscalingSpec(upscale_delay_s=1, cooldown_s=1000)
     trace = drive(spec, lambda t: PLANNED * 2 ** t, times(12))
     assert len(events(trace)) > 1
     assert all(d.direction == "up" for _, d in events(trace))
 
 
 def test_downscale_stops_at_min_rate() -> None:
-    spec = AutoscaleSpec(min_rate=80.0, min_replicas=2, max_replicas=8)
+    spec = AutoscalingSpec(min_rate=80.0, min_replicas=2, max_replicas=8)
     trace = drive(spec, lambda t: 1.0, times(1000))
     found = events(trace)
     assert [(d.direction, d.rate) for _, d in found] == [("down", 80.0)]
@@ -174,7 +177,7 @@ def test_downscale_stops_at_min_rate() -> None:
 
 
 def test_no_event_keeps_the_current_rate() -> None:
-    decision, _ = step(AutoscaleSpec(), initial(PLANNED, 0.0), 70.0, 1.0)
+    decision, _ = step(AutoscalingSpec(), initial(PLANNED, 0.0), 70.0, 1.0)
     assert decision.direction is None and decision.rate == PLANNED
 
 
@@ -193,13 +196,14 @@ def test_no_event_keeps_the_current_rate() -> None:
     ({"min_replicas": 3, "max_replicas": 2}, "max_replicas", "2"),
 ])
 def test_invalid_spec_names_field_and_value(kwargs: dict, field: str, value: str) -> None:
-    with pytest.raises(ValueError, match=rf"{field} \({value}\)"):
-        AutoscaleSpec(**kwargs)
+    with pytest.raises(ValidationError) as e:
+        AutoscalingSpec(**kwargs)
+    assert re.search(rf"\b{field}\b.*(\(got {value}\)|\({value}\))", format_error(e.value, "autoscaling"))
 
 
 def test_cross_field_error_quotes_both_values() -> None:
     with pytest.raises(ValueError, match=r"downscale_below \(0\.8\).*target_utilization \(0\.7\)"):
-        AutoscaleSpec(downscale_below=0.8)
+        AutoscalingSpec(downscale_below=0.8)
 
 
 @pytest.mark.parametrize(("rate", "now", "match"), [
@@ -209,7 +213,7 @@ def test_cross_field_error_quotes_both_values() -> None:
 ])
 def test_invalid_observation_raises(rate: float, now: float, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        step(AutoscaleSpec(), initial(PLANNED, 5.0), rate, now)
+        step(AutoscalingSpec(), initial(PLANNED, 5.0), rate, now)
 
 
 def test_initial_rejects_a_negative_rate() -> None:
@@ -222,18 +226,32 @@ def test_a_windowed_rate_scales_down_to_the_new_level_not_the_transition() -> No
     def mean_rate(t: float) -> float:
         return 120.0 if t < 20 else 40.0 + 80.0 * max(0.0, 25.0 - t) / 5.0
 
-    spec = AutoscaleSpec(upscale_delay_s=3, downscale_delay_s=8, window_s=5.0)
+    spec = AutoscalingSpec(upscale_delay_s=3, downscale_delay_s=8)
     state = initial(180.0, 0.0)
     downs = []
     for t in times(60):
-        d, state = step(spec, state, mean_rate(t), t)
+        d, state = step(spec, state, mean_rate(t), t, window_s=5.0)
         if d.direction == "down":
             downs.append((t, d.rate))
     # NOTE: one event, planned for the settled 40 req/s (40 / 0.7), not the transition's 72-120
     assert len(downs) == 1 and downs[0][1] == pytest.approx(40.0 / 0.7), downs
-    blind = AutoscaleSpec(upscale_delay_s=3, downscale_delay_s=8)
     state, rates = initial(180.0, 0.0), []
     for t in times(60):
-        d, state = step(blind, state, mean_rate(t), t)
+        d, state = step(spec, state, mean_rate(t), t)
         rates += [d.rate] if d.direction == "down" else []
     assert rates[0] > 40.0 / 0.7 + 1  # without the window the first plan keeps the transition's peak
+
+
+def test_downscale_below_zero_never_scales_down() -> None:
+    # NOTE: 0 is "off" for downscaling, in the policy and in the document alike
+    spec = AutoscalingSpec(downscale_below=0)
+    assert events(drive(spec, lambda t: 0.0, times(600))) == []
+    assert events(drive(spec, lambda t: 3 * PLANNED, times(100)))[0][1].direction == "up"
+    assert ModelDeployment.model_validate(
+        {"kind": "ModelDeployment", "metadata": {"name": "m"},
+         "spec": {"model": "m", "rate": 1, "slo_ms": 100, "autoscaling": {"downscale_below": 0}}})
+
+
+def test_an_invalid_window_is_refused_with_its_value() -> None:
+    with pytest.raises(ValueError, match=r"window_s \(-1\.0\)"):
+        step(AutoscalingSpec(), initial(PLANNED, 0.0), PLANNED, 1.0, window_s=-1.0)
