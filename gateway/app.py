@@ -101,7 +101,7 @@ class Gateway:
         self.driver.tracing = self.tracing
         # None when the access log and tracing are both off: the front doors then see nothing
         self.observer = Observer.of(access_log(cfg), self.tracing, clock)
-        self.info = ServerInfo([m.name for m in models], default_version=self.driver.default_version,
+        self.info = ServerInfo([m.name for m in models], default_version=self.driver.fleet.default_version,
                                stats=self.driver.stats)
         tls = self.security.tls
         door = HttpFrontDoor(self.driver, self.info, cfg.max_message_bytes, cfg.limits.max_json_depth,
@@ -168,7 +168,7 @@ class Gateway:
 
     def replica_ids(self) -> dict[str, list[str]]:
         """What the gateway serves: each model's replica ids."""
-        return self.driver.replica_ids()
+        return self.driver.fleet.replica_ids()
 
     async def add_replica(self, model: ServedModel, replica: ServedReplica) -> None:
         """Serve ``replica`` of ``model`` from now on (see :meth:`Driver.add_replica`); a new
@@ -185,7 +185,7 @@ class Gateway:
             self._sync_models()
 
     def _sync_models(self) -> None:
-        served = self.driver.models
+        served = self.driver.fleet.models
         self.info.models = [n for n in self.info.models if n in served] + [
             n for n in served if n not in self.info.models]
 

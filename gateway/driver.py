@@ -1,5 +1,6 @@
 """The asyncio driver around the sans-IO policy core: admits requests, sends the core's batches
-to replicas, answers its rejects and probes replica health (the live fleet is :mod:`gateway.fleet`).
+to replicas, answers its rejects; the replicas it serves, their clients and health are its
+:class:`gateway.fleet.Fleet`.
 
 On every event (a request arrives, a batch completes, a probe flips a replica, the armed
 timer fires) the driver calls ``core.poll(now)`` and acts on the :class:`Decision`: it sends
@@ -25,10 +26,8 @@ from typing import Any
 
 import grpc
 
-from gateway.backends.grpc import TritonReplica
-from gateway.backends.http import TritonHttpReplica
 from gateway.codec import InferInput, Tensor, concat, split, validate
-from gateway.config import ServedModel
+from gateway.config import ServedModel, ServedReplica
 from gateway.contract import (  # noqa: F401  (SLO_HEADER: the front doors read it from here)
     SLO_HEADER,
     Forward,
@@ -46,14 +45,13 @@ from gateway.errors import (
     Unavailable,
     rejection,
 )
-from gateway.fleet import Fleet, Model, Replica, check_signature, replica_info, versions_of
+from gateway.fleet import Fleet, Model, Removal, Replica
 from gateway.frontdoor.stats import Statistics
 from gateway.observe.metrics import GatewayMetrics
 from gateway.policy.types import Batch, Priority, Request, SchedulerCore
 
 log = logging.getLogger("headrace.gateway")
 
-BACKENDS: dict[str, Callable[[str, int], Any]] = {"http": TritonHttpReplica, "grpc": TritonReplica}
 VARIANT_PARAM = "headrace_variant"  # response parameters: who served the request
 REPLICA_PARAM = "headrace_replica"  # only with expose_replicas: it names a backend's address
 
@@ -87,9 +85,9 @@ class _Pending:
     trace: Any = None  # its spans (gateway.observe.tracing.RequestTrace) when tracing is on
 
 
-class Driver(Fleet):
-    """Feeds requests to the core, sends its batches, answers its rejects; its fleet may
-    change while serving (:class:`Fleet`)."""
+class Driver:
+    """Feeds requests to the core, sends its batches, answers its rejects; its ``fleet`` (the
+    replicas it serves) may change while serving."""
 
     def __init__(
         self,
@@ -109,19 +107,9 @@ class Driver(Fleet):
         self.clock = clock
         self.metrics = metrics or GatewayMetrics()
         self.stats = Statistics()  # Triton-shaped statistics (the front doors' ServerInfo reads them)
-        self.health_interval = health_interval
-        self.models = {m.name: Model(m) for m in models}
-        self._tls = {(r.protocol, r.url): r.tls for m in models for r in m.replicas if r.tls is not None}
-        self._make = replica_factory or (lambda proto, url: BACKENDS[proto](
-            url, max_message_bytes, tls=self._tls.get((proto, url))))
-        self._clients: dict[tuple[str, str], Any] = {}  # one client per server
-        self.replicas: dict[str, Replica] = {}
-        for m in models:
-            for r in m.replicas:
-                key = (r.protocol, r.url)
-                if key not in self._clients:
-                    self._clients[key] = self._make(*key)
-                self.replicas[r.id] = Replica(r.id, m.name, r.variant, self._clients[key], key)
+        self.fleet = Fleet(models, core, clock=clock, metrics=self.metrics, poll=self._poll,
+                           health_interval=health_interval, max_message_bytes=max_message_bytes,
+                           replica_factory=replica_factory)
         self._pending: dict[int, _Pending] = {}
         self._ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
@@ -132,56 +120,68 @@ class Driver(Fleet):
         self._lag_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.draining = False
-        self.started = False
         self.tracing: Any = None  # gateway.observe.tracing.Tracing when tracing is on: batch spans
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self, startup_timeout: float = 30.0) -> None:
-        """Fetch each replica's metadata: the model's signature is its first answering
-        replica's, and every other must match it (:func:`check_signature`, else
-        :class:`ConfigError`); a replica that does not answer is checked once it does, and
-        serves only then. Register the replicas, start probing."""
+        """Start the fleet (:meth:`Fleet.start`: each replica's metadata and signature, its
+        registration with the core), then probe the replicas' health from now on."""
         self._loop = asyncio.get_running_loop()
-        deadline = self.clock() + startup_timeout
-        for name, m in self.models.items():
-            if not m.served.replicas:  # refused no_replica until a replica is added
-                continue
-            while True:
-                reps = [self.replicas[r.id] for r in m.served.replicas]
-                got = await asyncio.gather(*(r.client.model_info(r.variant) for r in reps), return_exceptions=True)
-                errors = [g for g in got if isinstance(g, BaseException)]
-                for e in errors:
-                    if not isinstance(e, BackendError):
-                        raise e
-                if len(errors) < len(got):
-                    break
-                if self.clock() >= deadline:
-                    raise Unavailable(f"model '{name}': no replica answered metadata: {errors[-1]}")
-                await asyncio.sleep(0.2)
-            for r, info in zip(reps, got, strict=True):
-                if isinstance(info, BaseException):
-                    r.verified = False  # checked by the health loop once it answers
-                    continue
-                if m.info is None:
-                    m.info = info
-                else:
-                    check_signature(name, m.info.signature, info.signature, r.variant)
-                r.versions = versions_of(info)
-            self._sync_versions(name)
-        now = self.clock()
-        for m in self.models.values():
-            for r in m.served.replicas:
-                self.core.add_replica(replica_info(m.served, m.info.signature, r), now)  # type: ignore[union-attr]
-                self.metrics.of(self.metrics.healthy, m.served.name, r.id).set(1)
-        reps = list(self.replicas.values())  # a replica down at startup starts unhealthy
-        oks = await asyncio.gather(*(r.client.ready(r.variant) for r in reps), return_exceptions=True)
-        for r, ok in zip(reps, oks, strict=True):
-            if ok is not True or not r.verified:
-                self._set_health(r, False, self.clock())
-        self._health_task = asyncio.create_task(self._health_loop())
+        await self.fleet.start(startup_timeout)
+        self._health_task = asyncio.create_task(self.fleet.health_loop())
         self._lag_task = asyncio.create_task(self._lag_loop())
-        self.started = True
+
+    @property
+    def replicas(self) -> dict[str, Replica]:
+        """The replicas served now, by id (the fleet's)."""
+        return self.fleet.replicas
+
+    def model(self, name: str, version: str = "") -> Model:
+        """The served model ``name`` at ``version`` (:meth:`Fleet.model`)."""
+        return self.fleet.model(name, version)
+
+    async def add_replica(self, model: ServedModel, replica: ServedReplica) -> None:
+        """Serve ``replica`` of ``model`` from now on (:meth:`Fleet.add_replica`)."""
+        await self.fleet.add_replica(model, replica)
+
+    async def remove_replica(self, replica_id: str, timeout: float = 30.0, keep_model: bool = False) -> bool:
+        """Drain the replica, wait up to ``timeout`` real seconds until nothing is in flight on
+        it, then remove it (:meth:`Fleet.remove_replica`). True when it drained in time;
+        otherwise it is removed anyway and its requests in flight fail (Unavailable). Requests
+        the core hands back are submitted again; when the model has no replica left it is no
+        longer served and they are answered Unavailable, unless ``keep_model``: then the model
+        stays addressable with no replica (its requests are refused ``no_replica`` until one
+        is added, as while every replica is down). KeyError for a replica not served."""
+        out = await self.fleet.remove_replica(replica_id, timeout, keep_model)
+        self._answer_handed_back(out)
+        rep = out.replica
+        log.info("replica %s of model '%s' removed (%s)", replica_id, rep.model,
+                 "drained" if out.drained else f"not drained within {timeout:g} s")
+        self._poll()
+        await self.fleet.release(rep)
+        return out.drained
+
+    def _answer_handed_back(self, out: Removal) -> None:
+        """Submit again what the core handed back, or answer it: in flight on the removed
+        replica, or of a model no longer served (then nothing of it may stay pending)."""
+        model, now = out.replica.model, out.at
+        for r in out.back:
+            p = self._pending.get(r.id)
+            if p is None:
+                continue
+            if r.id in out.in_flight:
+                self._fail(p, Unavailable(f"replica {out.replica.id} was removed with the request in flight"))
+            elif out.model_gone:
+                self._fail(p, Unavailable(f"model '{model}' is no longer served"))
+            elif (rj := self.core.submit(r, now)) is not None:
+                self._pending.pop(r.id, None)
+                self.metrics.of(self.metrics.rejections, r.model, rj.reason).inc()
+                if not p.future.done():
+                    p.future.set_exception(rejection(rj.message, rj.reason, rj.retry_after))
+        if out.model_gone:  # nothing should be left; never strand a future
+            for p in [p for p in self._pending.values() if p.request.model == model]:
+                self._fail(p, Unavailable(f"model '{model}' is no longer served"))
 
     async def drain(self, timeout: float) -> bool:
         """Refuse new requests and wait for admitted ones; True when none is left."""
@@ -207,8 +207,7 @@ class Driver(Fleet):
         self._pending.clear()
         for t in list(self._tasks):
             t.cancel()
-        for c in list(self._clients.values()):
-            await c.close()
+        await self.fleet.close()
 
     def _fail(self, p: _Pending, err: GatewayError) -> None:
         self._pending.pop(p.request.id, None)
@@ -227,19 +226,27 @@ class Driver(Fleet):
             m.of(m.inflight, st.info.model, st.info.id).set(len(st.inflight))
             m.of(m.overhead, st.info.model, st.info.id).set(st.overhead)
             m.of(m.run_excess, st.info.model, st.info.id).set(st.run_excess)
-        for name in self.models:
+        for name in self.fleet.models:
             m.of(m.level, name).set(self.core.level(name))
             for kind, n in zip(("down", "up", "late"), self.core.variant_moves(name), strict=True):
                 m.of(m.variant_moves, name, kind).set(n)
         return m.render()
 
     def ready(self) -> bool:
-        return self.started and not self.draining and any(r.healthy for r in self.replicas.values())
+        return self.fleet.started and not self.draining and any(r.healthy for r in self.fleet.replicas.values())
 
     def model_ready(self, name: str) -> bool:
-        return self.started and not self.draining and any(
-            r.healthy for r in self.replicas.values() if r.model == name
+        return self.fleet.started and not self.draining and any(
+            r.healthy for r in self.fleet.replicas.values() if r.model == name
         )
+
+    async def _lag_loop(self, period: float = 0.05) -> None:
+        """How late the event loop wakes a sleeper (the loop-lag histogram)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            t = loop.time()
+            await asyncio.sleep(period)
+            self.metrics.loop_lag.observe(max(0.0, loop.time() - t - period))
 
     async def infer(self, name: str, inp: InferInput, slo_header: str | None = None,
                     received: float | None = None, *, version: str = "", deadline: float | None = None,
@@ -265,7 +272,8 @@ class Driver(Fleet):
         its spans (:class:`gateway.observe.tracing.RequestTrace`), ended by its batch's spans. ``hints``:
         variant constraints from headers (:func:`gateway.contract.choice_headers`); request
         parameters win over them."""
-        m = self.model(name, version)
+        fleet = self.fleet
+        m = fleet.model(name, version)
         if self.draining:
             raise Unavailable("gateway is draining")
         if m.info is None and m.served.replicas:
@@ -280,7 +288,7 @@ class Driver(Fleet):
             if inp.parameters or hints:
                 choice = choice_of(inp.parameters, hints)
                 if choice is not None and choice.variant is not None:
-                    self.check_variant(name, choice.variant)
+                    fleet.check_variant(name, choice.variant)
         except InvalidRequest:
             self.stats.answered(name, version, "", False, 0.0)
             raise
@@ -291,7 +299,7 @@ class Driver(Fleet):
             next(self._ids), name, arrival,
             deadline_of(inp, slo_header, served.slo, arrival, served.margin, client_deadline=deadline),
             priority if priority is not None else priority_of(inp, served.priority), rows,
-            key=fwd, replicas=self.replicas_serving(name, version) if version else None,
+            key=fwd, replicas=fleet.replicas_serving(name, version) if version else None,
         )
         if choice is not None:
             req = replace(req, accuracy_floor=choice.accuracy_floor, max_cost=choice.max_cost,
@@ -388,7 +396,7 @@ class Driver(Fleet):
         """Send ``b`` now and leave the wait for its answer to a task: a replica client whose
         ``infer`` writes at call time (HTTP on a pooled connection) has the batch on its way
         before the task's first loop turn."""
-        rep = self.replicas[b.replica]
+        rep = self.fleet.replicas[b.replica]
         live = [p for r in b.requests if (p := self._pending.get(r.id)) is not None]
         sent = self.clock()
         bt = None if self.tracing is None or not live else self.tracing.batch(
@@ -422,7 +430,7 @@ class Driver(Fleet):
         if rep.batch_done is not None:  # a removal waits for it
             rep.batch_done.set()
         # deadline met or missed against the request's whole SLO budget, not the planned part
-        served = self.models.get(model)
+        served = self.fleet.models.get(model)
         keep = 1.0 - (served.served.margin if served else 0.0)
         met = []
         for p, outs in zip(live, results, strict=True):
@@ -497,7 +505,7 @@ class Driver(Fleet):
             remaining = max(0.0, max(p.request.deadline for p in live) - now)
             timeout = remaining + 2.0  # late answers are still answers; a hung replica is not
             # Triton's timeout: what is left of the latest member's whole budget (margin included)
-            keep = 1.0 - self.models[live[0].request.model].served.margin
+            keep = 1.0 - self.fleet.models[live[0].request.model].served.margin
             budget = max(r.arrival + (r.deadline - r.arrival) / keep for r in (p.request for p in live))
             forward, triton_us = live[0].forward, timeout_us(budget - now)
             groups: dict[tuple, list[int]] = {}
@@ -512,7 +520,7 @@ class Driver(Fleet):
                      else bt.calls(rep.client, b.variant, inputs, timeout, forward, triton_us))
         except Exception as e:  # noqa: BLE001  (answered as the batch's failure)
             return _raising(e)
-        batched = self.models[live[0].request.model].info.signature.batched  # type: ignore[union-attr]
+        batched = self.fleet.models[live[0].request.model].info.signature.batched  # type: ignore[union-attr]
         return self._collect(rep, live, list(groups.values()), calls, batched)
 
     async def _collect(self, rep: Replica, live: list[_Pending], groups: list[list[int]],
@@ -535,7 +543,7 @@ class Driver(Fleet):
         model = b.requests[0].model
         if retryable:
             log.warning("batch on %s failed, retrying elsewhere: %s", rep.id, e)
-            self._set_health(rep, False, now)
+            self.fleet.set_health(rep, False, now)
             retry = tuple(p.request for p in live if not p.future.done())
         else:
             retry = ()

@@ -1,9 +1,11 @@
-"""The live fleet (a mixin of the driver): which replicas serve each model, adding and removing
-them while serving, their health (ready probes), the check that every variant has its model's
-signature, and the versions a served model answers to (those its replicas' Triton models report).
+"""The live fleet the driver holds: which replicas serve each model and their clients, adding
+and removing them while serving, their health (ready probes), the check that every variant has
+its model's signature, and the versions a served model answers to (those its replicas' Triton
+models report).
 
 A removal drains the replica (no new batch goes there), waits until nothing is in flight on
-it, then removes it; requests the core hands back are submitted again or answered.
+it, then removes it and returns what the core handed back (a :class:`Removal`): the driver,
+which holds the requests, submits them again or answers them.
 """
 
 from __future__ import annotations
@@ -15,22 +17,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.backends.grpc import ModelInfo, TritonReplica
+from gateway.backends.http import TritonHttpReplica
 from gateway.codec import Signature
 from gateway.config import ServedModel, ServedReplica
-from gateway.errors import (
-    BackendError,
-    ConfigError,
-    GatewayError,
-    InvalidRequest,
-    ModelNotFound,
-    Unavailable,
-    rejection,
-)
+from gateway.errors import BackendError, ConfigError, InvalidRequest, ModelNotFound, Unavailable
 from gateway.observe.metrics import GatewayMetrics
-from gateway.policy.types import ReplicaInfo, SchedulerCore
+from gateway.policy.types import ReplicaInfo, Request, SchedulerCore
 
 log = logging.getLogger("headrace.gateway")
 
+BACKENDS: dict[str, Callable[..., Any]] = {"http": TritonHttpReplica, "grpc": TritonReplica}
 DEFAULT_VERSION = "1"  # a model's version when its backend reports none
 
 
@@ -110,23 +106,102 @@ def replica_info(served: ServedModel, sig: Signature, r: ServedReplica) -> Repli
                        r.price_per_hour, served.objective)
 
 
-class Fleet:
-    """The driver's replicas and models, changed while serving. The driver provides the state
-    and the hooks declared here (its event loop: polls, health, failing a request)."""
+@dataclass(slots=True)
+class Removal:
+    """A replica taken out of the fleet and what the core handed back, for the driver to answer."""
 
-    core: SchedulerCore
-    clock: Callable[[], float]
-    metrics: GatewayMetrics
-    models: dict[str, Model]
-    replicas: dict[str, Replica]
-    started: bool
-    _clients: dict[tuple[str, str], Any]  # one client per (protocol, url)
-    _make: Callable[[str, str], Any]  # makes a replica client
-    _tls: dict[tuple[str, str], Any]  # (protocol, url) -> BackendTls of servers spoken to over TLS
-    _pending: dict[int, Any]  # request id -> its waiter (request, input, future)
-    health_interval: float
-    _poll: Callable[[], None]
-    _fail: Callable[[Any, GatewayError], None]
+    replica: Replica
+    drained: bool  # nothing was in flight on it when it went
+    back: tuple[Request, ...]  # the requests the core handed back
+    in_flight: frozenset[int]  # ids of those that were in flight on it
+    model_gone: bool  # its model is no longer served
+    at: float  # when it went (the driver's clock)
+
+
+class Fleet:
+    """The replicas and models a driver serves, changed while serving. Every change is told to
+    the ``core``; ``poll`` is the driver's hook to look at the core again once the fleet changed
+    (a replica added, drained or flipping health)."""
+
+    def __init__(
+        self,
+        models: list[ServedModel],
+        core: SchedulerCore,
+        *,
+        clock: Callable[[], float],
+        metrics: GatewayMetrics,
+        poll: Callable[[], None],
+        health_interval: float = 0.5,
+        max_message_bytes: int = 64 << 20,
+        replica_factory: Callable[[str, str], Any] | None = None,
+    ) -> None:
+        self.core = core
+        self.clock = clock
+        self.metrics = metrics
+        self._poll = poll
+        self.health_interval = health_interval
+        self.models = {m.name: Model(m) for m in models}
+        # (protocol, url) -> BackendTls of servers spoken to over TLS
+        self._tls = {(r.protocol, r.url): r.tls for m in models for r in m.replicas if r.tls is not None}
+        self._make = replica_factory or (lambda proto, url: BACKENDS[proto](
+            url, max_message_bytes, tls=self._tls.get((proto, url))))
+        self._clients: dict[tuple[str, str], Any] = {}  # one client per (protocol, url)
+        self.replicas: dict[str, Replica] = {}
+        for m in models:
+            for r in m.replicas:
+                key = (r.protocol, r.url)
+                if key not in self._clients:
+                    self._clients[key] = self._make(*key)
+                self.replicas[r.id] = Replica(r.id, m.name, r.variant, self._clients[key], key)
+        self.started = False
+
+    async def start(self, startup_timeout: float = 30.0) -> None:
+        """Fetch each replica's metadata: the model's signature is its first answering
+        replica's, and every other must match it (:func:`check_signature`, else
+        :class:`ConfigError`); a replica that does not answer is checked once it does, and
+        serves only then. Register the replicas with the core; one not ready starts unhealthy."""
+        deadline = self.clock() + startup_timeout
+        for name, m in self.models.items():
+            if not m.served.replicas:  # refused no_replica until a replica is added
+                continue
+            while True:
+                reps = [self.replicas[r.id] for r in m.served.replicas]
+                got = await asyncio.gather(*(r.client.model_info(r.variant) for r in reps), return_exceptions=True)
+                errors = [g for g in got if isinstance(g, BaseException)]
+                for e in errors:
+                    if not isinstance(e, BackendError):
+                        raise e
+                if len(errors) < len(got):
+                    break
+                if self.clock() >= deadline:
+                    raise Unavailable(f"model '{name}': no replica answered metadata: {errors[-1]}")
+                await asyncio.sleep(0.2)
+            for r, info in zip(reps, got, strict=True):
+                if isinstance(info, BaseException):
+                    r.verified = False  # checked by the health loop once it answers
+                    continue
+                if m.info is None:
+                    m.info = info
+                else:
+                    check_signature(name, m.info.signature, info.signature, r.variant)
+                r.versions = versions_of(info)
+            self._sync_versions(name)
+        now = self.clock()
+        for m in self.models.values():
+            for r in m.served.replicas:
+                self.core.add_replica(replica_info(m.served, m.info.signature, r), now)  # type: ignore[union-attr]
+                self.metrics.of(self.metrics.healthy, m.served.name, r.id).set(1)
+        reps = list(self.replicas.values())  # a replica down at startup starts unhealthy
+        oks = await asyncio.gather(*(r.client.ready(r.variant) for r in reps), return_exceptions=True)
+        for r, ok in zip(reps, oks, strict=True):
+            if ok is not True or not r.verified:
+                self.set_health(r, False, self.clock())
+        self.started = True
+
+    async def close(self) -> None:
+        """Close every replica client."""
+        for c in list(self._clients.values()):
+            await c.close()
 
     def model(self, name: str, version: str = "") -> Model:
         """The served model ``name`` at ``version`` ("": its default); :class:`ModelNotFound`
@@ -222,20 +297,18 @@ class Fleet:
         self.metrics.of(self.metrics.healthy, model.name, replica.id).set(1)
         log.info("replica %s of model '%s' (variant %s) added", replica.id, model.name, replica.variant)
         if not ready:
-            self._set_health(rep, False, now)
+            self.set_health(rep, False, now)
         self._poll()
         if made and shared is not client:
             await client.close()
 
-    async def remove_replica(self, replica_id: str, timeout: float = 30.0, keep_model: bool = False) -> bool:
+    async def remove_replica(self, replica_id: str, timeout: float = 30.0, keep_model: bool = False) -> Removal:
         """Drain the replica (no new batch goes there; its variant's queue moves to another
         variant when it was the last), wait up to ``timeout`` real seconds until nothing is in
-        flight on it, then remove it. True when it drained in time; otherwise it is removed
-        anyway and its requests in flight fail (Unavailable). Requests the core hands back are
-        submitted again; when the model has no replica left it is no longer served and they
-        are answered Unavailable, unless ``keep_model``: then the model stays addressable with
-        no replica (its requests are refused ``no_replica`` until one is added, as while every
-        replica is down). KeyError for a replica not served."""
+        flight on it, then remove it from the core and the fleet, anyway. When the model has
+        no replica left it is no longer served, unless ``keep_model``: then it stays
+        addressable with no replica. KeyError for a replica not served. Its client stays open
+        until :meth:`release` (the driver answers the handed-back requests first)."""
         rep = self.replicas.get(replica_id)
         if rep is None or rep.removing:
             raise KeyError(f"replica '{replica_id}' is not served (or is already being removed)")
@@ -244,8 +317,8 @@ class Fleet:
         self._poll()  # a moved queue goes out now
         drained = await self._idle(rep, timeout)
         now = self.clock()
-        stuck = {r.id for st in self.core.replicas() if st.info.id == replica_id
-                 for b in st.inflight for r in b.requests}
+        stuck = frozenset(r.id for st in self.core.replicas() if st.info.id == replica_id
+                          for b in st.inflight for r in b.requests)
         back = self.core.remove_replica(replica_id, now)
         del self.replicas[replica_id]
         self.metrics.forget(rep.model, rep.id)
@@ -256,29 +329,13 @@ class Fleet:
             del self.models[rep.model]
         else:
             self._sync_versions(rep.model)
-        for r in back:
-            p = self._pending.get(r.id)
-            if p is None:
-                continue
-            if r.id in stuck:
-                self._fail(p, Unavailable(f"replica {replica_id} was removed with the request in flight"))
-            elif gone:
-                self._fail(p, Unavailable(f"model '{rep.model}' is no longer served"))
-            elif (rj := self.core.submit(r, now)) is not None:
-                self._pending.pop(r.id, None)
-                self.metrics.of(self.metrics.rejections, r.model, rj.reason).inc()
-                if not p.future.done():
-                    p.future.set_exception(rejection(rj.message, rj.reason, rj.retry_after))
-        if gone:  # nothing should be left; never strand a future
-            for p in [p for p in self._pending.values() if p.request.model == rep.model]:
-                self._fail(p, Unavailable(f"model '{rep.model}' is no longer served"))
-        log.info("replica %s of model '%s' removed (%s)", replica_id, rep.model,
-                 "drained" if drained else f"not drained within {timeout:g} s")
-        self._poll()
+        return Removal(rep, drained, back, stuck, gone, now)
+
+    async def release(self, rep: Replica) -> None:
+        """Close a removed replica's client unless another replica still uses it."""
         if not any(r.client is rep.client for r in self.replicas.values()):
             self._clients.pop(rep.key, None)
             await rep.client.close()
-        return drained
 
     async def _idle(self, rep: Replica, timeout: float) -> bool:
         """Wait until the core shows no batch in flight on ``rep``; False after ``timeout``
@@ -317,7 +374,8 @@ class Fleet:
 
     # ------------------------------------------------------------------ health
 
-    def _set_health(self, rep: Replica, healthy: bool, now: float) -> None:
+    def set_health(self, rep: Replica, healthy: bool, now: float) -> None:
+        """Mark ``rep`` healthy or not, and tell the core (a removed replica is left alone)."""
         if rep.healthy == healthy or self.replicas.get(rep.id) is not rep:  # unchanged, or removed
             return
         rep.healthy = healthy
@@ -325,14 +383,9 @@ class Fleet:
         self.metrics.of(self.metrics.healthy, rep.model, rep.id).set(int(healthy))
         self.core.set_healthy(rep.id, healthy, now)
 
-    async def _lag_loop(self, period: float = 0.05) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            t = loop.time()
-            await asyncio.sleep(period)
-            self.metrics.loop_lag.observe(max(0.0, loop.time() - t - period))
-
-    async def _health_loop(self) -> None:
+    async def health_loop(self) -> None:
+        """Probe every replica each ``health_interval``: one flipping health is told to the
+        core, and one whose metadata was not known serves once its signature matches."""
         while True:
             await asyncio.sleep(self.health_interval)
             reps = list(self.replicas.values())
@@ -348,7 +401,7 @@ class Fleet:
                 if self.replicas.get(r.id) is not r:
                     continue  # removed meanwhile
                 if ok != r.healthy:
-                    self._set_health(r, ok, self.clock())
+                    self.set_health(r, ok, self.clock())
                     changed = True
             if changed:
                 self._poll()

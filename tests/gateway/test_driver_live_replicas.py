@@ -118,7 +118,7 @@ def test_adding_a_variant_then_removing_the_old_one_under_load_answers_every_req
         by = Counter((r.replica, r.variant) for r in results)
         assert by[("r0", "v")] > 0 and by[("r1", "v2")] > 0 and set(by) == {("r0", "v"), ("r1", "v2")}
         assert len(fakes["host:9000"].calls) == sent_to_old
-        assert d.replica_ids() == {"m": ["r1"]} and fakes["host:9000"].closed
+        assert d.fleet.replica_ids() == {"m": ["r1"]} and fakes["host:9000"].closed
         assert not d._pending  # noqa: SLF001  (the invariant under test: nothing left behind)
         await d.stop()
 
@@ -145,7 +145,7 @@ def test_removing_a_replica_waits_for_its_batch_in_flight():
         assert (await first).replica == "r0"
         await settle()
         assert removal.done() and removal.result() is True  # at once, not at its timeout
-        assert d.replica_ids() == {"m": ["r1"]} and old.closed
+        assert d.fleet.replica_ids() == {"m": ["r1"]} and old.closed
         assert 'replica="r0"' not in d.render_metrics().decode()  # its series are gone
         fakes["host:9001"].release()
         assert (await second).replica == "r1"
@@ -192,7 +192,7 @@ def test_a_variant_with_another_signature_is_refused_and_serving_goes_on(sig, di
         with pytest.raises(ConfigError) as e:
             await d.add_replica(MODEL, served("r1", 9001, variant="v2"))
         assert str(e.value) == f"model 'm': variant 'v2' has {differs}"
-        assert d.replica_ids() == {"m": ["r0"]} and fakes["host:9001"].closed
+        assert d.fleet.replica_ids() == {"m": ["r0"]} and fakes["host:9001"].closed
         assert (await d.infer("m", request([1, 1]))).replica == "r0"
         with pytest.raises(ConfigError, match="'r0' is already served"):
             await d.add_replica(MODEL, served("r0", 9000))
@@ -244,7 +244,7 @@ def test_a_new_model_is_served_live_and_goes_with_its_last_replica():
         with pytest.raises(ModelNotFound):
             d.model("m2")
         await d.add_replica(ServedModel("m2", 1.0, 8, Priority.GUARANTEED, ()), served("s0", 9100, "w"))
-        assert d.replica_ids() == {"m": ["r0"], "m2": ["s0"]} and d.model_ready("m2")
+        assert d.fleet.replica_ids() == {"m": ["r0"], "m2": ["s0"]} and d.model_ready("m2")
         tasks = [asyncio.create_task(d.infer("m2", request([i, i]))) for i in range(3)]
         await settle()
         assert fakes["host:9100"].calls == [("w", 1)]  # one in flight, two queued
@@ -258,7 +258,7 @@ def test_a_new_model_is_served_live_and_goes_with_its_last_replica():
         assert all(isinstance(r, Rejected) and r.reason == "no_replica" for r in queued), queued
         with pytest.raises(ModelNotFound):
             await d.infer("m2", request([3, 3]))
-        assert d.replica_ids() == {"m": ["r0"]} and not d._pending  # noqa: SLF001
+        assert d.fleet.replica_ids() == {"m": ["r0"]} and not d._pending  # noqa: SLF001
         await d.stop()
 
     run(main())

@@ -15,7 +15,7 @@ from tests.gateway.test_gateway_driver import Clock, make_driver, request, run, 
 
 
 def stats_of(d, model: str = "m", version: str = "") -> dict[tuple[str, str], pb.ModelStatistics]:  # noqa: ANN001
-    info = ServerInfo([model], default_version=d.default_version, stats=d.stats)
+    info = ServerInfo([model], default_version=d.fleet.default_version, stats=d.stats)
     return {(s.name, s.version): s for s in info.statistics(model, version).model_stats}
 
 
