@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from loadgen import report
 from loadgen.arrivals import TraceError
 from loadgen.clients import LoadError
+from loadgen.describe import validation_message
 from loadgen.live import LiveWindow
 from loadgen.payload import PayloadError
 from loadgen.record import run_record
@@ -68,25 +69,6 @@ low p50 means a busy host delayed it at times (--realtime sends under SCHED_RR).
 Exit codes: 0 done, 1 target unreachable or unusable, 2 bad arguments, 3 search found no rate.
 """
 
-FLAGS = {  # LoadSpec field -> CLI flag, for error messages
-    "duration_s": "--duration",
-    "warmup_s": "--warmup",
-    "request_timeout_s": "--request-timeout",
-    "window_s": "--window",
-    "trace_models": "--trace-models",
-    "time_scale": "--time-scale",
-    "rate_scale": "--rate-scale",
-    "trace_start_minute": "--trace-start-minute",
-    "input_file": "--input-file",
-    "input_dir": "--input-dir",
-    "http_client": "--http-client",
-    "slo_ms": "--slo-ms",
-    "lag_warn_ms": "--lag-warn-ms",
-    "tls": "--ssl",
-    "model_keys": "--model-key",
-}
-
-
 def parse_input(text: str) -> InputSpec:
     """``NAME:SHAPE[:DTYPE]`` with SHAPE like ``-1x4`` or ``1,3,224,224``."""
     parts = text.split(":")
@@ -101,7 +83,7 @@ def parse_input(text: str) -> InputSpec:
             name=parts[0], shape=shape, datatype=parts[2] if len(parts) == 3 else "FP32"
         )
     except ValidationError as e:
-        raise argparse.ArgumentTypeError(f"bad --input {text!r}: {_pydantic_msg(e)}") from None
+        raise argparse.ArgumentTypeError(f"bad --input {text!r}: {validation_message(e)}") from None
 
 
 def register(subparsers: Any) -> None:
@@ -257,17 +239,6 @@ def spec_from_args(a: argparse.Namespace) -> LoadSpec:
     return LoadSpec(**fields)
 
 
-def _pydantic_msg(e: ValidationError) -> str:
-    parts = []
-    for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"])
-        flag = FLAGS.get(loc, "--" + loc.replace("_", "-")) if loc else ""
-        msg = err["msg"].removeprefix("Value error, ")
-        val = f" = {err['input']!r}" if loc and not isinstance(err["input"], dict) else ""
-        parts.append(f"{flag}{val}: {msg}" if flag else msg)
-    return "; ".join(parts)
-
-
 def _fail(msg: str, code: int) -> int:
     print(f"headrace load: error: {msg}", file=sys.stderr)
     return code
@@ -286,7 +257,7 @@ def main(a: argparse.Namespace) -> int:
             raise ValueError(f"--trials = {a.trials}: need at least 1")
         return asyncio.run(_run(spec, a))
     except ValidationError as e:
-        return _fail(_pydantic_msg(e), 2)
+        return _fail(validation_message(e), 2)
     except (TraceError, PayloadError) as e:
         return _fail(str(e), 2)
     except LoadError as e:

@@ -35,6 +35,7 @@ from loadgen.clients import (
     probe_grpc,
     probe_http,
 )
+from loadgen.describe import arrival_name
 from loadgen.drivers import CLOSED_LOOP_NOTE, Progress, closed_loop, open_loop
 from loadgen.live import LiveMeter, LiveWindow
 from loadgen.record import run_record
@@ -400,7 +401,7 @@ def _result(spec: LoadSpec, rec: Recorder, duration: float, elapsed: float) -> L
         {
             "target": spec.target,
             "mode": spec.mode,
-            "arrival": _arrival(spec),
+            "arrival": arrival_name(spec),
             "rate": spec.rate if spec.mode == "open" and spec.arrival not in ("trace",) else None,
             "concurrency": spec.concurrency if spec.mode == "closed" else None,
             "processes": spec.processes,
@@ -413,17 +414,6 @@ def _result(spec: LoadSpec, rec: Recorder, duration: float, elapsed: float) -> L
         }
     )
     return LoadResult(spec, summary, rec, duration, elapsed, warnings)
-
-
-def _arrival(spec: LoadSpec) -> str | None:
-    """The arrival process as reports name it (with its CV where it has one)."""
-    if spec.mode != "open":
-        return None
-    if spec.arrival == "gamma":
-        return f"gamma cv={spec.cv:g}"
-    if spec.arrival == "trace" and spec.trace_cv != 1.0:
-        return f"trace cv={spec.trace_cv:g}"
-    return spec.arrival
 
 
 POOL_WARN_FRACTION = 0.1  # of the SLO (or, without one, of the latency p99)

@@ -31,7 +31,7 @@ from gateway.policy import SchedulerConfig
 from gateway.policy.batching import POLICIES
 from loadgen import report
 from loadgen.arrivals import TraceError
-from loadgen.cli import _pydantic_msg
+from loadgen.describe import validation_message
 from loadgen.sim.fleet import FleetError, flag_fleet, load_fleet, with_settings
 from loadgen.sim.run import SimOptions, run_sim
 from loadgen.sim.simulator import Fault, Slow
@@ -184,7 +184,7 @@ def run(a: argparse.Namespace) -> int:
                           a.processes)
         summary, rec = run_sim(fleet, spec, opts)
     except ValidationError as e:
-        return _fail(_pydantic_msg(e))
+        return _fail(validation_message(e))
     except (ConfigError, FleetError, SpecError, ProfileError, TraceError, ValueError, OSError) as e:
         return _fail(str(e))
     if a.quiet:

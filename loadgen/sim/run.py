@@ -28,8 +28,8 @@ import numpy as np
 from gateway.policy import EdfScheduler
 from gateway.policy.types import Priority, Request
 from loadgen.arrivals import Schedule
+from loadgen.describe import arrival_name
 from loadgen.record import run_record
-from loadgen.run import _arrival
 from loadgen.sim.fleet import SimFleet
 from loadgen.sim.simulator import Fault, Simulator, Slow
 from loadgen.spec import LoadSpec
@@ -218,7 +218,7 @@ def run_sim(fleet: SimFleet, spec: LoadSpec, opts: SimOptions, extra: dict[str, 
     summary.update({
         "target": f"sim: {fleet.source}",
         "mode": "open",
-        "arrival": _arrival(spec),
+        "arrival": arrival_name(spec),
         "rate": spec.rate if spec.arrival != "trace" else None,
         "concurrency": None,
         "processes": max(workers, 1),
