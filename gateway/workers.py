@@ -38,13 +38,13 @@ import yaml
 
 from gateway.app import check_bindable
 from gateway.config import (
-    ConfigError,
     GatewayConfig,
     load_config,
     parse_config,
     resolve,
     with_ports,
 )
+from gateway.errors import ConfigError
 from gateway.partition import Partition, partition
 from profiles.schema import ListenAddress
 from profiles.triton.process import stop_group

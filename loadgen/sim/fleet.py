@@ -21,7 +21,6 @@ from typing import Any
 import yaml
 
 from gateway.config import (
-    ConfigError,
     ServedModel,
     ServedReplica,
     load_config,
@@ -29,6 +28,7 @@ from gateway.config import (
     resolve,
     scheduler_config,
 )
+from gateway.errors import ConfigError
 from gateway.policy.config import SchedulerConfig
 from gateway.policy.types import Priority, ReplicaInfo
 from loadgen.sim.simulator import SimReplica
