@@ -44,8 +44,9 @@ from bench.overhead_features import (
     pct,
     start_features,
 )
+from deploy.gateway_process import start_serve
 from profiles.profile import LatencyPoint, Profile, Provenance, save_profiles
-from profiles.triton.process import exit_on_sigterm, start_serve, stop_group
+from profiles.triton.process import exit_on_sigterm, stop_group
 from profiles.triton.repository import ModelConfig, TensorSpec, write_model
 from profiles.triton.server import TritonServer, free_port
 

@@ -54,6 +54,7 @@ import yaml
 from bench.gateway_slo import wait_idle
 from bench.host import cpu_times, steal_share
 from bench.output import write_results
+from deploy.gateway_process import start_serve
 from loadgen.run import run_load
 from loadgen.sim.fleet import load_fleet
 from loadgen.sim.run import SimOptions, run_sim
@@ -62,7 +63,7 @@ from placement.apply.render import Endpoint, replica_profile
 from placement.solve.capacity import replica_capacity
 from profiles.emulator import EmulatedGpu, write_emulated_model
 from profiles.profile import Profile, ProfileSet, save_profiles
-from profiles.triton.process import exit_on_sigterm, start_serve, stop_group
+from profiles.triton.process import exit_on_sigterm, stop_group
 from profiles.triton.server import TritonServer, free_port
 
 RESULTS = Path(__file__).parent / "results"

@@ -54,12 +54,13 @@ from bench.variants_step import (
     triton_delta,
     triton_stats,
 )
+from deploy.gateway_process import start_serve
 from loadgen.run import run_load
 from loadgen.spec import LoadSpec
 from placement.solve.capacity import replica_capacity
 from profiles.emulator import write_emulated_model
 from profiles.profile import Profile, ProfileSet, save_profiles
-from profiles.triton.process import exit_on_sigterm, start_serve, stop_group
+from profiles.triton.process import exit_on_sigterm, stop_group
 from profiles.triton.server import TritonServer, free_port
 
 RESULTS = Path(__file__).parent / "results"

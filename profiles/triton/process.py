@@ -1,6 +1,6 @@
-"""Child processes headrace starts (tritonserver, ``headrace serve``): readiness over KServe v2
-HTTP and stopping a whole process group. One definition for the launcher, the demo and the
-benchmarks; every process is stopped by its group id, never by name."""
+"""Child processes headrace starts (tritonserver, the gateway): readiness over KServe v2 HTTP and
+stopping a whole process group. One definition for the launcher, the demo and the benchmarks;
+every process is stopped by its group id, never by name."""
 
 from __future__ import annotations
 
@@ -8,12 +8,9 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
-from pathlib import Path
 
 
 def http_ready(hostport: str, timeout: float = 1.0) -> bool:
@@ -65,22 +62,3 @@ def stop_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float =
         except ProcessLookupError:
             return
         time.sleep(0.02)
-
-
-def start_serve(cfg_path: Path, http: str, log_path: Path, *, prefix: Sequence[str] = (),
-                timeout: float = 60.0) -> subprocess.Popen:
-    """``headrace serve --config cfg_path`` in a process group of its own, its output in
-    ``log_path``; returns once it is ready on ``http`` (``host:port``). If it exits or is not
-    ready in time it is stopped and ``RuntimeError`` says why, with the log's tail. ``prefix``
-    goes between the interpreter and ``-m deploy.cli`` (e.g. a profiler's ``-m pyinstrument ...``).
-    Stop it with :func:`stop_group`."""
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, *prefix, "-m", "deploy.cli", "serve", "--config", str(cfg_path), "--log-level", "WARNING"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    why = wait_http_ready(http, proc, timeout)
-    if why is not None:
-        stop_group(proc)
-        raise RuntimeError(f"the gateway {why}; gateway log:\n{log_path.read_text(errors='replace')[-4000:]}")
-    return proc

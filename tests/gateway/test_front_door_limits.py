@@ -23,13 +23,14 @@ import pytest
 import uvloop
 import yaml
 
+from deploy.gateway_process import start_serve
 from gateway.codec import parse_http_infer
 from gateway.errors import InvalidRequest
 from gateway.frontdoor.http import HttpFrontDoor
 from gateway.frontdoor.httpserver import HttpRequest, HttpResponse, HttpServer, Later
 from profiles.profile import save_profiles
 from profiles.schema import LimitsSpec
-from profiles.triton.process import http_ready, start_serve, stop_group
+from profiles.triton.process import http_ready, stop_group
 from profiles.triton.server import TritonServer, free_port
 from tests.gateway.test_gateway_faults import slow_profile, write_replica
 
