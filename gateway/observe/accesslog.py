@@ -42,8 +42,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TextIO
+from typing import Any, Literal, Protocol, TextIO
 
+FrontDoor = Literal["http", "grpc"]  # the front door a request came in through
 CANCELLED_HTTP = 499  # the client closed the connection before its answer (nginx's convention)
 _FLUSH_BYTES = 64 << 10
 
@@ -94,7 +95,7 @@ class AccessLog:
         except OSError as e:
             raise OSError(f"access_log.path: cannot open {spec.path!r}: {e.strerror}") from None
 
-    def answered(self, protocol: str, model: str | None, status: int | str, ok: bool, total_s: float, *,
+    def answered(self, protocol: FrontDoor, model: str | None, status: int | str, ok: bool, total_s: float, *,
                  version: str | None = None, variant: str | None = None, queue_s: float | None = None,
                  rows: int | None = None, reason: str | None = None, request_id: str | None = None,
                  tenant: str | None = None) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from gateway.errors import REASON_HEADER
-from gateway.observe.accesslog import CANCELLED_HTTP, AccessLog, rows_of
+from gateway.observe.accesslog import CANCELLED_HTTP, AccessLog, FrontDoor, rows_of
 
 if TYPE_CHECKING:
     from gateway.codec import InferInput
@@ -40,7 +40,7 @@ class Observer:
         """None when both are off: the front doors then observe nothing."""
         return None if access_log is None and tracing is None else cls(access_log, tracing, clock)
 
-    def request(self, protocol: str, model: str | None, version: str, carrier: Mapping[str, str],
+    def request(self, protocol: FrontDoor, model: str | None, version: str, carrier: Mapping[str, str],
                 received: float | None = None) -> Seen:
         """A request arriving now (read at ``received``, the door's clock; default now).
         ``carrier``: its headers / metadata, names lower-case (traceparent, x-request-id)."""
@@ -91,7 +91,7 @@ class Seen:
     __slots__ = ("_obs", "protocol", "model", "version", "received", "trace", "request_id", "tenant", "rows",
                  "_done")
 
-    def __init__(self, obs: Observer, protocol: str, model: str | None, version: str, received: float,
+    def __init__(self, obs: Observer, protocol: FrontDoor, model: str | None, version: str, received: float,
                  trace: RequestTrace | None, request_id: str | None) -> None:
         self._obs = obs
         self.protocol = protocol

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import grpc
 
 from gateway.errors import ConfigError
+from gateway.observe.accesslog import FrontDoor
 
 if TYPE_CHECKING:  # the SDK is imported only when tracing is turned on
     from opentelemetry.context import Context
@@ -116,7 +117,7 @@ class Tracing:
         self.propagator = TraceContextTextMapPropagator()
         self._memory = memory
 
-    def request(self, protocol: str, model: str, carrier: Mapping[str, str], received_ago_s: float = 0.0,
+    def request(self, protocol: FrontDoor, model: str, carrier: Mapping[str, str], received_ago_s: float = 0.0,
                 version: str = "") -> RequestTrace:
         """A request's server span, child of the ``traceparent`` in ``carrier`` (HTTP headers
         with lower-case names, or gRPC metadata as a dict), started ``received_ago_s`` ago."""

@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 from gateway.policy.selector import Level, VariantInfo, candidate_order
-from gateway.policy.types import Priority, Request
+from gateway.policy.types import Objective, Priority, Request
 
 
 def destination(request: Request, variants: Sequence[VariantInfo], level: Level,
                 fits: Callable[[str], bool], plan: Callable[[str], float] | None,
-                objective: str = "accuracy") -> str | None:
+                objective: Objective = "accuracy") -> str | None:
     """The variant ``request`` moves to, or None. ``fits(v)``: its rows fit a replica of ``v``;
     ``plan(v)``: its predicted finish if it joins ``v`` (None: the policy ignores deadlines,
     the first candidate that fits takes it)."""
@@ -40,7 +40,7 @@ def destination(request: Request, variants: Sequence[VariantInfo], level: Level,
 
 def relocate(requests: Iterable[Request], variants: Sequence[VariantInfo], level: Level, *,
              fits: Callable[[str, Request], bool], plan: Callable[[str, Request], float] | None,
-             push: Callable[[str, Request], None], objective: str = "accuracy") -> list[Request]:
+             push: Callable[[str, Request], None], objective: Objective = "accuracy") -> list[Request]:
     """``push`` each request, in the given order, to its :func:`destination` (so each plan
     counts the requests moved before it); return those without one."""
     left = []

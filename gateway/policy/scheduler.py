@@ -77,6 +77,7 @@ from gateway.policy.sequencing import SequenceScheduling
 from gateway.policy.types import (
     Batch,
     Decision,
+    Objective,
     Priority,
     Reject,
     RejectReason,
@@ -119,7 +120,7 @@ class _Model:
     rate: RateEstimator
     groups: dict[str, _Group] = field(default_factory=dict)
     level: Level = field(default_factory=Level)
-    objective: str = "accuracy"  # the order allowed variants are tried in (see selector)
+    objective: Objective = "accuracy"  # the order allowed variants are tried in (see selector)
     moved: int = 0  # queued requests moved to another variant that could still make their deadline
     downgrades: int = 0  # level moves to cheaper variants under load
     upgrades: int = 0  # and back
@@ -483,7 +484,7 @@ class EdfScheduler(SequenceScheduling):
         self._pending.pop(r.id, None)
         self._retried.discard(r.id)
 
-    def _reject(self, r: Request, reason: str, retry_after: float, message: str) -> Reject:
+    def _reject(self, r: Request, reason: RejectReason, retry_after: float, message: str) -> Reject:
         self._forget(r)
         return Reject(r, reason, retry_after, message)
 

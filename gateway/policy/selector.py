@@ -38,7 +38,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gateway.policy.types import Request
+from gateway.policy.types import Objective, Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +76,7 @@ def allows(v: VariantInfo, floor: float | None, max_cost: float | None, pin: str
 
 
 def candidate_order(variants: Sequence[VariantInfo], floor: float | None, level: Level, *,
-                    objective: str = "accuracy", max_cost: float | None = None, pin: str | None = None,
+                    objective: Objective = "accuracy", max_cost: float | None = None, pin: str | None = None,
                     cheapest: bool = False) -> list[str]:
     """The allowed variants (:func:`allows`), in the order a request tries them: cheapest
     first under the ``cost`` objective or with ``cheapest`` (best-effort); else from the
@@ -89,7 +89,7 @@ def candidate_order(variants: Sequence[VariantInfo], floor: float | None, level:
     return [v.name for v in ok[skip:] + ok[:skip][::-1]]
 
 
-def fallback_spare(order: Sequence[str], alone: Callable[[str], float], *, objective: str = "accuracy",
+def fallback_spare(order: Sequence[str], alone: Callable[[str], float], *, objective: Objective = "accuracy",
                    cheapest: bool = False) -> list[float]:
     """Per variant of ``order`` (a request's candidates), the seconds it must finish the request
     before its deadline: under ``accuracy``, the least ``alone(w)`` (a lone request's predicted

@@ -22,10 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from enum import IntEnum
-from typing import Protocol
+from enum import IntEnum, StrEnum
+from typing import Literal, Protocol
 
 from profiles.profile import Profile
+
+Objective = Literal["accuracy", "cost"]  # a served model's: most accurate first, or cheapest
 
 
 class Priority(IntEnum):
@@ -70,7 +72,7 @@ class ReplicaInfo:
     # the host's): a variant's cost per answer is its profile's seconds per row at full batches
     # times this price; None: unknown
     price_per_hour: float | None = None
-    objective: str = "accuracy"  # the served model's objective: "accuracy" or "cost"
+    objective: Objective = "accuracy"  # the order its variants are tried in (gateway.policy.selector)
 
 
 @dataclass(slots=True)
@@ -89,18 +91,24 @@ class Batch:
         return n
 
 
-class RejectReason(str):
+class RejectReason(StrEnum):
+    """Why a request was answered without running. Each member is its value's string wherever
+    it is read: metrics labels, the reason header, JSON reports, and the records' repr that the
+    identity digests hash (hence ``__repr__``)."""
+
     INFEASIBLE = "infeasible"  # cannot finish in time even alone on the best replica
     EXPIRED = "expired"  # became infeasible while queued
     SHED = "shed"  # best-effort work shed to protect guaranteed traffic
     NO_REPLICA = "no_replica"  # no healthy replica serves the model
     FAILED = "failed"  # its batch failed and no retry can still make the deadline
 
+    __repr__ = str.__repr__
+
 
 @dataclass(slots=True)
 class Reject:
     request: Request
-    reason: str  # one of RejectReason's values
+    reason: RejectReason
     retry_after: float  # seconds the client should wait before retrying
     message: str = ""
 
