@@ -1,5 +1,8 @@
-"""Domain errors of the gateway. Handlers map them to HTTP statuses / gRPC codes at the edge,
-and only there (see :func:`http_status` and :func:`grpc_code`)."""
+"""Domain errors of the gateway. Each names the answer it becomes (its ``http_status`` and
+``grpc_code``); the front doors map them at the edge, and only there:
+:func:`gateway.frontdoor.http._error` (the HTTP error response) and
+:func:`gateway.frontdoor.grpc._abort` (the gRPC abort), each adding a refusal's reason and
+``Retry-After``."""
 
 from __future__ import annotations
 
