@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from placement.apply.executors import ExecutorError
+from placement.apply.executors import ExecutorError, apply_step
 from placement.apply.render import Endpoint
 from placement.diff import PlanDiff, Step, diff
 from placement.plan import Plan
@@ -59,19 +59,24 @@ class Emulated:
         return self.gpus[gpu_id]
 
     def run(self, st: Step) -> None:
-        if st.action == "start_replica":
-            self._start(st)
-        elif st.action == "stop_replica":
-            srv = self.servers.pop(st.replica_id, None)
-            self.endpoints.pop(st.replica_id, None)
-            if srv is not None:
-                srv.__exit__(None, None, None)
-        # MIG and MPS set-up steps need nothing here: the arbiter enforces slices and shares
+        """Apply one step (:data:`placement.apply.executors.STEP_HANDLERS`)."""
+        apply_step(self, st)
+
+    def _nothing(self, st: Step) -> None:
+        """MIG and MPS set-up steps need nothing here: the arbiter enforces slices and shares."""
+
+    enable_mig = disable_mig = create_slice = destroy_slice = start_mps = stop_mps = _nothing
+
+    def stop_replica(self, st: Step) -> None:
+        srv = self.servers.pop(st.replica_id, None)
+        self.endpoints.pop(st.replica_id, None)
+        if srv is not None:
+            srv.__exit__(None, None, None)
 
     def repo_dir(self, replica_id: str) -> Path:
         return self.workdir / replica_id.replace("/", "_").replace("@", "-").replace("#", "-")
 
-    def _start(self, st: Step) -> None:
+    def start_replica(self, st: Step) -> None:
         s, r = st.slice, st.replica
         if s is None or r is None:
             raise ExecutorError(f"{st.describe()}: needs a slice and a replica")

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from placement.apply.gpu_repository import gpu_model, write_gpu_model
-from placement.diff import PlanDiff, Step, diff
+from placement.diff import Action, PlanDiff, Step, diff
 from placement.plan import Plan, SlicePlan
 from profiles.catalogue import gpu_model as catalogue_gpu
 from profiles.triton.process import http_ready, stop_group
@@ -139,6 +139,29 @@ def replica_argv(replica_id: str, http_port: int, grpc_port: int, repo_root: str
 
 class Executor(Protocol):
     def apply(self, plan_or_diff: Plan | PlanDiff) -> Any: ...
+
+
+# every step kind and the executor method that applies it: DryRun, Nvml and Emulated each have
+# one method per entry and dispatch through apply_step, so a new kind is added here (and to
+# placement.diff.Action) and each executor then lacks just its method
+STEP_HANDLERS: dict[Action, str] = {
+    "enable_mig": "enable_mig",
+    "create_slice": "create_slice",
+    "start_mps": "start_mps",
+    "start_replica": "start_replica",
+    "stop_replica": "stop_replica",
+    "stop_mps": "stop_mps",
+    "destroy_slice": "destroy_slice",
+    "disable_mig": "disable_mig",
+}
+
+
+def apply_step(executor: object, st: Step) -> Any:
+    """Apply ``st`` with ``executor``'s method for its kind (:data:`STEP_HANDLERS`)."""
+    name = STEP_HANDLERS.get(st.action)
+    if name is None:
+        raise ExecutorError(f"{st.describe()}: unknown step kind {st.action!r}; known: {', '.join(STEP_HANDLERS)}")
+    return getattr(executor, name)(st)
 
 
 def _slice_of(st: Step) -> SlicePlan:
@@ -277,42 +300,48 @@ class DryRun:
 
     # ------------------------------------------------------------------ steps
     def commands_for(self, st: Step) -> list[Command]:
-        i = str(gpu_index(st.gpu))
-        smi = ("nvidia-smi", "mig", "-i", i)
-        if st.action == "enable_mig":
-            return [Command(("nvidia-smi", "-i", i, "-mig", "1"))]
-        if st.action == "disable_mig":
-            return [Command(("nvidia-smi", "-i", i, "-mig", "0"))]
-        s = _slice_of(st)
-        if st.action == "create_slice":
-            gi, ci = f"GI_{i}_{s.start}", f"CI_{i}_{s.start}"
-            self._define(st, gi)
-            self._define(st, ci)
-            out = f"CREATED_{i}_{s.start}"
-            return [Command((*smi, "-cgi", f"{s.profile}:{s.start}", "-C"), capture=out),
-                    Command(("echo", f"${out}"), capture=gi, parse=CREATED_GI),
-                    Command(("echo", f"${out}"), capture=ci, parse=CREATED_CI),
-                    Command(("test", "-n", f"${gi}"))]
-        if st.action == "destroy_slice":
-            pre, gi, ci = self._instance_ids(st, s)
-            self._vars[node_of(st.gpu)] -= {gi, ci}
-            return pre + [Command((*smi, "-dci", "-gi", f"${gi}", "-ci", f"${ci}")),
-                          Command((*smi, "-dgi", "-gi", f"${gi}"))]
-        pipe, log = mps_dirs(st.gpu, s)
-        if st.action == "start_mps":
-            pre, dev = self.device(st)
-            env = (("CUDA_VISIBLE_DEVICES", dev), ("CUDA_MPS_PIPE_DIRECTORY", pipe), ("CUDA_MPS_LOG_DIRECTORY", log))
-            return pre + [Command(("mkdir", "-p", pipe, log)), Command(("nvidia-cuda-mps-control", "-d"), env)]
-        if st.action == "stop_mps":
-            env = (("CUDA_MPS_PIPE_DIRECTORY", pipe), ("CUDA_MPS_LOG_DIRECTORY", log))
-            return [Command(("nvidia-cuda-mps-control",), env, stdin="quit")]
-        if st.action == "start_replica":
-            return self._start_replica(st)
-        if st.action == "stop_replica":
-            return [Command((), script=stop_script(f"{self.run_dir}/{replica_dir(st.replica_id)}"))]
-        raise ExecutorError(f"unknown step {st.action}")
+        """The commands that apply ``st`` on its node."""
+        return apply_step(self, st)
 
-    def _start_replica(self, st: Step) -> list[Command]:
+    def enable_mig(self, st: Step) -> list[Command]:
+        return [Command(("nvidia-smi", "-i", str(gpu_index(st.gpu)), "-mig", "1"))]
+
+    def disable_mig(self, st: Step) -> list[Command]:
+        return [Command(("nvidia-smi", "-i", str(gpu_index(st.gpu)), "-mig", "0"))]
+
+    def create_slice(self, st: Step) -> list[Command]:
+        i, s = str(gpu_index(st.gpu)), _slice_of(st)
+        gi, ci = f"GI_{i}_{s.start}", f"CI_{i}_{s.start}"
+        self._define(st, gi)
+        self._define(st, ci)
+        out = f"CREATED_{i}_{s.start}"
+        return [Command(("nvidia-smi", "mig", "-i", i, "-cgi", f"{s.profile}:{s.start}", "-C"), capture=out),
+                Command(("echo", f"${out}"), capture=gi, parse=CREATED_GI),
+                Command(("echo", f"${out}"), capture=ci, parse=CREATED_CI),
+                Command(("test", "-n", f"${gi}"))]
+
+    def destroy_slice(self, st: Step) -> list[Command]:
+        smi = ("nvidia-smi", "mig", "-i", str(gpu_index(st.gpu)))
+        pre, gi, ci = self._instance_ids(st, _slice_of(st))
+        self._vars[node_of(st.gpu)] -= {gi, ci}
+        return pre + [Command((*smi, "-dci", "-gi", f"${gi}", "-ci", f"${ci}")),
+                      Command((*smi, "-dgi", "-gi", f"${gi}"))]
+
+    def start_mps(self, st: Step) -> list[Command]:
+        pipe, log = mps_dirs(st.gpu, _slice_of(st))
+        pre, dev = self.device(st)
+        env = (("CUDA_VISIBLE_DEVICES", dev), ("CUDA_MPS_PIPE_DIRECTORY", pipe), ("CUDA_MPS_LOG_DIRECTORY", log))
+        return pre + [Command(("mkdir", "-p", pipe, log)), Command(("nvidia-cuda-mps-control", "-d"), env)]
+
+    def stop_mps(self, st: Step) -> list[Command]:
+        pipe, log = mps_dirs(st.gpu, _slice_of(st))
+        env = (("CUDA_MPS_PIPE_DIRECTORY", pipe), ("CUDA_MPS_LOG_DIRECTORY", log))
+        return [Command(("nvidia-cuda-mps-control",), env, stdin="quit")]
+
+    def stop_replica(self, st: Step) -> list[Command]:
+        return [Command((), script=stop_script(f"{self.run_dir}/{replica_dir(st.replica_id)}"))]
+
+    def start_replica(self, st: Step) -> list[Command]:
         node = node_of(st.gpu)
         if st.replica_id not in self._ports:
             self._ports[st.replica_id] = self._next_port.get(node, self.base_port)
@@ -401,7 +430,7 @@ class Nvml:
     ready_timeout: float = 300.0
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
-    instances: dict[tuple[str, str], tuple[Any, Any]] = field(default_factory=dict)  # (gpu, slice) -> (GI, CI)
+    instances: dict[tuple[str, str], tuple[Any, tuple[Any, ...]]] = field(default_factory=dict)  # (gpu, slice) -> (GI, CIs)
     uuids: dict[tuple[str, str], str] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
@@ -435,32 +464,37 @@ class Nvml:
         return dict(self.uuids)
 
     def run(self, st: Step) -> None:
-        n = self._n()
-        if st.action in ("enable_mig", "disable_mig"):
-            mode = n.NVML_DEVICE_MIG_ENABLE if st.action == "enable_mig" else n.NVML_DEVICE_MIG_DISABLE
-            n.nvmlDeviceSetMigMode(self._dev(st.gpu), mode)
-            return
-        s = _slice_of(st)
+        """Apply one step (:data:`STEP_HANDLERS`)."""
+        apply_step(self, st)
+
+    def enable_mig(self, st: Step) -> None:
+        self._n().nvmlDeviceSetMigMode(self._dev(st.gpu), self._n().NVML_DEVICE_MIG_ENABLE)
+
+    def disable_mig(self, st: Step) -> None:
+        self._n().nvmlDeviceSetMigMode(self._dev(st.gpu), self._n().NVML_DEVICE_MIG_DISABLE)
+
+    def create_slice(self, st: Step) -> None:
+        n, s = self._n(), _slice_of(st)
         key = (st.gpu, s.label)
-        if st.action == "create_slice":
-            dev = self._dev(st.gpu)
-            prof = catalogue_gpu(st.gpu_model).profile(s.profile)
-            info = n.nvmlDeviceGetGpuInstanceProfileInfo(dev, getattr(n, prof.nvml_profile))
-            placement = n.c_nvmlGpuInstancePlacement_t()
-            placement.start, placement.size = s.start, prof.mem_slices
-            gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(dev, info.id, placement)
-            cih = n.nvmlGpuInstanceCreateComputeInstance(gi, self._ci_profile(gi, prof.compute).id)
-            self.instances[key] = (gi, cih)
-            # the driver numbers instances by placement: ask it which id this one got
-            self.uuids[key] = self._mig_uuid(dev, n.nvmlGpuInstanceGetInfo(gi).id)
-        elif st.action == "destroy_slice":
-            gi, cih = self.instances.pop(key, None) or self._find(st, s)
-            self.uuids.pop(key, None)
-            for c in cih:
-                n.nvmlComputeInstanceDestroy(c)
-            n.nvmlGpuInstanceDestroy(gi)
-        elif st.action in ("start_mps", "stop_mps", "start_replica", "stop_replica"):
-            self._process(st, key)
+        dev = self._dev(st.gpu)
+        prof = catalogue_gpu(st.gpu_model).profile(s.profile)
+        info = n.nvmlDeviceGetGpuInstanceProfileInfo(dev, getattr(n, prof.nvml_profile))
+        placement = n.c_nvmlGpuInstancePlacement_t()
+        placement.start, placement.size = s.start, prof.mem_slices
+        gi = n.nvmlDeviceCreateGpuInstanceWithPlacement(dev, info.id, placement)
+        cih = n.nvmlGpuInstanceCreateComputeInstance(gi, self._ci_profile(gi, prof.compute).id)
+        self.instances[key] = (gi, (cih,))
+        # the driver numbers instances by placement: ask it which id this one got
+        self.uuids[key] = self._mig_uuid(dev, n.nvmlGpuInstanceGetInfo(gi).id)
+
+    def destroy_slice(self, st: Step) -> None:
+        n, s = self._n(), _slice_of(st)
+        key = (st.gpu, s.label)
+        gi, cih = self.instances.pop(key, None) or self._find(st, s)
+        self.uuids.pop(key, None)
+        for c in cih:
+            n.nvmlComputeInstanceDestroy(c)
+        n.nvmlGpuInstanceDestroy(gi)
 
     def _ci_profile(self, gi: Any, compute: int) -> Any:
         n = self._n()
@@ -501,26 +535,28 @@ class Nvml:
         uuid = self._n().nvmlDeviceGetUUID(self._dev(st.gpu))
         return uuid.decode() if isinstance(uuid, bytes) else uuid
 
-    def _process(self, st: Step, key: tuple[str, str]) -> None:
+    def start_mps(self, st: Step) -> None:
+        s = _slice_of(st)
+        pipe, log = mps_dirs(st.gpu, s)
+        Path(pipe).mkdir(parents=True, exist_ok=True)
+        Path(log).mkdir(parents=True, exist_ok=True)
+        self.runner.start(f"mps:{st.gpu}:{s.label}", ("nvidia-cuda-mps-control", "-d"), {
+            "CUDA_VISIBLE_DEVICES": self._device(st, (st.gpu, s.label)), "CUDA_MPS_PIPE_DIRECTORY": pipe,
+            "CUDA_MPS_LOG_DIRECTORY": log})
+
+    def stop_mps(self, st: Step) -> None:
         s = _slice_of(st)
         pipe, log = mps_dirs(st.gpu, s)
         mps_key = f"mps:{st.gpu}:{s.label}"
-        if st.action == "start_mps":
-            Path(pipe).mkdir(parents=True, exist_ok=True)
-            Path(log).mkdir(parents=True, exist_ok=True)
-            self.runner.start(mps_key, ("nvidia-cuda-mps-control", "-d"), {
-                "CUDA_VISIBLE_DEVICES": self._device(st, key), "CUDA_MPS_PIPE_DIRECTORY": pipe,
-                "CUDA_MPS_LOG_DIRECTORY": log})
-        elif st.action == "stop_mps":
-            self.runner.start(mps_key + ":quit", ("nvidia-cuda-mps-control",),
-                              {"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": log}, stdin="quit")
-            self.runner.stop(mps_key)
-        elif st.action == "start_replica":
-            self._start_replica(st, key)
-        else:
-            self.runner.stop(st.replica_id)
+        self.runner.start(mps_key + ":quit", ("nvidia-cuda-mps-control",),
+                          {"CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_MPS_LOG_DIRECTORY": log}, stdin="quit")
+        self.runner.stop(mps_key)
 
-    def _start_replica(self, st: Step, key: tuple[str, str]) -> None:
+    def stop_replica(self, st: Step) -> None:
+        self.runner.stop(st.replica_id)
+
+    def start_replica(self, st: Step) -> None:
+        key = (st.gpu, _slice_of(st).label)
         port = self.ports.setdefault(st.replica_id, self.base_port + 2 * len(self.ports))
         src = _source(self.sources, st)
         if src is not None and st.replica is not None:

@@ -9,13 +9,16 @@ import os
 import shutil
 import subprocess
 import textwrap
+from dataclasses import replace
 from pathlib import Path
+from typing import get_args
 
 import pytest
 
-from placement.apply.executors import DryRun, ExecutorError, Nvml
+from placement.apply.emulated import Emulated
+from placement.apply.executors import STEP_HANDLERS, DryRun, ExecutorError, Nvml
 from placement.apply.gpu_repository import gpu_model, kind_gpu
-from placement.diff import diff
+from placement.diff import Action, diff
 from placement.plan import Demand, GpuClass, GpuPlan, Inventory, Plan, Replica, SlicePlan
 from profiles.profile import LatencyPoint, Profile, ProfileSet
 from profiles.triton.sources import VariantSource
@@ -351,3 +354,36 @@ def test_nvml_writes_the_gpu_repository_waits_for_ready_and_stops_a_server_that_
     with pytest.raises(ExecutorError, match="not ready after 5 s; stopped it"):
         never.apply(plan)
     assert runner.events[-1][:2] == ("stop", "n0/gpu1/3g.40gb@4/a")
+
+
+# ------------------------------------------------------------------ one dispatch of step kinds
+
+
+def test_every_step_kind_has_a_handler_in_the_table_and_in_every_executor():
+    assert set(STEP_HANDLERS) == set(get_args(Action))
+    for executor in (DryRun, Nvml, Emulated):
+        missing = [kind for kind, name in STEP_HANDLERS.items() if not callable(getattr(executor, name, None))]
+        assert not missing, f"{executor.__name__} has no handler for {missing}"
+
+
+def test_a_round_trip_through_every_step_kind_applies_on_dry_run_and_nvml(tmp_path):
+    mig = _one_gpu((SlicePlan("1g.10gb", 0, True, (_rep("b", .5), _rep("c", .25))),))
+    whole = _plan((GpuPlan("n0/gpu1", "A100-80GB", False, (SlicePlan("gpu", None, False, (_rep("b"),)),)),))
+    steps = [*diff(None, mig).steps, *diff(mig, whole).steps]
+    # NOTE: the two diffs walk every kind of step, so each executor applies each handler once at least
+    assert {st.action for st in steps} == set(get_args(Action))
+    dry = DryRun(run_dir=str(tmp_path / "run"))
+    for st in steps:
+        assert dry.commands_for(st), st.describe()
+    nv, runner = ScriptedNvml(), Runner()
+    ex = Nvml(nvml=nv, runner=runner, ready=lambda hp: True)
+    for st in steps:
+        ex.run(st)
+    assert nv.calls[0] == "mig 1 1" and nv.calls[-1] == "mig 1 0"
+    assert ("stop", "mps:n0/gpu1:1g.10gb@0", {}) in runner.events
+
+
+def test_a_step_of_an_unknown_kind_is_refused_naming_the_known_ones():
+    st = replace(diff(None, _one_gpu((SlicePlan("gpu", None, False, (_rep("b"),)),))).steps[0], action="reboot")
+    with pytest.raises(ExecutorError, match="unknown step kind 'reboot'; known: enable_mig"):
+        DryRun().commands_for(st)
