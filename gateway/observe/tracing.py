@@ -26,7 +26,7 @@ probability ``sample_ratio``. A request whose trace is not recorded gets only it
 (not recording); its Triton calls carry that span's context, unsampled, and a batch of such
 requests has no spans of its own. Spans of the ``otlp`` and ``console`` exporters leave from the
 SDK's batch processor thread, off the event loop; ``memory`` keeps them in the process
-(:meth:`Tracing.finished_spans`) for tests and embedding.
+(``Tracing.memory``, the SDK's in-memory exporter) for tests and embedding.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from gateway.observe.accesslog import FrontDoor
 
 if TYPE_CHECKING:  # the SDK is imported only when tracing is turned on
     from opentelemetry.context import Context
-    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
 
 Exporter = Literal["otlp", "console", "memory"]
@@ -115,7 +115,7 @@ class Tracing:
         self.provider = provider
         self.tracer: Tracer = provider.get_tracer("headrace.gateway")
         self.propagator = TraceContextTextMapPropagator()
-        self._memory = memory
+        self.memory = memory  # the in-process exporter (``memory``; else None): get_finished_spans()
 
     def request(self, protocol: FrontDoor, model: str, carrier: Mapping[str, str], received_ago_s: float = 0.0,
                 version: str = "") -> RequestTrace:
@@ -154,10 +154,6 @@ class Tracing:
         for r in recorded[1:]:  # the first is its parent
             r.span.add_link(ctx)
         return BatchTrace(self, span, trace.set_span_in_context(span, self._empty))
-
-    def finished_spans(self) -> list[ReadableSpan]:
-        """Spans ended so far, with the ``memory`` exporter (else [])."""
-        return list(self._memory.get_finished_spans()) if self._memory is not None else []
 
     def shutdown(self) -> None:
         """Export what is left and stop the exporter."""

@@ -54,20 +54,10 @@ def predict_finish(lanes: Sequence[Lane], rows_ahead: int, size: int) -> float:
         heapq.heapreplace(heap, (s + lane.latency(chunk), i))
 
 
-def plan_finishes(lanes: Sequence[Lane], sizes: Sequence[int]) -> list[float]:
-    """Predicted finish of each request of an EDF-ordered queue (``sizes`` in rows) when the
-    queue goes out in order, as many rows per batch as fit, on whichever replica starts first."""
-    if not lanes:
-        return [float("inf")] * len(sizes)
-    heap = [(ln.start, i) for i, ln in enumerate(lanes)]
-    heapq.heapify(heap)
-    return _finishes(lanes, heap, sizes)
-
-
 def pushes_late(lanes: Sequence[Lane], queue: Sequence[Request], idx: int, size: int, unit: bool) -> bool:
     """Whether a request of ``size`` rows joining the EDF-ordered ``queue`` at ``idx`` pushes a
-    queued request that :func:`plan_finishes` finishes in time past its deadline. ``unit``: every
-    queued request is one row.
+    queued request that the whole plan (:func:`finishes_from`) finishes in time past its
+    deadline. ``unit``: every queued request is one row.
 
     The plans with and without it form the same batches up to the first that would reach
     ``idx``; only the rest is planned, twice."""
@@ -88,15 +78,15 @@ def pushes_late(lanes: Sequence[Lane], queue: Sequence[Request], idx: int, size:
             while end < n and rows + sizes[end] <= lane.max_batch:
                 rows += sizes[end]
                 end += 1
-            if rows == 0:  # too large for this replica: plan_finishes skips it there
+            if rows == 0:  # too large for this replica: the whole plan skips it there
                 end = k + 1
         if end >= idx:
             break
         heapq.heapreplace(heap, (s + lane.latency(rows) if rows else s, i))
         k = end
     tail = [1] * (n - k) if unit else sizes[k:]
-    before = _finishes(lanes, list(heap), tail)
-    after = _finishes(lanes, heap, [*tail[:idx - k], size, *tail[idx - k:]])
+    before = finishes_from(lanes, list(heap), tail)
+    after = finishes_from(lanes, heap, [*tail[:idx - k], size, *tail[idx - k:]])
     for j in range(k, n):
         a = after[j - k] if j < idx else after[j - k + 1]
         if before[j - k] <= queue[j].deadline < a:
@@ -104,8 +94,10 @@ def pushes_late(lanes: Sequence[Lane], queue: Sequence[Request], idx: int, size:
     return False
 
 
-def _finishes(lanes: Sequence[Lane], heap: list[tuple[float, int]], sizes: Sequence[int]) -> list[float]:
-    """:func:`plan_finishes` from lanes free at the times in ``heap`` (which it uses up)."""
+def finishes_from(lanes: Sequence[Lane], heap: list[tuple[float, int]], sizes: Sequence[int]) -> list[float]:
+    """Predicted finish of each request of an EDF-ordered queue (``sizes`` in rows) when the
+    queue goes out in order, as many rows per batch as fit, on whichever lane is free first;
+    ``heap`` holds each lane's (free at, index), and is used up."""
     out = [float("inf")] * len(sizes)
     k = 0
     while k < len(sizes):

@@ -21,7 +21,7 @@ from typing import Any, Literal, NamedTuple
 import numpy as np
 
 from gateway.policy.types import Batch, Decision, Priority, ReplicaInfo, Request, SchedulerCore
-from loadgen.stats import OK, QUEUED_REASONS, Recorder, refusal
+from loadgen.stats import QUEUED_REASONS
 from profiles.profile import Quantile
 from profiles.sharing import ActiveJob, SharingMode, mps_terms, progress_rates
 
@@ -511,21 +511,3 @@ class Simulator:
         for b in failed:
             self.core.on_complete(b, now, retry=b.requests)
         return [*self._reschedule(key, now), (now + f.down_for, P_FAULT, _Up(f.replica))]
-
-
-def to_recorder(records: Iterable[RequestRecord], window_s: float = 1.0):
-    """The same :class:`loadgen.stats.Recorder` a live load test fills, from simulated records
-    (latency from the arrival, as live runs measure from the scheduled send time)."""
-    rec = Recorder(window_s)
-    for r in records:
-        # a reject reason means a 429 (expired and failed ones as the client tells them apart)
-        outcome = refusal(r.reason) if r.reason else {"ok": OK, "late": OK}.get(r.outcome, r.outcome)
-        rec.record(
-            r.model,
-            r.variant or None,
-            r.arrival,
-            r.end - r.arrival,
-            r.deadline - r.arrival,
-            outcome,
-        )
-    return rec

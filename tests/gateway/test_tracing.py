@@ -171,6 +171,11 @@ class RecordingClient:
         return answer()
 
 
+def finished_spans(tracing) -> list:  # noqa: ANN001
+    """The spans ended so far (the ``memory`` exporter keeps them)."""
+    return list(tracing.memory.get_finished_spans())
+
+
 def by_name(spans) -> dict:  # noqa: ANN001
     out: dict = {}
     for s in spans:
@@ -207,7 +212,7 @@ def test_spans_nest_in_the_clients_trace_and_triton_gets_its_traceparent() -> No
     pytest.importorskip("opentelemetry.sdk")
     tracing = make_tracing(spec())
     client = run_batch_of_two(tracing)
-    spans = by_name(tracing.finished_spans())
+    spans = by_name(finished_spans(tracing))
     server = next(s for s in spans["POST /v2/models/m/infer"])
     (grpc_server,) = spans["inference.GRPCInferenceService/ModelInfer"]
     (batch,) = spans["batch"]
@@ -244,7 +249,7 @@ def test_queue_ends_when_the_batch_is_sent_and_a_refusal_closes_what_is_open() -
     expired.admit()
     expired.admitted()
     expired.finish(503, reason="no_replica")
-    spans = by_name(tracing.finished_spans())
+    spans = by_name(finished_spans(tracing))
     first_admission = spans["admission"][0]
     assert first_admission.attributes["headrace.admitted"] is False
     assert first_admission.attributes["headrace.reject_reason"] == "infeasible"
@@ -275,7 +280,7 @@ def test_a_failed_triton_call_marks_its_span_and_the_batch() -> None:
         req.finish(503)
 
     asyncio.run(main())
-    spans = by_name(tracing.finished_spans())
+    spans = by_name(finished_spans(tracing))
     assert spans["triton infer"][0].status.status_code.name == "ERROR"
     assert spans["batch"][0].status.status_code.name == "ERROR"
 
@@ -285,7 +290,7 @@ def test_unsampled_requests_record_nothing() -> None:
     tracing = make_tracing(spec(sample_ratio=0.0))
     client = run_batch_of_two(tracing)
     # the client's sampled traceparent is honoured; the request without one is not sampled
-    names = sorted(s.name for s in tracing.finished_spans())
+    names = sorted(s.name for s in finished_spans(tracing))
     assert names.count("inference.GRPCInferenceService/ModelInfer") == 0
     assert names.count("POST /v2/models/m/infer") == 1
     assert client.headers[0]["traceparent"].startswith(f"00-{CLIENT_TRACE}-")
@@ -318,7 +323,7 @@ def test_the_replica_clients_carry_the_trace_context_to_triton(triton, backend) 
     n = len(triton.traceparents)
     asyncio.run(main())
     (sent,) = triton.traceparents[n:]
-    (call,) = [s for s in tracing.finished_spans() if s.name == "triton infer"]
+    (call,) = [s for s in finished_spans(tracing) if s.name == "triton infer"]
     assert sent == f"00-{CLIENT_TRACE}-{hexid(call.context.span_id)}-01"
 
 
@@ -358,13 +363,13 @@ def grpc_call(gw, metadata: tuple) -> None:  # noqa: ANN001
 
 @pytest.mark.parametrize("client", ["http", "grpc"])
 def test_a_request_through_the_gateway_is_traced_in_the_clients_trace_down_to_triton(traced, triton, client) -> None:
-    n_spans, n_calls = len(traced.tracing.finished_spans()), len(triton.traceparents)
+    n_spans, n_calls = len(finished_spans(traced.tracing)), len(triton.traceparents)
     if client == "http":
         assert http_call(traced, {"traceparent": TRACEPARENT}) == 200
     else:
         grpc_call(traced, (("traceparent", TRACEPARENT),))
     # NOTE: every span has ended by the time the client has its answer
-    spans = traced.tracing.finished_spans()[n_spans:]
+    spans = finished_spans(traced.tracing)[n_spans:]
     mine = by_name(s for s in spans if hexid(s.context.trace_id, 32) == CLIENT_TRACE)
     server_name = "POST /v2/models/m/infer" if client == "http" else "inference.GRPCInferenceService/ModelInfer"
     (server,) = mine[server_name]
@@ -380,23 +385,23 @@ def test_a_request_through_the_gateway_is_traced_in_the_clients_trace_down_to_tr
 
 
 def test_a_request_without_a_traceparent_starts_a_trace_that_reaches_triton(traced, triton) -> None:
-    n_spans, n_calls = len(traced.tracing.finished_spans()), len(triton.traceparents)
+    n_spans, n_calls = len(finished_spans(traced.tracing)), len(triton.traceparents)
     assert http_call(traced, {}) == 200
-    (server,) = [s for s in traced.tracing.finished_spans()[n_spans:] if s.name.startswith("POST")]
+    (server,) = [s for s in finished_spans(traced.tracing)[n_spans:] if s.name.startswith("POST")]
     assert server.parent is None
     (sent,) = triton.traceparents[n_calls:]
     assert sent.split("-")[1] == hexid(server.context.trace_id, 32)
 
 
 def test_a_refusal_is_a_span_that_says_why(traced) -> None:
-    n_spans = len(traced.tracing.finished_spans())
+    n_spans = len(finished_spans(traced.tracing))
     body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}],
                        "parameters": {"timeout": 1}}).encode()
     conn = http.client.HTTPConnection(traced.http_url, timeout=10)
     conn.request("POST", "/v2/models/m/infer", body, {"traceparent": TRACEPARENT})
     assert conn.getresponse().status == 429
     conn.close()
-    spans = by_name(traced.tracing.finished_spans()[n_spans:])
+    spans = by_name(finished_spans(traced.tracing)[n_spans:])
     (server,), (admission,) = spans["POST /v2/models/m/infer"], spans["admission"]
     assert server.attributes["headrace.reject_reason"] == "infeasible"
     assert admission.attributes["headrace.admitted"] is False
@@ -419,7 +424,7 @@ def test_a_batch_of_unrecorded_requests_makes_no_spans_but_still_tells_triton_it
         req.finish(200)
 
     asyncio.run(main())
-    assert tracing.finished_spans() == []
+    assert finished_spans(tracing) == []
     (headers,) = client.headers
     # NOTE: Triton joins the client's trace (under the gateway's unrecorded span), unsampled as asked
     version, trace_id, _, flags = headers["traceparent"].split("-")

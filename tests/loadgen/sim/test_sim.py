@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 import numpy as np
 import pytest
@@ -18,8 +19,8 @@ from loadgen.sim.simulator import (
     Simulator,
     make_requests,
     summarize,
-    to_recorder,
 )
+from loadgen.stats import OK, Recorder, refusal
 from tests.policy_builders import fake_profile
 
 
@@ -104,6 +105,17 @@ def test_simulator_never_answers_twice() -> None:
 
     with pytest.raises(RuntimeError, match="answered twice"):
         Simulator(Twice(), [one_replica()]).run(poisson_requests(100, 1))
+
+
+def to_recorder(records: Iterable[RequestRecord], window_s: float = 1.0) -> Recorder:
+    """The same :class:`loadgen.stats.Recorder` a live load test fills, from simulated records
+    (latency from the arrival, as live runs measure from the scheduled send time)."""
+    rec = Recorder(window_s)
+    for r in records:
+        # a reject reason means a 429 (expired and failed ones as the client tells them apart)
+        outcome = refusal(r.reason) if r.reason else {"ok": OK, "late": OK}.get(r.outcome, r.outcome)
+        rec.record(r.model, r.variant or None, r.arrival, r.end - r.arrival, r.deadline - r.arrival, outcome)
+    return rec
 
 
 def test_records_feed_the_load_test_recorder() -> None:

@@ -7,6 +7,7 @@ digest; a deliberate policy change updates them here with the reason in its comm
 from __future__ import annotations
 
 import hashlib
+import heapq
 
 import numpy as np
 
@@ -112,7 +113,15 @@ def test_the_burst_window_count_resumes_exactly_as_a_scan_from_the_newest() -> N
 
 
 def test_the_protect_check_plans_only_past_the_shared_batches_with_the_same_verdict() -> None:
-    from gateway.policy.admission import Lane, plan_finishes, pushes_late
+    from gateway.policy.admission import Lane, finishes_from, pushes_late
+
+    def plan_finishes(lanes: list[Lane], sizes: list[int]) -> list[float]:
+        """The whole plan: each queued request's finish, the queue going out in EDF order."""
+        if not lanes:
+            return [float("inf")] * len(sizes)
+        heap = [(ln.start, i) for i, ln in enumerate(lanes)]
+        heapq.heapify(heap)
+        return finishes_from(lanes, heap, sizes)
 
     def whole(lanes: list[Lane], queue: list[Request], idx: int, size: int) -> bool:
         before = plan_finishes(lanes, [r.size for r in queue])
