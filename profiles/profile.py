@@ -169,7 +169,7 @@ class _PointModel(BaseModel):
     p99: float | None = Field(default=None, gt=0, description="p99 latency, milliseconds; defaults to p50")
 
 
-class _ProvenanceModel(BaseModel):
+class ProvenanceModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
     source: str = Field(min_length=1, description="where the numbers come from")
     kind: Literal["measured", "derived", "fit", "emulated"] = "measured"
@@ -193,7 +193,7 @@ class _SpecModel(BaseModel):
         default=0.1, ge=0, le=2, description="fractional slowdown when MPS co-tenants run at once"
     )
     latency_ms: list[_PointModel] = Field(min_length=1)
-    provenance: _ProvenanceModel
+    provenance: ProvenanceModel
 
     @model_validator(mode="after")
     def _check(self) -> _SpecModel:
@@ -214,7 +214,7 @@ class _ProfileDoc(BaseModel):
     spec: _SpecModel
 
 
-def _format_error(err: ValidationError, where: str) -> str:
+def format_validation_error(err: ValidationError, where: str) -> str:
     parts = []
     for e in err.errors():
         loc = ".".join(str(x) for x in e["loc"])
@@ -226,7 +226,7 @@ def profile_from_dict(doc: dict, where: str = "profile") -> Profile:
     try:
         m = _ProfileDoc.model_validate(doc)
     except ValidationError as e:
-        raise ProfileError(_format_error(e, where)) from None
+        raise ProfileError(format_validation_error(e, where)) from None
     s = m.spec
     return Profile(
         model=s.model,
