@@ -1,0 +1,42 @@
+"""The emulated engines' tokenizer: text to token ids and back, deterministic and stable
+across processes, so a prompt's length and its prefix blocks are the same wherever it is
+counted (the server, the load generator, a router).
+
+Words and punctuation are tokens. A word's id is a CRC of it, so equal text gives equal ids;
+ids decode to made-up words, so generated text reads as text.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Iterable, Sequence
+
+_WORD = re.compile(r"\w+|[^\w\s]")
+_SPECIAL = 16  # ids below this are never produced by text
+_SYLLABLES = ("ka", "lo", "mi", "ne", "ru", "ta", "vo", "shi", "de", "pa", "zu", "ri", "bo", "fe", "gu", "ya")
+
+
+def encode(text: str, vocab_size: int) -> list[int]:
+    return [_SPECIAL + zlib.crc32(w.encode()) % (vocab_size - _SPECIAL) for w in _WORD.findall(text)]
+
+
+def word(token: int) -> str:
+    """The text of a token id: a few syllables spelled from its digits in base 16."""
+    out = []
+    n = token
+    while True:
+        n, d = divmod(n, 16)
+        out.append(_SYLLABLES[d])
+        if n == 0:
+            return "".join(out)
+
+
+def decode(tokens: Iterable[int]) -> str:
+    return "".join(" " + word(t) for t in tokens)
+
+
+def chat_prompt(messages: Sequence[dict[str, str]]) -> str:
+    """The text a chat becomes before it is tokenized: each message as ``role: content``, then
+    the assistant's turn."""
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant:"
