@@ -57,6 +57,7 @@ def measure(plan: Plan, ps: ProfileSet, duration: float, seed: int = 0, fraction
     from loadgen.spec import LoadSpec
     from placement.apply.emulated import Emulated
     from placement.apply.render import gateway_config
+    from profiles.schema import GatewaySettings, ListenConfig
     from profiles.triton.process import stop_group
     from profiles.triton.server import free_port
 
@@ -71,8 +72,9 @@ def measure(plan: Plan, ps: ProfileSet, duration: float, seed: int = 0, fraction
             return _row(res.summary, predicted, fraction)
         hp, gp = free_port(), free_port()
         cfg_path = ex.workdir / "gateway.yaml"
-        cfg_path.write_text(yaml.safe_dump(gateway_config(plan, ex.endpoints.values(), ex.profiles, ex.workdir / "profiles",
-                                                      {"listen": {"host": "127.0.0.1", "http_port": hp, "grpc_port": gp}})))
+        listen = GatewaySettings(listen=ListenConfig(host="127.0.0.1", http_port=hp, grpc_port=gp))
+        cfg = gateway_config(plan, ex.endpoints.values(), ex.profiles, ex.workdir / "profiles", listen)
+        cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json", exclude_unset=True)))
         gw = start_gateway(cfg_path, hp, None)  # its own process: the load generator keeps its GIL
         try:
             res = run_load_sync(LoadSpec(target=f"grpc://127.0.0.1:{gp}", model="resnet50", rate=predicted * fraction,

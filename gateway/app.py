@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from gateway.config import GatewayConfig, ServedModel, ServedReplica, resolve, scheduler_config
+from gateway.config import ServedModel, ServedReplica, resolve, scheduler_config
 from gateway.driver import Driver
 from gateway.frontdoor.grpc import create_server
 from gateway.frontdoor.http import HttpFrontDoor, metrics_door
@@ -37,6 +37,7 @@ from gateway.observe.request import Observer
 from gateway.observe.tracing import Tracing, make_tracing
 from gateway.policy.scheduler import EdfScheduler
 from gateway.policy.types import SchedulerCore
+from profiles.gateway_config import GatewayConfig
 from profiles.schema import LimitsSpec
 
 log = logging.getLogger("headrace.gateway")

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gateway.config import GatewayConfig, ModelConfig, ReplicaConfig
 from gateway.errors import ConfigError
+from profiles.gateway_config import GatewayConfig, ModelConfig, ReplicaConfig
 
 
 def replica_id(r: ReplicaConfig) -> str:

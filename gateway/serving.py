@@ -10,7 +10,7 @@ import signal
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from gateway.config import GatewayConfig
+from profiles.gateway_config import GatewayConfig
 
 T = TypeVar("T")
 

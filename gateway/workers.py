@@ -38,7 +38,6 @@ import yaml
 
 from gateway.app import check_bindable
 from gateway.config import (
-    GatewayConfig,
     load_config,
     parse_config,
     resolve,
@@ -46,6 +45,7 @@ from gateway.config import (
 )
 from gateway.errors import ConfigError
 from gateway.partition import Partition, partition
+from profiles.gateway_config import GatewayConfig
 from profiles.schema import ListenAddress
 from profiles.triton.process import stop_group
 

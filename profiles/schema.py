@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from profiles.catalogue import GPUS, HOST
 
@@ -25,17 +26,36 @@ class SpecError(ValueError):
     """An invalid document; the message names file, document, field and value."""
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
+    """A model that refuses fields it does not declare (a typo is an error, not a silent default)."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class Metadata(_Strict):
+PATH: dict[str, Any] = {"path": True}
+"""``json_schema_extra`` of a field that holds a file path: ``~`` is the home folder and a
+relative path is read from the folder of the YAML file that gives it. The JSON Schema carries
+the mark (``"path": true``); the operator makes every such field absolute (:func:`is_path`)."""
+
+
+def is_path(f: FieldInfo) -> bool:
+    """Whether the field holds a file path (marked with :data:`PATH`)."""
+    return isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get("path") is True
+
+
+Host = Annotated[str, Field(min_length=1)]
+Port = Annotated[int, Field(ge=0, le=65535)]
+PriorityClass = Literal["guaranteed", "best-effort"]
+Objective = Literal["accuracy", "cost"]  # which allowed variant a request takes
+
+
+class Metadata(Strict):
     name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
                       description="object name (lower-case letters, digits, '-' and '.')")
     labels: dict[str, str] = Field(default_factory=dict, description="free-form labels")
 
 
-class _Document(_Strict):
+class _Document(Strict):
     """What every kind has: the schema version and the object's name and labels."""
 
     apiVersion: Literal["headrace.dev/v1"] = Field(default=API_VERSION, description="schema version")
@@ -45,7 +65,7 @@ class _Document(_Strict):
 # --------------------------------------------------------------------------- GpuPool
 
 
-class GpuGroup(_Strict):
+class GpuGroup(Strict):
     model: str = Field(min_length=1, description=f"GPU model, one of {', '.join(GPUS)} "
                                                   f"('{HOST}': the host's cores, for CPU-served models)")
     count: int = Field(ge=1, le=10_000, description="GPUs of this model on the node")
@@ -68,12 +88,12 @@ class GpuGroup(_Strict):
         return self
 
 
-class Node(_Strict):
+class Node(Strict):
     name: str = Field(min_length=1, max_length=253, description="node name, the prefix of GPU ids")
     gpus: list[GpuGroup] = Field(min_length=1, max_length=64, description="GPU groups on the node")
 
 
-class GpuPoolSpec(_Strict):
+class GpuPoolSpec(Strict):
     nodes: list[Node] = Field(min_length=1, max_length=10_000, description="nodes and their GPUs")
     objective: Literal["gpus", "cost", "accuracy"] = Field(
         default="gpus", description="what the planner optimises, every model's rate served at its SLO: "
@@ -124,9 +144,9 @@ class GpuPool(_Document):
 # --------------------------------------------------------------------------- ModelDeployment
 
 
-class ArtifactSpec(_Strict):
-    uri: str = Field(min_length=1, description="a Triton model directory (a path, relative to the "
-                     "YAML file, or file://...) holding config.pbtxt and numbered version folders")
+class ArtifactSpec(Strict):
+    uri: str = Field(min_length=1, json_schema_extra=PATH, description="a Triton model directory (a path, "
+                     "relative to the YAML file, or file://...) holding config.pbtxt and numbered version folders")
     version: int | None = Field(default=None, ge=1, le=2**31 - 1,
                                 description="the version folder to serve (default: the highest)")
 
@@ -139,16 +159,16 @@ class ArtifactSpec(_Strict):
         return v
 
 
-class VariantSpec(_Strict):
+class VariantSpec(Strict):
     name: str = Field(min_length=1, max_length=200, description="variant name: the Triton model name "
                       "and the profiles' `variant`")
     artifact: ArtifactSpec | None = Field(default=None, description="the model's files "
                                           "(required when the deployment's source is 'artifact')")
-    profile: str | None = Field(default=None, description="latency profile YAML for this variant "
+    profile: str | None = Field(default=None, json_schema_extra=PATH, description="latency profile YAML for this variant "
                                 "(headrace profile writes one); default: the reference profiles")
 
 
-class AutoscalingSpec(_Strict):
+class AutoscalingSpec(Strict):
     """How one deployment autoscales (:func:`placement.autoscale.step` reads it). Hysteresis:
     up when the observed rate stays above the planned rate for ``upscale_delay_s``, down when
     it stays below ``planned x downscale_below`` for ``downscale_delay_s``; the new planned rate
@@ -194,7 +214,7 @@ class AutoscalingSpec(_Strict):
 Source = Literal["emulated", "digits", "artifact"]
 
 
-class ModelDeploymentSpec(_Strict):
+class ModelDeploymentSpec(Strict):
     model: str = Field(min_length=1, max_length=200,
                        description="the model name clients address (the profiles' `model`), e.g. resnet50")
     rate: float = Field(ge=0, le=1e7, description="expected requests per second")
@@ -206,8 +226,8 @@ class ModelDeploymentSpec(_Strict):
         default_factory=list, max_length=64,
         description="allowed variants (names or {name, artifact, profile}); empty: every profiled variant")
     accuracy_floor: float | None = Field(default=None, ge=0, le=1, description="least acceptable accuracy")
-    priority: Literal["guaranteed", "best-effort"] = Field(default="guaranteed", description="priority class")
-    objective: Literal["accuracy", "cost"] = Field(
+    priority: PriorityClass = Field(default="guaranteed", description="priority class")
+    objective: Objective = Field(
         default="accuracy",
         description="which allowed variant a request takes at the gateway: accuracy = the most accurate "
         "predicted to meet its deadline; cost = the cheapest that meets its accuracy floor and deadline "
@@ -246,13 +266,13 @@ class ModelDeployment(_Document):
 # --------------------------------------------------------------------------- Gateway
 
 
-class ListenConfig(_Strict):
-    host: str = Field(default="127.0.0.1", min_length=1, description="address the gateway binds")
-    http_port: int = Field(default=8000, ge=0, le=65535, description="KServe v2 HTTP port (0: any free)")
-    grpc_port: int = Field(default=8001, ge=0, le=65535, description="KServe v2 gRPC port (0: any free)")
+class ListenConfig(Strict):
+    host: Host = Field(default="127.0.0.1", description="address the gateway binds")
+    http_port: Port = Field(default=8000, description="KServe v2 HTTP port (0: any free)")
+    grpc_port: Port = Field(default=8001, description="KServe v2 gRPC port (0: any free)")
 
 
-class LimitsSpec(_Strict):
+class LimitsSpec(Strict):
     """What the front door accepts before it refuses, each with a safe default."""
 
     max_connections: int = Field(default=10_000, ge=1, le=1_000_000,
@@ -277,24 +297,31 @@ class LimitsSpec(_Strict):
                                 description="nesting depth of a JSON request (400 past it)")
 
 
-class TlsSpec(_Strict):
+class CertificateSpec(Strict):
+    """The certificate and key a server presents (TLS)."""
+
+    cert_file: str = Field(min_length=1, json_schema_extra=PATH,
+                           description="PEM certificate chain the server presents (its own certificate first, "
+                           "then any intermediates); a relative path is read from the YAML file's folder")
+    key_file: str = Field(min_length=1, json_schema_extra=PATH,
+                          description="PEM private key of cert_file (not encrypted)")
+
+
+class TlsSpec(CertificateSpec):
     """TLS on the gateway's HTTP and gRPC listeners; with ``client_ca_file``, mutual TLS."""
 
-    cert_file: str = Field(min_length=1, description="PEM certificate chain the gateway presents (its own "
-                           "certificate first, then any intermediates); a relative path is read from the "
-                           "YAML file's folder")
-    key_file: str = Field(min_length=1, description="PEM private key of cert_file (not encrypted)")
-    client_ca_file: str | None = Field(default=None, min_length=1,
+    client_ca_file: str | None = Field(default=None, min_length=1, json_schema_extra=PATH,
                                        description="PEM CA certificates: when set, a client must present a "
                                        "certificate one of them signed, or its connection is refused (mutual TLS)")
 
 
-class ApiKeySpec(_Strict):
+class ApiKeySpec(Strict):
     """One API key of a tenant, named by where it is kept or by its digest, never written out."""
 
     env: str | None = Field(default=None, min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
                             description="environment variable holding the key (read at start; unset is an error)")
-    file: str | None = Field(default=None, min_length=1, description="file holding the key (surrounding "
+    file: str | None = Field(default=None, min_length=1, json_schema_extra=PATH,
+                             description="file holding the key (surrounding "
                              "whitespace dropped); a relative path is read from the YAML file's folder")
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$",
                                description="hex SHA-256 digest of the key (printf %s \"$KEY\" | sha256sum)")
@@ -309,7 +336,7 @@ class ApiKeySpec(_Strict):
         return self
 
 
-class QuotaSpec(_Strict):
+class QuotaSpec(Strict):
     """A tenant's request rate: a token bucket of ``burst`` requests refilled at ``rate`` per second."""
 
     rate: float = Field(gt=0, le=10_000_000, description="inference requests per second admitted on average")
@@ -321,14 +348,14 @@ class QuotaSpec(_Strict):
 UNAUTHENTICATED = "unauthenticated"  # the tenant label of refused requests
 
 
-class TenantSpec(_Strict):
+class TenantSpec(Strict):
     """A client of the gateway: its API keys, its priority class and its quota."""
 
     name: str = Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
                       description="tenant name (the tenant label of headrace_tenant_requests_total)")
     keys: list[ApiKeySpec] = Field(min_length=1, max_length=64,
                                    description="API keys that identify the tenant (several: rotation)")
-    priority: Literal["guaranteed", "best-effort"] | None = Field(
+    priority: PriorityClass | None = Field(
         default=None, description="priority class of every request of the tenant; unset: each request's "
         "own priority parameter, else its model's class")
     quota: QuotaSpec | None = Field(default=None, description="inference rate limit (none when absent); "
@@ -342,12 +369,12 @@ class TenantSpec(_Strict):
         return v
 
 
-class ListenAddress(_Strict):
-    host: str = Field(default="127.0.0.1", min_length=1, description="address to bind")
-    port: int = Field(ge=0, le=65535, description="port (0: any free)")
+class ListenAddress(Strict):
+    host: Host = Field(default="127.0.0.1", description="address to bind")
+    port: Port = Field(description="port (0: any free)")
 
 
-class AccessLogSpec(_Strict):
+class AccessLogSpec(Strict):
     """Structured access logs: one JSON line per inference request answered or refused
     (time, tenant, protocol, model, version, variant, status, queue_ms, total_ms, rows, reason,
     request_id)."""
@@ -361,7 +388,7 @@ class AccessLogSpec(_Strict):
                              "(headrace serve reads a relative path from its config's folder); absent: stderr")
 
 
-class TracingSpec(_Strict):
+class TracingSpec(Strict):
     """OpenTelemetry spans of requests (admission, queue), batches and Triton calls, with the
     W3C traceparent carried to Triton. Needs the tracing extra: pip install 'headrace[tracing]'."""
 
@@ -378,7 +405,7 @@ class TracingSpec(_Strict):
                                 "traceparent is always followed, an unsampled one never")
 
 
-class GatewaySettings(_Strict):
+class GatewaySettings(Strict):
     """What the gateway is configured with besides its models (``headrace serve`` YAML's top level)."""
 
     listen: ListenConfig = Field(default_factory=ListenConfig, description="where clients connect")
@@ -414,23 +441,16 @@ class GatewaySettings(_Strict):
         return self
 
 
-class AdminTlsSpec(_Strict):
-    """TLS on the operator's admin API (the bearer token is still required)."""
-
-    cert_file: str = Field(min_length=1, description="PEM certificate chain the admin API presents; a "
-                           "relative path is read from the YAML file's folder")
-    key_file: str = Field(min_length=1, description="PEM private key of cert_file (not encrypted)")
-
-
-class AdminSpec(_Strict):
-    host: str = Field(default="127.0.0.1", min_length=1, description="address of the operator's admin API")
-    port: int = Field(default=0, ge=0, le=65535, description="admin API port (0: any free)")
+class AdminSpec(Strict):
+    host: Host = Field(default="127.0.0.1", description="address of the operator's admin API")
+    port: Port = Field(default=0, description="admin API port (0: any free)")
     token_env: str = Field(default="HEADRACE_ADMIN_TOKEN", min_length=1,
                            description="environment variable holding the admin token")
     token_file: str | None = Field(default=None, description="file holding the admin token "
                                    "(default: generated into the state directory)")
-    tls: AdminTlsSpec | None = Field(default=None, description="serve the admin API over HTTPS (clients "
-                                     "verify it with --admin-ca or $HEADRACE_ADMIN_CA)")
+    tls: CertificateSpec | None = Field(default=None, description="serve the admin API over HTTPS, the bearer "
+                                        "token still required (clients verify it with --admin-ca or "
+                                        "$HEADRACE_ADMIN_CA)")
 
 
 class GatewaySpec(GatewaySettings):
@@ -442,7 +462,7 @@ class Gateway(_Document):
     spec: GatewaySpec = Field(default_factory=GatewaySpec)
 
 
-KINDS: dict[str, type[_Strict]] = {"GpuPool": GpuPool, "ModelDeployment": ModelDeployment, "Gateway": Gateway}
+KINDS: dict[str, type[Strict]] = {"GpuPool": GpuPool, "ModelDeployment": ModelDeployment, "Gateway": Gateway}
 
 
 # --------------------------------------------------------------------------- loading
@@ -462,9 +482,10 @@ class Documents:
         return self.where.get(id(doc), "(document)")
 
 
-def format_error(err: ValidationError, where: str) -> str:
-    """One line: where, then each failing field path with its message and the value given."""
-    errors = [(tuple(str(x) for x in e["loc"] if not str(x).startswith(("str", "VariantSpec"))), e)
+def format_error(err: ValidationError, where: str, prefix: tuple[str, ...] = ()) -> str:
+    """One line: where, then each failing field path (below ``prefix``) with its message and the
+    value given."""
+    errors = [(prefix + tuple(str(x) for x in e["loc"] if not str(x).startswith(("str", "VariantSpec"))), e)
               for e in err.errors()]
     # a union member that got further (a deeper path) explains the error; the others are noise
     errors = [(p, e) for p, e in errors if not any(len(q) > len(p) and q[:len(p)] == p for q, _ in errors)]

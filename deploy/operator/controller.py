@@ -24,13 +24,14 @@ from deploy.operator.runtime import LocalRuntime, ProcessRuntime
 from deploy.operator.state import StateStore
 from deploy.operator.status import Event, status
 from gateway.app import Gateway
-from gateway.config import GatewayConfig, resolve
+from gateway.config import resolve
 from placement import autoscale
 from placement.apply.render import Endpoint, gateway_config
 from placement.diff import PlanDiff, diff, replan
 from placement.plan import Plan
 from placement.solve.solver import solve
 from placement.spec import inventory, single_pool
+from profiles.gateway_config import GatewayConfig
 from profiles.profile import ProfileSet
 from profiles.schema import AutoscalingSpec
 
@@ -206,9 +207,7 @@ class Controller:
         await self.gateway.add_replica(served, served.replicas[0])  # type: ignore[union-attr]
 
     def _render(self, plan: Plan, want: Desired, endpoints) -> GatewayConfig:  # noqa: ANN001
-        raw = gateway_config(plan, endpoints, want.profiles, self.store.run_dir / "profiles",
-                             want.settings.model_dump(mode="json"))
-        return GatewayConfig.model_validate(raw)
+        return gateway_config(plan, endpoints, want.profiles, self.store.run_dir / "profiles", want.settings)
 
     def _solve_diff(self, want: Desired) -> tuple[Plan, PlanDiff]:
         """A verified plan for ``want`` and the steps from the running plan (none: from nothing)."""

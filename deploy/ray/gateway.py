@@ -50,7 +50,8 @@ class GatewayActorImpl:
 
     async def _start(self, raw: dict[str, Any]) -> None:
         from gateway.app import Gateway  # noqa: PLC0415
-        from gateway.config import GatewayConfig, with_ports  # noqa: PLC0415
+        from gateway.config import with_ports  # noqa: PLC0415
+        from profiles.gateway_config import GatewayConfig  # noqa: PLC0415
 
         if self.gateway is not None:
             await self.gateway.stop(drain_timeout=5.0)

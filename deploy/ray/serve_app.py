@@ -42,12 +42,11 @@ class GatewayDeployment:
         from pathlib import Path  # noqa: PLC0415
 
         from gateway.app import Gateway  # noqa: PLC0415
-        from gateway.config import GatewayConfig  # noqa: PLC0415
         from placement.apply.render import gateway_config  # noqa: PLC0415
+        from profiles.schema import GatewaySpec  # noqa: PLC0415
 
         endpoints = [r.info.remote().result()["endpoint"] for r in replicas]
-        cfg = GatewayConfig.model_validate(gateway_config(plan, endpoints, profiles, Path(workdir) / "profiles",
-                                                          settings))
+        cfg = gateway_config(plan, endpoints, profiles, Path(workdir) / "profiles", GatewaySpec.model_validate(settings))
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True, name="headrace-gateway").start()
         self.gateway = Gateway(cfg)

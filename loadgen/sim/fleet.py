@@ -4,8 +4,8 @@ does), or of command-line flags, as one :class:`SimFleet`.
 
 The operator's path reuses its functions: the documents are loaded and checked
 (:func:`placement.problem.load`), planned (:func:`placement.solve.solver.solve`), and the plan rendered
-into a gateway config (:func:`placement.apply.render.gateway_config`), which is then read as
-``headrace serve`` reads it (:func:`gateway.config.parse_config`, :func:`gateway.config.resolve`).
+into a gateway config (:func:`placement.apply.render.gateway_config`), which is then resolved as
+``headrace serve`` resolves it (:func:`gateway.config.resolve`).
 Each rendered replica's profile is its slice's profile already slowed by its MPS share, so a
 simulated replica runs alone at the speed the planner predicted for it.
 """
@@ -24,7 +24,6 @@ from gateway.config import (
     ServedModel,
     ServedReplica,
     load_config,
-    parse_config,
     resolve,
     scheduler_config,
 )
@@ -33,7 +32,7 @@ from gateway.policy.config import SchedulerConfig
 from gateway.policy.types import Priority, ReplicaInfo
 from loadgen.sim.simulator import SimReplica
 from profiles.profile import Profile
-from profiles.schema import KINDS, yaml_files
+from profiles.schema import KINDS, GatewaySettings, yaml_files
 
 
 class FleetError(ValueError):
@@ -159,13 +158,13 @@ def _operator_fleet(files: tuple[str, ...], overrides: Mapping[str, Any], method
     docs = load_documents(*files)
     if len(docs.gateways) > 1:
         raise FleetError(f"{list(files)}: at most one Gateway document, found {len(docs.gateways)}")
-    settings = docs.gateways[0].spec.model_dump(mode="json") if docs.gateways else {}
+    settings = docs.gateways[0].spec if docs.gateways else None
     plan = solve(demands, profile_set, inv, method)
     plan.verify()
     return plan_fleet(plan, profile_set, settings, overrides, "operator documents " + ", ".join(files), files)
 
 
-def plan_fleet(plan: Any, profiles: Any, settings: Mapping[str, Any] | None = None,
+def plan_fleet(plan: Any, profiles: Any, settings: GatewaySettings | None = None,
                overrides: Mapping[str, Any] | None = None, source: str = "plan",
                files: tuple[str, ...] = ()) -> SimFleet:
     """A :class:`placement.plan.Plan` rendered into the gateway's config as the operator renders
@@ -184,9 +183,9 @@ def plan_fleet(plan: Any, profiles: Any, settings: Mapping[str, Any] | None = No
     if not endpoints:
         raise FleetError(f"{source}: the plan places no replica")
     with tempfile.TemporaryDirectory(prefix="headrace-sim-") as tmp:
-        raw = gateway_config(plan, endpoints, profiles, Path(tmp), dict(settings or {}))
+        cfg = gateway_config(plan, endpoints, profiles, Path(tmp), settings)
         try:
-            cfg = parse_config(raw, "the rendered plan")
+            scheduler_config(cfg.scheduler, "the rendered plan")
             served = resolve(cfg)
         except ConfigError as e:
             raise FleetError(str(e)) from None

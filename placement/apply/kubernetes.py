@@ -37,6 +37,7 @@ from placement.apply.render import Endpoint, gateway_config
 from placement.diff import PlanDiff, Step, diff
 from placement.plan import GpuPlan, Plan, SlicePlan
 from profiles.profile import ProfileSet
+from profiles.schema import GatewaySettings, ListenConfig
 from profiles.triton.server import triton_argv
 
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
@@ -213,19 +214,19 @@ def endpoints(plan: Plan, opts: Options) -> list[Endpoint]:
 
 
 def gateway_configmap(plan: Plan, profiles: ProfileSet, opts: Options,
-                      settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                      settings: GatewaySettings | None = None) -> dict[str, Any]:
     """The gateway's config (:func:`placement.apply.render.gateway_config`) and the replicas' profiles,
     as one ConfigMap mounted at ``PROFILE_MOUNT``."""
-    settings = dict(settings or {"listen": {"host": "0.0.0.0", "http_port": 8080, "grpc_port": 8081}})
+    settings = settings or GatewaySettings(listen=ListenConfig(host="0.0.0.0", http_port=8080, grpc_port=8081))
     with tempfile.TemporaryDirectory(prefix="headrace-k8s-") as tmp:
         cfg = gateway_config(plan, endpoints(plan, opts), profiles, Path(tmp), settings)
         data = {}
-        for m in cfg["models"]:
-            for rep in m["replicas"]:
-                p = Path(rep["profile"])
+        for m in cfg.models:
+            for rep in m.replicas:
+                p = Path(rep.profile)
                 data[p.name] = p.read_text()
-                rep["profile"] = f"{PROFILE_MOUNT}/{p.name}"
-    data["gateway.yaml"] = yaml.safe_dump(cfg, sort_keys=False)
+                rep.profile = f"{PROFILE_MOUNT}/{p.name}"
+    data["gateway.yaml"] = yaml.safe_dump(cfg.model_dump(mode="json", exclude_unset=True), sort_keys=False)
     return configmap("headrace-gateway", opts.namespace, data)
 
 
@@ -249,7 +250,7 @@ class Manifest:
 
 
 def render(plan_or_diff: Plan | PlanDiff, profiles: ProfileSet, opts: Options = Options(),
-           settings: Mapping[str, Any] | None = None) -> Manifest:
+           settings: GatewaySettings | None = None) -> Manifest:
     """Everything the plan (or the re-plan's new plan) needs, in the diff's order."""
     d = diff(None, plan_or_diff) if isinstance(plan_or_diff, Plan) else plan_or_diff
     plan = d.new

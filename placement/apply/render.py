@@ -1,25 +1,28 @@
 """A plan rendered into the gateway's configuration: the one function every apply path calls.
 
 :func:`gateway_config` turns a plan, where each of its replicas serves (:class:`Endpoint`) and
-the Gateway document's settings into the ``headrace serve`` YAML shape (a dict the gateway
-validates). A model the plan gives no replica (best-effort shed by a partial plan) is kept with
-no replicas: clients address it and are refused ``no_replica`` (503, Retry-After), never 404. Each replica's latency profile is its slice's profile, slowed by its MPS share and
-interference where it shares the slice, as the planner predicted it; profiles are written as
-files into ``profile_dir`` and the config points at them.
+the Gateway document's settings into the gateway's config
+(:class:`~profiles.gateway_config.GatewayConfig`, what ``headrace serve`` reads). A model the
+plan gives no replica (best-effort shed by a partial plan) is kept with no replicas: clients
+address it and are refused ``no_replica`` (503, Retry-After), never 404. Each replica's latency
+profile is its slice's profile, slowed by its MPS share and interference where it shares the
+slice, as the planner predicted it; profiles are written as files into ``profile_dir`` and the
+config points at them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from dataclasses import replace as _replace
 from pathlib import Path
-from typing import Any
 
 from placement.plan import Plan
 from placement.solve.capacity import batch_latency
 from profiles.catalogue import gpu_model as catalogue_model
+from profiles.gateway_config import GatewayConfig, ModelConfig, ReplicaConfig
 from profiles.profile import LatencyPoint, Profile, ProfileSet, save_profiles
+from profiles.schema import GatewaySettings, ListenConfig
 
 
 @dataclass(frozen=True)
@@ -70,19 +73,20 @@ def price_per_hour(gpu: _Gpu, e: Endpoint) -> float:
     return gpu.cost_per_hour * catalogue_model(gpu.model).slice_fraction(e.slice.split("@")[0]) * e.share
 
 
-def replica_config(gpu: _Gpu, e: Endpoint, profiles: ProfileSet, profile_dir: Path) -> dict[str, Any]:
+def replica_config(gpu: _Gpu, e: Endpoint, profiles: ProfileSet, profile_dir: Path) -> ReplicaConfig:
     """One replica of the gateway config (``models[].replicas[]``), its profile written to disk."""
     path = profile_dir / (file_name(e.replica_id) + ".profile.yaml")
     save_profiles(path, [replica_profile(profiles, gpu.model, e)])
-    return {"url": e.http_url, "protocol": "http", "variant": e.variant, "profile": str(path), "id": e.replica_id,
-            "price_per_hour": round(price_per_hour(gpu, e), 6)}
+    return ReplicaConfig(url=e.http_url, protocol="http", variant=e.variant, profile=str(path), id=e.replica_id,
+                         price_per_hour=round(price_per_hour(gpu, e), 6))
 
 
 def gateway_config(plan: Plan, endpoints: Iterable[Endpoint], profiles: ProfileSet, profile_dir: Path,
-                   settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                   settings: GatewaySettings | None = None) -> GatewayConfig:
     """The gateway config routing every planned model to its replicas' ``endpoints``, and
     every model the plan places no replica of to none (refused while it has none).
-    ``settings``: the Gateway document's spec (listen, scheduler, ...), admin settings ignored."""
+    ``settings``: the Gateway document's spec (listen, scheduler, ...; its admin API is not the
+    gateway's); None: the defaults, listening on any free ports."""
     by_model: dict[str, list[Endpoint]] = {}
     for e in endpoints:
         by_model.setdefault(e.model, []).append(e)
@@ -92,13 +96,14 @@ def gateway_config(plan: Plan, endpoints: Iterable[Endpoint], profiles: ProfileS
     models = []
     for d in plan.demands:
         mine = by_model.get(d.model)
-        entry = {"name": d.model, "slo_ms": d.slo * 1e3, "priority": d.priority, "objective": d.objective}
         if mine:
-            models.append({**entry, "max_batch": min(e.max_batch for e in mine),
-                           "replicas": [replica_config(gpus[e.gpu], e, profiles, profile_dir) for e in mine]})
+            models.append(ModelConfig(name=d.model, slo_ms=d.slo * 1e3, priority=d.priority, objective=d.objective,
+                                      max_batch=min(e.max_batch for e in mine),
+                                      replicas=[replica_config(gpus[e.gpu], e, profiles, profile_dir) for e in mine]))
         elif d.model not in placed:  # shed: addressable, refused no_replica until a re-plan places it
-            models.append({**entry, "replicas": []})
-    cfg = {k: v for k, v in dict(settings or {}).items() if k != "admin"}
-    cfg.setdefault("listen", {"host": "127.0.0.1", "http_port": 0, "grpc_port": 0})
-    cfg["models"] = models
-    return cfg
+            models.append(ModelConfig(name=d.model, slo_ms=d.slo * 1e3, priority=d.priority, objective=d.objective,
+                                      replicas=[]))
+    if settings is None:
+        settings = GatewaySettings(listen=ListenConfig(http_port=0, grpc_port=0))
+    given = {k: getattr(settings, k) for k in settings.model_fields_set if k in GatewaySettings.model_fields}
+    return GatewayConfig(**given, models=models)

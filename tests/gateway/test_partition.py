@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.config import GatewayConfig, parse_config
+from gateway.config import parse_config
 from gateway.errors import ConfigError
 from gateway.partition import Partition, partition, replica_id
+from profiles.gateway_config import GatewayConfig
 
 PROFILE = "resnet50@A100-80GB/1g.10gb"
 

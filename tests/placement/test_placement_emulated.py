@@ -16,7 +16,6 @@ pytestmark = pytest.mark.integration
 def test_emulated_plan_serves_through_the_gateway():
     tritonclient_http = pytest.importorskip("tritonclient.http")
     from gateway.app import GatewayThread
-    from gateway.config import GatewayConfig
     from placement.apply.emulated import Emulated
     from placement.apply.render import gateway_config
 
@@ -27,7 +26,7 @@ def test_emulated_plan_serves_through_the_gateway():
     with Emulated(ps) as ex:
         endpoints = ex.apply(plan)
         assert len(endpoints) == len(plan.replicas()) >= 1
-        cfg = GatewayConfig.model_validate(gateway_config(plan, ex.endpoints.values(), ex.profiles, ex.workdir / "profiles"))
+        cfg = gateway_config(plan, ex.endpoints.values(), ex.profiles, ex.workdir / "profiles")
         with GatewayThread(cfg) as gw:
             client = tritonclient_http.InferenceServerClient(gw.http_url)
             x = np.arange(16, dtype=np.float32).reshape(1, 16)

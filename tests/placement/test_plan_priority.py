@@ -124,7 +124,7 @@ def test_the_rendered_gateway_config_marks_best_effort_models(tmp_path):
                     f"127.0.0.1:{8000 + i}", f"127.0.0.1:{9000 + i}")
            for i, (g, s, r) in enumerate(plan.replicas())]
     cfg = gateway_config(plan, eps, PS, tmp_path)
-    assert {m["name"]: m["priority"] for m in cfg["models"]} == {"b": "best-effort", "g": "guaranteed"}
+    assert {m.name: m.priority for m in cfg.models} == {"b": "best-effort", "g": "guaranteed"}
 
 
 def test_status_reports_a_short_best_effort_model_as_degraded_by_an_overfull_pool():

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gateway.app import GatewayThread
 from gateway.codec import Tensor
@@ -19,6 +20,7 @@ from gateway.errors import REASON_HEADER, ConfigError
 from placement.apply.render import Endpoint, gateway_config
 from placement.plan import Demand, Plan
 from placement.solve.solver import solve
+from profiles.schema import GatewaySettings, ListenConfig
 from tests.gateway.test_gateway_driver import FakeReplica
 from tests.placement.test_plan_priority import CAP, PS, pool, replicas
 
@@ -60,11 +62,14 @@ def post(gw: Any, model: str) -> tuple[int, dict[str, str], str]:
 
 def test_the_rendered_config_keeps_a_shed_model_with_no_replicas(tmp_path: Path) -> None:
     plan = shedding_plan()
-    raw = gateway_config(plan, endpoints(plan), PS, tmp_path)
-    by = {m["name"]: m for m in raw["models"]}
-    assert by["b"]["replicas"] == [] and by["b"]["priority"] == "best-effort"
-    assert len(by["g"]["replicas"]) == 7
-    served = {m.name: m for m in resolve(parse_config(raw))}
+    cfg = gateway_config(plan, endpoints(plan), PS, tmp_path)
+    by = {m.name: m for m in cfg.models}
+    assert by["b"].replicas == [] and by["b"].priority == "best-effort"
+    assert len(by["g"].replicas) == 7
+    # NOTE: what is written as YAML (the fields render set) reads back as the same config
+    again = parse_config(yaml.safe_load(yaml.safe_dump(cfg.model_dump(mode="json", exclude_unset=True))))
+    assert again.model_dump() == cfg.model_dump()
+    served = {m.name: m for m in resolve(again)}
     assert served["b"].replicas == () and len(served["g"].replicas) == 7
 
 
@@ -72,8 +77,8 @@ def test_a_model_placed_but_not_given_endpoints_is_left_out(tmp_path: Path) -> N
     # NOTE: the operator renders one new replica at a time; models placed elsewhere in the
     # plan stay out of such a config, only models the plan sheds come with it
     plan = shedding_plan()
-    raw = gateway_config(plan, endpoints(plan)[:1], PS, tmp_path)
-    assert [(m["name"], len(m["replicas"])) for m in raw["models"]] == [("b", 0), ("g", 1)]
+    cfg = gateway_config(plan, endpoints(plan)[:1], PS, tmp_path)
+    assert [(m.name, len(m.replicas)) for m in cfg.models] == [("b", 0), ("g", 1)]
 
 
 def test_replicas_must_still_be_a_list() -> None:
@@ -83,8 +88,9 @@ def test_replicas_must_still_be_a_list() -> None:
 
 def test_the_gateway_refuses_a_shed_model_as_unavailable_not_unknown(tmp_path: Path) -> None:
     plan = shedding_plan()
-    cfg = parse_config(gateway_config(plan, endpoints(plan), PS, tmp_path,
-                                      {"scheduler": {"no_replica_retry_after_s": 5.0}}))
+    cfg = gateway_config(plan, endpoints(plan), PS, tmp_path,
+                         GatewaySettings(listen=ListenConfig(http_port=0, grpc_port=0),
+                                         scheduler={"no_replica_retry_after_s": 5.0}))
     fakes: dict[str, Echo] = {}
 
     def factory(_protocol: str, url: str) -> Echo:
@@ -102,7 +108,7 @@ def test_the_gateway_refuses_a_shed_model_as_unavailable_not_unknown(tmp_path: P
 def test_a_shed_model_is_served_once_a_replica_is_added(tmp_path: Path) -> None:
     # a re-plan that places b again: the operator adds its replica to the running gateway
     plan = shedding_plan()
-    cfg = parse_config(gateway_config(plan, endpoints(plan), PS, tmp_path))
+    cfg = gateway_config(plan, endpoints(plan), PS, tmp_path)
     fakes: dict[str, Echo] = {}
 
     def factory(_protocol: str, url: str) -> Echo:
@@ -114,7 +120,7 @@ def test_a_shed_model_is_served_once_a_replica_is_added(tmp_path: Path) -> None:
     thread = GatewayThread(cfg, replica_factory=factory)
     with thread as gw:
         assert post(gw, "b")[0] == 503
-        (model,) = resolve(parse_config(gateway_config(placed, [ep], PS, tmp_path / "p")))
+        (model,) = resolve(gateway_config(placed, [ep], PS, tmp_path / "p"))
         thread.call(gw.add_replica(model, model.replicas[0]), timeout=10)
         status, _, body = post(gw, "b")
         assert status == 200, body
@@ -125,7 +131,7 @@ def test_a_shed_model_is_in_every_gateway_of_a_partition(tmp_path: Path) -> None
     from gateway.partition import partition
 
     plan = shedding_plan()
-    p = partition(parse_config(gateway_config(plan, endpoints(plan), PS, tmp_path)), 3)
+    p = partition(gateway_config(plan, endpoints(plan), PS, tmp_path), 3)
     assert p.owners["b"] == (0, 1, 2) and p.owners["g"] == (0, 1, 2)
     assert all([m.replicas for m in c.models if m.name == "b"] == [[]] for c in p.configs)
 
@@ -134,5 +140,5 @@ def test_a_shed_model_does_not_stop_one_host_workers(tmp_path: Path) -> None:
     from gateway.workers import local_partition
 
     plan = shedding_plan()
-    p = local_partition(parse_config(gateway_config(plan, endpoints(plan), PS, tmp_path)), 2)
+    p = local_partition(gateway_config(plan, endpoints(plan), PS, tmp_path), 2)
     assert p.everywhere()
