@@ -12,7 +12,14 @@ from pathlib import Path
 from placement.plan import Demand, GpuClass, Inventory
 from profiles.catalogue import CatalogueError, gpu_model
 from profiles.profile import Profile, ProfileError, ProfileSet, load_profiles
-from profiles.schema import Documents, GpuPool, ModelDeployment, SpecError, load_documents
+from profiles.schema import (
+    Documents,
+    GpuPool,
+    ModelDeployment,
+    SpecError,
+    absolute_path,
+    load_documents,
+)
 
 __all__ = ["SpecError", "check_profiles", "demand", "inventory", "load_problem", "profiles_for"]
 
@@ -50,7 +57,7 @@ def profiles_for(docs: Documents, base: ProfileSet) -> ProfileSet:
         for i, v in enumerate(md.spec.variant_specs()):
             if v.profile is None:
                 continue
-            path = Path(v.profile) if Path(v.profile).is_absolute() else root / v.profile
+            path = Path(absolute_path(v.profile, root))
             where = f"{docs.origin(md)}: spec.variants.{i}.profile"
             try:
                 loaded = list(ProfileSet(load_profiles(path)))  # normalised: a host's slice is WHOLE

@@ -43,6 +43,19 @@ def is_path(f: FieldInfo) -> bool:
     return isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get("path") is True
 
 
+def absolute_path(value: str, base: Path | None) -> str:
+    """The file a :data:`PATH` field's ``value`` names: ``~`` expanded, a relative path taken
+    from ``base`` (the folder of the YAML file that gives it; None: left relative), a
+    ``scheme://`` prefix kept."""
+    scheme, sep, rest = value.partition("://")
+    if sep:
+        return f"{scheme}://{absolute_path(rest, base)}"
+    path = Path(value).expanduser()
+    if path.is_absolute() or base is None:
+        return str(path) if value.startswith("~") else value
+    return str((base / path).resolve())
+
+
 Host = Annotated[str, Field(min_length=1)]
 Port = Annotated[int, Field(ge=0, le=65535)]
 PriorityClass = Literal["guaranteed", "best-effort"]

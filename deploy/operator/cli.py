@@ -92,7 +92,7 @@ def _cleanup_leftovers(store: DirStateStore, out: Console) -> None:
         store.write(st)
 
 
-async def _serve(args: argparse.Namespace, text: str, want: Desired, base: ProfileSet, store: DirStateStore,
+async def _serve(args: argparse.Namespace, want: Desired, base: ProfileSet, store: DirStateStore,
                  out: Console) -> int:
     from deploy.operator.admin import serve_admin  # noqa: PLC0415
     from deploy.operator.controller import Controller  # noqa: PLC0415
@@ -117,7 +117,7 @@ async def _serve(args: argparse.Namespace, text: str, want: Desired, base: Profi
     runner = None
     try:
         try:
-            await ctl.up(text)
+            await ctl.up(want)
             runner, ctl.admin_url = await serve_admin(ctl, token, settings.admin.host, settings.admin.port,
                                                       None if tls is None else tls.ssl_context())
         except (ExecutorError, SolverError, PlanError, OSError) as e:
@@ -162,7 +162,7 @@ def up(args: argparse.Namespace) -> int:
         return _detach(args, store, out)
     from gateway.serving import run_on_serve_loop  # noqa: PLC0415
 
-    return run_on_serve_loop(_serve(args, text, want, base, store, out))
+    return run_on_serve_loop(_serve(args, want, base, store, out))
 
 
 def single_pool_runtime(want: Desired) -> str:

@@ -81,16 +81,16 @@ class Controller:
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def up(self, text: str) -> None:
-        """Plan and serve the first generation: replicas, then the gateway configured from the plan."""
+    async def up(self, want: Desired) -> None:
+        """Plan and serve the first generation (``want``: the command's documents, validated
+        once): replicas, then the gateway configured from the plan."""
         async with self._lock:
-            want = prepare(text, self.base_profiles, "up")
             plan, steps = await asyncio.to_thread(self._solve_diff, want)
             self.runtime = self.runtime or LocalRuntime(want.profiles, self.store.run_dir, want.sources)
             if isinstance(self.runtime, LocalRuntime):
                 self.runtime.set_profiles(want.profiles, want.sources)
             self.generation = 1
-            self.store.save_generation(1, text)
+            self.store.save_generation(1, want.text)
             self.applying = f"starting {sum(s.action == 'start_replica' for s in steps.steps)} replicas"
             try:
                 for st in steps.steps:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from deploy.operator.client import CliError
-from deploy.operator.documents import resolved_stream
+from deploy.operator.documents import resolve_documents, stream
 from gateway.errors import ConfigError
 from placement.plan import Demand
 from placement.spec import check_profiles, demand, profiles_for, single_pool
@@ -43,12 +43,14 @@ def prepare(text: str, base: ProfileSet, where: str = "apply") -> Desired:
     """Validate a YAML stream of documents against the schema and the profiles."""
     docs = Documents()
     parse_documents(text, where, docs)
-    return desired(docs, text, base, [where])
+    return desired(docs, base, [where], text)
 
 
-def desired(docs: Documents, text: str, base: ProfileSet, names: list[str]) -> Desired:
+def desired(docs: Documents, base: ProfileSet, names: list[str], text: str | None = None) -> Desired:
     """Validated documents (``names``: where they came from, for errors) checked against the
-    profiles and the operator's limits, with what planning needs."""
+    profiles and the operator's limits, with what planning needs. Once checked (errors quote
+    the paths as given), every path field is made absolute against its file's folder;
+    ``text``: the stream the documents were parsed from, else written from them."""
     where = ", ".join(names)
     pool = single_pool(docs, names)
     if len(docs.gateways) > 1:
@@ -59,6 +61,7 @@ def desired(docs: Documents, text: str, base: ProfileSet, names: list[str]) -> D
         raise SpecError(f"{docs.origin(pool)}: spec.emulate: the operator serves GPU pools on emulated "
                         "GPUs (emulate: true) and the host; real GPUs are configured by "
                         "`headrace plan --apply --executor nvml` (got False)")
+    resolve_documents(docs)
     sources = {}
     for md in docs.deployments:
         for v in md.spec.variant_specs():
@@ -70,7 +73,7 @@ def desired(docs: Documents, text: str, base: ProfileSet, names: list[str]) -> D
             for p in profiles.find(model=md.spec.model):
                 sources.setdefault((md.spec.model, p.variant), VariantSource(md.spec.source))
     settings = docs.gateways[0].spec if docs.gateways else GatewaySpec()
-    return Desired(text, docs, profiles, sources, settings)
+    return Desired(stream(docs) if text is None else text, docs, profiles, sources, settings)
 
 
 def base_profiles() -> ProfileSet:
@@ -82,17 +85,18 @@ def base_profiles() -> ProfileSet:
 
 
 def validate(files: list[str], check_security: bool = False) -> tuple[str, Desired, ProfileSet]:
-    """The documents as one YAML stream with absolute paths, what they ask for, and the base
-    profile set it was checked against; validated here so errors name their file (exit 2).
+    """The documents (read and parsed once) as one YAML stream with absolute paths, what they
+    ask for, and the base profile set it was checked against; validated here so errors name
+    their file (exit 2).
     ``check_security``: also read the Gateway's certificates and tenants' keys, as the gateway
     will when it starts (``up``; ``apply`` does not change them)."""
     try:
         docs = load_documents(*files)
         if check_security:
             _check_security(docs)
-        text = resolved_stream(files)
         base = base_profiles()
-        return text, desired(docs, text, base, files), base
+        want = desired(docs, base, files)
+        return want.text, want, base
     except (SpecError, ProfileError, ConfigError) as e:
         raise CliError(str(e), 2) from None
 

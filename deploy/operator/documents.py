@@ -1,64 +1,65 @@
-"""Documents from files to the controller: validated where they are (so an error names the
-file, :func:`profiles.schema.load_documents`), then sent as one YAML stream with every relative path (a variant's profile, an
-artifact's uri, a Gateway's certificate and key files) made absolute against its file's folder."""
+"""Documents from files to the controller: read and validated once, where they are (so an
+error names the file, :func:`profiles.schema.load_documents`), every file path the schema marks
+(:data:`profiles.schema.PATH`: a variant's profile, an artifact's uri, the Gateway's certificate
+and key files, ...) made absolute against its file's folder, then sent as one YAML stream.
+
+The paths are found by walking the models, so a path field the schema gains is resolved here
+without a change to this module."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
-from profiles.schema import SpecError, yaml_files
-
-
-def _absolute(value: str, base: Path) -> str:
-    scheme, sep, rest = value.partition("://")
-    if sep:
-        return value if Path(rest).is_absolute() else f"{scheme}://{(base / rest).resolve()}"
-    return value if Path(value).is_absolute() else str((base / value).resolve())
+from profiles.schema import Documents, absolute_path, is_path, load_documents
 
 
-def _resolve_gateway_paths(spec: dict, base: Path) -> None:
-    """The Gateway's TLS files (its own and its admin API's) and tenants' key files."""
-    admin = spec.get("admin")
-    for tls in (spec.get("tls"), admin.get("tls") if isinstance(admin, dict) else None):
-        if isinstance(tls, dict):
-            for k in ("cert_file", "key_file", "client_ca_file"):
-                if isinstance(tls.get(k), str):
-                    tls[k] = _absolute(str(Path(tls[k]).expanduser()), base)
-    for tenant in spec.get("tenants") or []:
-        for key in (tenant.get("keys") or []) if isinstance(tenant, dict) else []:
-            if isinstance(key, dict) and isinstance(key.get("file"), str):
-                key["file"] = _absolute(str(Path(key["file"]).expanduser()), base)
+def _models(value: Any) -> Iterator[BaseModel]:
+    """The models ``value`` is or holds (in a list, tuple or dict)."""
+    if isinstance(value, BaseModel):
+        yield value
+    elif isinstance(value, list | tuple):
+        for v in value:
+            yield from _models(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _models(v)
 
 
-def _resolve_paths(doc: Any, base: Path) -> Any:
-    if isinstance(doc, dict) and doc.get("kind") == "Gateway" and isinstance(doc.get("spec"), dict):
-        _resolve_gateway_paths(doc["spec"], base)
-        return doc
-    if not isinstance(doc, dict) or doc.get("kind") != "ModelDeployment":
-        return doc
-    for v in (doc.get("spec") or {}).get("variants") or []:
-        if not isinstance(v, dict):
-            continue
-        if isinstance(v.get("profile"), str):
-            v["profile"] = _absolute(v["profile"], base)
-        art = v.get("artifact")
-        if isinstance(art, dict) and isinstance(art.get("uri"), str):
-            art["uri"] = _absolute(art["uri"], base)
-    return doc
+def resolve_paths(model: BaseModel, base: Path) -> None:
+    """Every path field of ``model`` and of the models it holds made absolute against
+    ``base``, in place."""
+    for name, f in type(model).model_fields.items():
+        value = getattr(model, name)
+        if isinstance(value, str) and is_path(f):
+            setattr(model, name, absolute_path(value, base))
+        else:
+            for m in _models(value):
+                resolve_paths(m, base)
+
+
+def resolve_documents(docs: Documents) -> None:
+    """Every document's path fields made absolute against its file's folder (a document
+    that came from no file, e.g. one the admin API received, is left as it is)."""
+    for doc in (*docs.pools, *docs.deployments, *docs.gateways):
+        base = docs.base_dir.get(id(doc))
+        if base is not None:
+            resolve_paths(doc, base)
+
+
+def stream(docs: Documents) -> str:
+    """The documents as one YAML stream of the fields each gives (what the controller
+    receives, keeps per generation and serves back)."""
+    return yaml.safe_dump_all([d.model_dump(mode="json", exclude_unset=True)
+                               for d in (*docs.pools, *docs.deployments, *docs.gateways)], sort_keys=False)
 
 
 def resolved_stream(paths: list[str] | list[Path]) -> str:
-    """The files' documents as one YAML stream with absolute paths (validate them first with
-    :func:`profiles.schema.load_documents`, whose errors name file and document)."""
-    out: list[Any] = []
-    for path in yaml_files(list(paths)):
-        base = path.parent.resolve()
-        try:
-            docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-        except (OSError, yaml.YAMLError) as e:
-            raise SpecError(f"{path}: {e}") from None
-        out += [_resolve_paths(d, base) for d in docs]
-    return yaml.safe_dump_all(out, sort_keys=False)
+    """The files' documents, read and validated once, as one YAML stream with absolute paths."""
+    docs = load_documents(*paths)
+    resolve_documents(docs)
+    return stream(docs)

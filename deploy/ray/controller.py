@@ -102,11 +102,10 @@ class RayController(Controller):
     def _solve_diff(self, want: Desired):  # noqa: ANN202
         return super()._solve_diff(on_nodes(want, self.nodes))
 
-    async def up(self, text: str) -> None:
+    async def up(self, want: Desired) -> None:
         self.nodes = set(await asyncio.to_thread(self.nodes_now))
-        want = prepare(text, self.base_profiles, "up")
         self.runtime.set_profiles(want.profiles, want.sources)  # type: ignore[union-attr]
-        await super().up(text)
+        await super().up(want)
         await self._sync_gateways()
 
     async def _execute(self, d, want: Desired, new) -> None:  # noqa: ANN001
@@ -197,7 +196,7 @@ class ControllerActorImpl:
                                  namespace=self.namespace)
 
         async def start() -> None:
-            await self.ctl.up(text)  # type: ignore[union-attr]
+            await self.ctl.up(prepare(text, base, "up"))  # type: ignore[union-attr]
             s = self.ctl.desired.settings  # type: ignore[union-attr]
             self.runner, self.ctl.admin_url = await serve_admin(self.ctl, token, s.admin.host, s.admin.port)  # type: ignore[union-attr]
             self.ctl.save()  # type: ignore[union-attr]

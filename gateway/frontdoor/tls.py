@@ -26,6 +26,7 @@ from pathlib import Path
 import grpc
 
 from gateway.errors import ConfigError
+from profiles.schema import absolute_path
 
 log = logging.getLogger("headrace.gateway")
 
@@ -35,15 +36,11 @@ _PLAIN_ON_TLS = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\
 _PLAIN_ON_TLS_BODY = b'{"error": "this port speaks TLS: use https:// (tritonclient: ssl=True)"}'
 
 
-def resolve_path(value: str, base_dir: Path | None) -> Path:
-    """``value`` as a path; a relative one is taken from ``base_dir`` (the YAML file's folder)."""
-    p = Path(value).expanduser()
-    return p if p.is_absolute() or base_dir is None else base_dir / p
-
-
 def read_file(value: str, field: str, base_dir: Path | None) -> tuple[Path, bytes]:
-    """(path, contents); :class:`ConfigError` naming ``field`` when it cannot be read."""
-    path = resolve_path(value, base_dir)
+    """(path, contents) of the file a path field names (a relative one is taken from
+    ``base_dir``, the YAML file's folder); :class:`ConfigError` naming ``field`` when it cannot
+    be read."""
+    path = Path(absolute_path(value, base_dir))
     try:
         return path, path.read_bytes()
     except OSError as e:
