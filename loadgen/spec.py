@@ -14,6 +14,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from loadgen import arrivals
+from profiles.schema import RequestSloMs
 
 DATATYPES = {
     "BOOL": np.bool_,
@@ -124,8 +125,8 @@ class LoadSpec(BaseModel):
         default=None, ge=1, le=10**9, description="measure this many requests instead"
     )
     warmup_s: float = Field(default=1.0, ge=0, le=3600, description="unmeasured warm-up seconds")
-    slo_ms: float | None = Field(
-        default=None, gt=0, le=3.6e6, description="per-request SLO; sent as Triton timeout (µs)"
+    slo_ms: RequestSloMs | None = Field(
+        default=None, description="per-request SLO; sent as Triton timeout (µs)"
     )
     send_timeout: bool = Field(default=True, description="send the SLO as the timeout parameter")
     priority: int | None = Field(

@@ -25,7 +25,16 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from profiles.schema import PATH, GatewaySettings, Objective, PriorityClass, Strict
+from profiles.schema import (
+    PATH,
+    GatewaySettings,
+    ModelName,
+    Objective,
+    PriorityClass,
+    RequestSloMs,
+    Strict,
+    VariantName,
+)
 
 
 class TritonTlsConfig(Strict):
@@ -56,7 +65,7 @@ class ReplicaConfig(Strict):
         default="http",
         description="how the gateway talks to Triton: http (binary tensors, the leaner path) or grpc",
     )
-    variant: str = Field(min_length=1, description="Triton model name of the variant on that server")
+    variant: VariantName = Field(description="Triton model name of the variant on that server")
     profile: str = Field(
         min_length=1,
         description="latency profile: 'variant@gpu/slice' from the reference set, or a profile YAML path",
@@ -95,8 +104,8 @@ class ReplicaConfig(Strict):
 class ModelConfig(Strict):
     """A model clients address: its default SLO and priority, and its replicas."""
 
-    name: str = Field(min_length=1, max_length=200, description="served model name clients address")
-    slo_ms: float = Field(default=100.0, gt=0, le=3_600_000, description="default latency SLO, ms")
+    name: ModelName = Field(description="served model name clients address")
+    slo_ms: RequestSloMs = Field(default=100.0, description="default latency SLO, ms")
     max_batch: int = Field(default=32, ge=1, le=4096, description="largest batch the gateway forms")
     priority: PriorityClass = Field(default="guaranteed", description="default priority class of the model's requests")
     deadline_margin: float = Field(

@@ -58,6 +58,9 @@ def absolute_path(value: str, base: Path | None) -> str:
 
 Host = Annotated[str, Field(min_length=1)]
 Port = Annotated[int, Field(ge=0, le=65535)]
+ModelName = Annotated[str, Field(min_length=1, max_length=200)]  # the name clients address
+VariantName = Annotated[str, Field(min_length=1, max_length=200)]  # the Triton model name of a variant
+RequestSloMs = Annotated[float, Field(gt=0, le=3_600_000)]  # a request's latency objective, ms
 PriorityClass = Literal["guaranteed", "best-effort"]
 Objective = Literal["accuracy", "cost"]  # which allowed variant a request takes
 
@@ -173,7 +176,7 @@ class ArtifactSpec(Strict):
 
 
 class VariantSpec(Strict):
-    name: str = Field(min_length=1, max_length=200, description="variant name: the Triton model name "
+    name: VariantName = Field(description="variant name: the Triton model name "
                       "and the profiles' `variant`")
     artifact: ArtifactSpec | None = Field(default=None, description="the model's files "
                                           "(required when the deployment's source is 'artifact')")
@@ -228,8 +231,7 @@ Source = Literal["emulated", "digits", "artifact"]
 
 
 class ModelDeploymentSpec(Strict):
-    model: str = Field(min_length=1, max_length=200,
-                       description="the model name clients address (the profiles' `model`), e.g. resnet50")
+    model: ModelName = Field(description="the model name clients address (the profiles' `model`), e.g. resnet50")
     rate: float = Field(ge=0, le=1e7, description="expected requests per second")
     slo_ms: float = Field(gt=0, le=600_000, description="latency objective per request, ms")
     source: Source = Field(default="emulated", description="where the variants' models come from: "
