@@ -12,6 +12,7 @@ import sys
 
 SUBCOMMAND_MODULES = (
     "deploy.triton_cli",  # headrace triton
+    "profiles.emulator.llm_cli",  # headrace engine
     "profiles.cli",  # headrace profile
     "loadgen.cli",  # headrace load
     "gateway.cli",  # headrace serve
