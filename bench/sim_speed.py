@@ -96,7 +96,7 @@ def _child(args: list[str]) -> None:
     """One case, timed inside this process; prints its figures as one JSON line."""
     import gateway.policy.scheduler as core
     from deploy.cli import main
-    from gateway.compiled import compiled
+    from profiles.compiled import compiled
 
     with tempfile.TemporaryDirectory() as tmp:
         args = [a.replace("{groups}", str(groups_config(Path(tmp) / "groups.yaml"))) for a in args]
@@ -122,7 +122,7 @@ def hour(slices: list[float], settings: list[str], processes: int = 2, floor: bo
     difference is the cost per request, the rest the groups' setup, paid once."""
     from bench.fleet import SEED, generate
     from bench.fleet_study import write_trace
-    from gateway.compiled import compiled
+    from profiles.compiled import compiled
     from gateway.policy import scheduler as core
     from loadgen.sim.cli import SIM_TARGET
     from loadgen.sim.fleet import load_fleet

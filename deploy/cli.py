@@ -23,7 +23,7 @@ SUBCOMMAND_MODULES = (
     "deploy.operator.cli",  # headrace up / apply / status / down / rollback
     "deploy.ray.serve_cli",  # headrace render-serve
     "deploy.explain",  # headrace explain
-    "gateway.compiled",  # headrace compile
+    "deploy.compile_cli",  # headrace compile
 )
 
 

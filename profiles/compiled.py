@@ -1,19 +1,23 @@
-"""The compiled core: the scheduler and the simulator's event loop, built by Cython from their
-unchanged Python sources into extension modules, and imported in their place when built.
+"""The compiled core: modules built by Cython from their unchanged Python sources into
+extension modules, and imported in their place when built.
 
 The policy core runs per request in the gateway and per simulated request in ``headrace sim``;
 compiled, the same code runs its decisions with less interpreter overhead. Nothing else
 changes: the same source, the same decisions (``tests/loadgen/sim/test_sim_identity.py`` holds either way).
 
-- ``headrace compile`` builds what is missing (``./run.sh`` does, when Cython and a C
-  compiler are there); without it headrace runs as pure Python.
+- Each package names its own compiled modules: its ``__init__`` calls :func:`declare` before it
+  imports any of them (``gateway.policy``: the scheduler; ``loadgen.sim``: the simulator's
+  event loop; ``loadgen``: the load statistics). Importing a package that declares none
+  changes nothing.
+- ``headrace compile`` (:mod:`deploy.compile_cli`) builds what is missing (``./run.sh`` does,
+  when Cython and a C compiler are there); without it headrace runs as pure Python.
 - A built module is named by a digest of its source (and of Python's and Cython's versions), so
   an edited source is imported as Python until it is built again: never a stale build.
 - ``HEADRACE_COMPILED=0`` imports the pure Python sources; ``HEADRACE_COMPILED_DIR`` moves the
   builds (default ``~/.cache/headrace/compiled``).
 
-:func:`install` puts the finder in front of the import system; the ``gateway`` and ``loadgen``
-packages call it before anything imports a compiled module.
+It sits in the bottom layer so that the sans-IO policy core can declare its modules here
+without importing the rest of the gateway.
 """
 
 from __future__ import annotations
@@ -25,16 +29,9 @@ import importlib.util
 import os
 import shutil
 import sys
-import sysconfig
 import tempfile
 from pathlib import Path
 
-MODULES = (
-    "gateway.policy.admission", "gateway.policy.batching", "gateway.policy.edf",
-    "gateway.policy.migrate", "gateway.policy.rate", "gateway.policy.replica",
-    "gateway.policy.scheduler", "gateway.policy.selector", "gateway.policy.sequences",
-    "gateway.policy.sequencing", "gateway.policy.types", "loadgen.sim.simulator", "loadgen.sim.run", "loadgen.stats",
-)
 # pure Python semantics: annotations are documentation, never C types
 DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": True}
 _ROOT = Path(__file__).resolve().parent.parent  # the directory holding the packages
@@ -72,11 +69,14 @@ def _cython_version(builds: Path) -> str:
     return stamp.read_text().strip() if stamp.exists() else "none"
 
 
+_DECLARED: dict[str, None] = {}  # every declared module, in the order declared
+
+
 class _Finder:
-    """Imports a module of :data:`MODULES` from its build when one matches its source."""
+    """Imports a declared module from its build when one matches its source."""
 
     def find_spec(self, name: str, path: object = None, target: object = None):  # noqa: ANN201
-        if name not in MODULES:
+        if name not in _DECLARED:
             return None
         try:
             so = artifact(name, source_of(name))
@@ -91,10 +91,21 @@ class _Finder:
 _FINDER = _Finder()
 
 
-def install() -> None:
-    """Put the finder first (once); a no-op with ``HEADRACE_COMPILED=0``."""
+def declare(package: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    """Declare the modules ``names`` of ``package`` (their names within it) compiled: from now
+    on each is imported from its build when one matches its source (the finder goes first in
+    the import system, once; not with ``HEADRACE_COMPILED=0``). A package calls it in its
+    ``__init__`` before it imports any of them. Returns their full names."""
+    full = tuple(f"{package}.{n}" for n in names)
+    _DECLARED.update(dict.fromkeys(full))
     if enabled() and _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
+    return full
+
+
+def declared() -> tuple[str, ...]:
+    """Every module declared compiled so far (by the packages imported so far)."""
+    return tuple(_DECLARED)
 
 
 def compiled(module: object) -> bool:
@@ -103,7 +114,7 @@ def compiled(module: object) -> bool:
                       importlib.machinery.ExtensionFileLoader)
 
 
-def build(modules: tuple[str, ...] = MODULES, jobs: int | None = None, log=print) -> list[str]:  # noqa: ANN001
+def build(modules: tuple[str, ...], jobs: int | None = None, log=print) -> list[str]:  # noqa: ANN001
     """Build each of ``modules`` whose source has no build yet; returns those built.
     Raises ImportError without Cython, and what the C compiler raises when it fails."""
     from Cython import __version__ as version  # NOTE: the compiler itself only when there is work
@@ -131,7 +142,7 @@ def build(modules: tuple[str, ...] = MODULES, jobs: int | None = None, log=print
                               for n in todo],
                              build_dir=str(Path(tmp) / "c"), compiler_directives=DIRECTIVES,
                              quiet=True, nthreads=jobs)
-            cmd = build_ext(Distribution({"ext_modules": exts, "script_name": "gateway.compiled"}))
+            cmd = build_ext(Distribution({"ext_modules": exts, "script_name": "profiles.compiled"}))
             cmd.build_lib, cmd.build_temp, cmd.parallel = str(Path(tmp) / "lib"), str(Path(tmp) / "o"), jobs
             cmd.ensure_finalized()
             cmd.run()
@@ -144,25 +155,3 @@ def build(modules: tuple[str, ...] = MODULES, jobs: int | None = None, log=print
             part.replace(dests[n])  # whole or absent: a concurrent import never sees half a file
     return todo
 
-
-def register(sub) -> None:  # noqa: ANN001
-    p = sub.add_parser("compile", help="build the compiled core (the scheduler and simulator) with Cython",
-                       description=__doc__.split("\n\n")[0])
-    p.add_argument("--jobs", type=int, default=None, help="parallel C compiles (default: CPUs)")
-    p.add_argument("--if-available", action="store_true",
-                   help="without Cython or a C compiler, say so and exit 0 (headrace runs as Python)")
-    p.set_defaults(func=_cmd)
-
-
-def _cmd(a) -> int:  # noqa: ANN001
-    try:
-        done = build(jobs=a.jobs)
-    except Exception as e:  # noqa: BLE001  (a missing compiler raises setuptools' own errors)
-        if not a.if_available:
-            raise
-        print(f"headrace runs its core as pure Python: could not compile it ({type(e).__name__}: {e})",
-              file=sys.stderr)
-        return 0
-    print(f"compiled core: {len(done)} module(s) built, {len(MODULES) - len(done)} up to date in {cache_dir()}"
-          f" ({sysconfig.get_platform()})")
-    return 0
