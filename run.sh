@@ -36,7 +36,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   .venv/bin/python -m pip install -q -e ".[$(IFS=,; echo "${all[*]}")]"
   printf '%s\n' "$want" "${all[@]}" > "$stamp"
 fi
-# the compiled core (gateway/compiled.py): builds only what changed; pure Python without a compiler
+# the compiled core (profiles/compiled.py): builds only what changed; pure Python without a compiler
 .venv/bin/headrace compile --if-available
 
 case "$cmd" in
