@@ -90,11 +90,11 @@ def with_overrides(pool: GpuPool, args: argparse.Namespace | None) -> GpuPool:
 
 
 def load(files: list[str], extra_profiles: list[str], args: argparse.Namespace | None = None,
-         ) -> tuple[Inventory, list[Demand], ProfileSet]:
+         docs: Documents | None = None) -> tuple[Inventory, list[Demand], ProfileSet]:
     """Pool, demands and checked profiles from -f files (the pool's objective, budget and floor
-    overridden by ``args``' flags); every input error is a SpecError (or ProfileError /
-    CatalogueError) naming where it is."""
-    docs = load_documents(*files)
+    overridden by ``args``' flags; ``docs``: the files' documents when the caller has read them);
+    every input error is a SpecError (or ProfileError / CatalogueError) naming where it is."""
+    docs = load_documents(*files) if docs is None else docs
     pool = with_overrides(single_pool(docs, files), args)
     profiles = profiles_for(docs, load_profile_set(extra_profiles + [str(MEASURED_DIR)], derive=False))
     check_profiles(docs, profiles)

@@ -525,13 +525,14 @@ def yaml_files(paths: list[str | Path] | tuple[str | Path, ...]) -> list[Path]:
     return out
 
 
-def parse_documents(text: str, where: str, docs: Documents, base_dir: Path | None = None) -> None:
-    """Validate every document of one YAML stream into ``docs``."""
+def yaml_documents(text: str, where: str) -> list[Any]:
+    """The documents of one YAML stream (empty ones dropped), parsed as they are; a stream that
+    does not parse is a :class:`SpecError` naming ``where`` and the line."""
     try:
         try:  # libyaml where PyYAML has it (a fleet's documents); its errors are worded by the pure loader
-            raw = [d for d in yaml.load_all(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if d is not None]
+            return [d for d in yaml.load_all(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) if d is not None]
         except yaml.YAMLError:
-            raw = [d for d in yaml.safe_load_all(text) if d is not None]
+            return [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -539,6 +540,11 @@ def parse_documents(text: str, where: str, docs: Documents, base_dir: Path | Non
         raise SpecError(f"{where}: {at}not valid YAML: {e.problem}{ctx}") from None
     except yaml.YAMLError as e:
         raise SpecError(f"{where}: not valid YAML: {' '.join(str(e).split())}") from None
+
+
+def add_documents(raw: list[Any], where: str, docs: Documents, base_dir: Path | None = None) -> None:
+    """Validate parsed documents (:func:`yaml_documents`) into ``docs``; an error names
+    ``where``, the document's index, the field and the value."""
     sinks = {"GpuPool": docs.pools, "ModelDeployment": docs.deployments, "Gateway": docs.gateways}
     for i, d in enumerate(raw):
         here = f"{where} document {i}"
@@ -553,6 +559,11 @@ def parse_documents(text: str, where: str, docs: Documents, base_dir: Path | Non
         docs.where[id(obj)] = here
         if base_dir is not None:
             docs.base_dir[id(obj)] = base_dir
+
+
+def parse_documents(text: str, where: str, docs: Documents, base_dir: Path | None = None) -> None:
+    """Validate every document of one YAML stream into ``docs``."""
+    add_documents(yaml_documents(text, where), where, docs, base_dir)
 
 
 def load_documents(*paths: str | Path) -> Documents:

@@ -18,12 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gateway.config import (
     ServedModel,
     ServedReplica,
     load_config,
+    parse_config,
     resolve,
     scheduler_config,
 )
@@ -32,7 +31,15 @@ from gateway.policy.config import SchedulerConfig
 from gateway.policy.types import Priority, ReplicaInfo
 from loadgen.sim.simulator import SimReplica
 from profiles.profile import Profile
-from profiles.schema import KINDS, GatewaySettings, yaml_files
+from profiles.schema import (
+    KINDS,
+    Documents,
+    GatewaySettings,
+    SpecError,
+    add_documents,
+    yaml_documents,
+    yaml_files,
+)
 
 
 class FleetError(ValueError):
@@ -116,17 +123,13 @@ def flag_fleet(profile: Profile, replicas: int, slo_s: float, scheduler: Schedul
     return from_served([served], scheduler, f"{replicas} x {profile.name}")
 
 
-def is_operator(paths: Sequence[str | Path]) -> bool:
-    """Whether the files hold operator documents (a ``kind`` the operator knows) rather than
-    one gateway config."""
-    for path in yaml_files(list(paths)):
-        try:
-            for doc in yaml.safe_load_all(Path(path).read_text()):
-                if isinstance(doc, dict) and doc.get("kind") in KINDS:
-                    return True
-        except (OSError, yaml.YAMLError):
-            return False  # the loader that follows says what is wrong
-    return False
+def _parsed(files: Sequence[str]) -> dict[str, list[Any]] | None:
+    """Each file's YAML documents, each file read and parsed once; None when one cannot be
+    (the gateway config's loader then says what is wrong)."""
+    try:
+        return {f: yaml_documents(Path(f).read_text(), f) for f in files}
+    except (OSError, SpecError):
+        return None
 
 
 def load_fleet(paths: Sequence[str | Path], overrides: Mapping[str, Any] | None = None,
@@ -139,23 +142,29 @@ def load_fleet(paths: Sequence[str | Path], overrides: Mapping[str, Any] | None 
     files = tuple(str(p) for p in yaml_files(list(paths)))
     if not files:
         raise FleetError(f"no YAML files in {[str(p) for p in paths]}")
-    if is_operator(files):
-        return _operator_fleet(files, overrides or {}, method, tuple(str(p) for p in profiles))
+    parsed = _parsed(files)
+    if parsed is not None and any(isinstance(d, dict) and d.get("kind") in KINDS  # operator documents
+                                  for raw in parsed.values() for d in raw):
+        docs = Documents()
+        for f, raw in parsed.items():
+            add_documents(raw, f, docs, Path(f).parent.resolve())
+        return _operator_fleet(files, docs, overrides or {}, method, tuple(str(p) for p in profiles))
     if len(files) != 1:
         raise FleetError(f"a gateway config is one file; got {list(files)} (operator documents need a kind)")
-    cfg = load_config(files[0])
+    if parsed is not None and len(parsed[files[0]]) == 1:
+        cfg = parse_config(parsed[files[0]][0], files[0], Path(files[0]).parent)
+    else:  # its loader says why the file is not one gateway config
+        cfg = load_config(files[0])
     scheduler = with_settings(cfg.scheduler, overrides or {}, files[0])
     return from_served(resolve(cfg), scheduler, f"gateway config {files[0]}", files)
 
 
-def _operator_fleet(files: tuple[str, ...], overrides: Mapping[str, Any], method: str,
+def _operator_fleet(files: tuple[str, ...], docs: Documents, overrides: Mapping[str, Any], method: str,
                     profiles: tuple[str, ...] = ()) -> SimFleet:
     from placement.problem import load
     from placement.solve.solver import solve
-    from profiles.schema import load_documents
 
-    inv, demands, profile_set = load(list(files), list(profiles))
-    docs = load_documents(*files)
+    inv, demands, profile_set = load(list(files), list(profiles), docs=docs)
     if len(docs.gateways) > 1:
         raise FleetError(f"{list(files)}: at most one Gateway document, found {len(docs.gateways)}")
     settings = docs.gateways[0].spec if docs.gateways else None

@@ -106,3 +106,14 @@ def test_apply_parses_its_documents_once_before_sending_them(tmp_path: Path, par
     docs = write_docs(tmp_path / "d.yaml", pool(), deployment("resnet50", 50, 100))
     text, want, _ = validate([str(docs)])
     assert len(parses) == 1 and text == want.text
+
+
+def test_plan_and_sim_parse_their_documents_once(tmp_path: Path, parses: list[str]) -> None:
+    from loadgen.sim.fleet import load_fleet
+    from placement.problem import load
+
+    docs = write_docs(tmp_path / "d.yaml", pool(), deployment("resnet50", 50, 100))
+    load([str(docs)], [])  # headrace plan
+    assert len(parses) == 1
+    load_fleet([docs])  # headrace sim: which kind of file it is, then the plan, from one parse
+    assert len(parses) == 2
