@@ -206,14 +206,15 @@ class ChunkWriter:
     """The SSE lines of one streamed answer. Everything but a token's text is fixed per request,
     so a chunk is the bytes before the text, the text as a JSON string, and the bytes after."""
 
-    __slots__ = ("head", "tail", "last", "envelope")
+    __slots__ = ("chat", "head", "tail", "last", "envelope")
 
     def __init__(self, gen: Generation, request_id: str) -> None:
         created = int(time.time())
         obj = "text_completion" if gen.kind == "completion" else "chat.completion.chunk"
         envelope = f'{{"id":{json.dumps(request_id)},"object":"{obj}","created":{created},"model":{json.dumps(gen.model)},'
         self.envelope = envelope
-        if gen.kind == "completion":
+        self.chat = gen.kind == "chat"
+        if not self.chat:
             self.head = (f'data: {envelope}"choices":[{{"index":0,"text":').encode()
             after = ',"logprobs":null,"finish_reason":{},"stop_reason":null}}]}}\n\n'
         else:
@@ -224,7 +225,7 @@ class ChunkWriter:
 
     def first(self) -> bytes | None:
         """What a chat stream sends before its first token: the assistant's role."""
-        if b'"delta"' not in self.head:
+        if not self.chat:
             return None
         return (f'data: {self.envelope}"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},'
                 f'"logprobs":null,"finish_reason":null}}]}}\n\n').encode()
