@@ -19,7 +19,6 @@ Sans-IO and pure: numbers in, seconds out.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -95,28 +94,23 @@ class StepTime:
     def scaled(self, compute: float = 1.0, memory: float = 1.0, fixed: float = 1.0) -> StepTime:
         """This model on a device ``compute`` times as fast at arithmetic and ``memory`` times at
         reading memory (a MIG slice, another GPU, a smaller weight format), the per-step costs
-        ``fixed`` times. The token-wise work moves from memory-bound (few tokens: reading the
-        weights) to compute-bound (many tokens); each table point is scaled by the slower of the
-        two that binds it, taken as the smaller speed-up below the table's knee and the compute
-        speed-up above it."""
-        knee = _knee(self.linear)
-        lin = tuple((x, y / (min(compute, memory) if x <= knee else compute)) for x, y in self.linear)
+        ``fixed`` times. The token-wise work is read as a roofline: reading the weights (the
+        table's one-token time) or computing (the per-token time of its last point), whichever
+        binds at a token count. Each table point moves by the ratio of the scaled roofline to the
+        original, so the table keeps its measured shape: a format with smaller weights but no
+        faster arithmetic gains at few tokens and not at many. Prefill attention scales with
+        compute, decode attention with memory."""
+        (_, y0), (xn, yn) = self.linear[0], self.linear[-1]
+        per_token = yn / xn
+
+        def moved(x: int, y: float) -> float:
+            roof = max(y0, per_token * x)
+            return y * max(y0 / memory, per_token * x / compute) / roof if roof > 0 else y
+
         return StepTime(
-            layers=self.layers, linear=lin,
+            layers=self.layers, linear=tuple((x, moved(x, y)) for x, y in self.linear),
             prefill_attn_s=self.prefill_attn_s / compute, prefill_attn_per_pair_s=self.prefill_attn_per_pair_s / compute,
             decode_attn_s=self.decode_attn_s / memory, decode_attn_per_kv_s=self.decode_attn_per_kv_s / memory,
             allreduce_s=self.allreduce_s, allreduce_per_token_s=self.allreduce_per_token_s,
             step_s=self.step_s * fixed, sample_s=self.sample_s * fixed,
         )
-
-
-def _knee(table: Sequence[tuple[int, float]]) -> int:
-    """The token count where the token-wise work stops being flat: the last point within 25% of
-    the one-token time (reading the weights dominates below it)."""
-    base = table[0][1]
-    knee = table[0][0]
-    for x, y in table:
-        if y > 1.25 * base:
-            break
-        knee = x
-    return knee
