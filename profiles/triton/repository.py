@@ -25,12 +25,14 @@ class TensorSpec:
     name: str
     datatype: str  # KServe v2 datatype, e.g. FP32
     dims: tuple[int, ...]  # per-request dims, without the batch dimension
+    optional: bool = False  # an input a request may leave out
 
     def to_pbtxt(self) -> str:
         if self.datatype not in TRITON_DTYPES:
             raise ValueError(f"tensor {self.name}: unknown datatype {self.datatype!r}; known: {sorted(TRITON_DTYPES)}")
         dims = ", ".join(str(d) for d in self.dims)
-        return f'{{ name: "{self.name}" data_type: {TRITON_DTYPES[self.datatype]} dims: [ {dims} ] }}'
+        optional = " optional: true" if self.optional else ""
+        return f'{{ name: "{self.name}" data_type: {TRITON_DTYPES[self.datatype]} dims: [ {dims} ]{optional} }}'
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class ModelConfig:
     instance_kind: str = "KIND_CPU"  # KIND_GPU: instances on the devices in ``gpus``
     gpus: tuple[int, ...] = ()  # device indices as the server sees them (KIND_GPU)
     platform: str = ""  # e.g. tensorrt_plan; written instead of ``backend`` when set
+    decoupled: bool = False  # the model sends its responses itself, any number per request
 
     def to_pbtxt(self) -> str:
         gpus = f" gpus: [ {', '.join(map(str, self.gpus))} ]" if self.gpus else ""
@@ -83,6 +86,8 @@ class ModelConfig:
         ]
         if self.dynamic_batching is not None:
             lines.append(self.dynamic_batching.to_pbtxt())
+        if self.decoupled:
+            lines.append("model_transaction_policy { decoupled: true }")
         for k, v in self.parameters.items():
             lines.append(f'parameters {{ key: "{k}" value: {{ string_value: {json.dumps(str(v))} }} }}')
         return "\n".join(lines) + "\n"
