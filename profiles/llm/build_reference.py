@@ -297,7 +297,7 @@ LLAMA2_PARTNER = {"llama3-8b": "llama2-7b", "llama3-70b": "llama2-70b"}  # same 
 def h100_ratio(model: str, tp: int) -> tuple[dict[int, float], float, float]:
     """How much faster the H100 runs ``model``'s Llama-2 partner than the A100, from Vidur: the
     ratio of times at each token count, and the (compute, memory) speed-ups: the mean over 2048-4096
-    tokens and at one token."""
+    tokens and over 1-16 tokens."""
     partner = LLAMA2_PARTNER.get(model, model)
     a, h = dict(vidur_linear(partner, "a100", tp)), dict(vidur_linear(partner, "h100", tp))
     ratio = {x: h[x] / a[x] for x in a}
@@ -422,8 +422,8 @@ def profile(model: str, fmt: str, gpu: str, slice_name: str, tp: int) -> LlmProf
              f"LM head: {s.vocab * s.hidden / s.layer_params:.2f} layers' worth of 16-bit token-wise work; per-step "
              f"CPU {CPU_STEP_MS} ms and sampler {SAMPLER_MS} ms a sequence. Estimate.",
              f"weights: {MODELS[model][1][fmt]}, from the shapes ({FORMATS[fmt]['bits']} bits a weight in the layers' linear "
-             "layers, 16 in the embeddings and LM head); activations: {RUNTIME_GB} GB runtime + a "
-             f"{TOKEN_BUDGET}-token step's MLP outputs + {MAX_SEQS} sequences' fp32 logits. Estimate.",
+             f"layers, 16 in the embeddings and LM head); activations: {RUNTIME_GB} GB runtime, the MLP outputs of "
+             f"a step of {TOKEN_BUDGET} tokens and {MAX_SEQS} sequences' fp32 logits. Estimate.",
              f"memory: {gpu_model(gpu).slice_memory_gb(slice_name)} GiB (profiles/catalogue.py); max_model_len: the "
              f"model's {s.max_len} or what the KV cache holds at utilisation 0.9 ({kv_tokens} tokens)"]
     return replace(p, provenance=Provenance(src, d.kind, (), " ".join(notes), acc_src))  # type: ignore[arg-type]
