@@ -1,5 +1,7 @@
-"""The emulated GPU: a Triton python-backend model that takes as long as its profile says,
-and one arbiter process per emulated physical GPU that applies the sharing rules."""
+"""The emulated hardware: the emulated GPU (a Triton python-backend model that takes as long as
+its profile says, and one arbiter per emulated physical GPU applying the sharing rules) and the
+emulated LLM engine (the engine model of :mod:`profiles.llm` in real time, served behind vLLM's
+OpenAI API by ``headrace engine`` and as a decoupled Triton model)."""
 
 from profiles.emulator.calibrate import calibrate_overhead
 from profiles.emulator.client import ArbiterClient, ArbiterError

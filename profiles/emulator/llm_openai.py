@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import json
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from profiles.llm.engine import RequestTooLong
-from profiles.llm.tokens import chat_prompt, encode
+from profiles.llm.tokens import chat_prompt, default_seed, encode
 
 
 class ApiError(Exception):
@@ -176,7 +175,7 @@ def read_generation(kind: Literal["completion", "chat"], body: object, served: t
         max_tokens = max(max_model_len - len(ids), 1)
     if max_tokens < 1:
         raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
-    seed = req.seed if req.seed is not None else zlib.crc32(b"".join(t.to_bytes(4, "little") for t in ids))
+    seed = req.seed if req.seed is not None else default_seed(ids)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return Generation(kind, model, ids, max_tokens, seed, req.stream, include_usage)
 

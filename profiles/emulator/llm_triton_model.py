@@ -40,7 +40,6 @@ import sys
 import threading
 import time
 import traceback
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -128,12 +127,12 @@ class TritonPythonModel:
         from profiles.llm.engine import Engine, LlmRequest
         from profiles.llm.loop import EngineLoop
         from profiles.llm.profile import load_llm_profiles
-        from profiles.llm.tokens import decode, encode
+        from profiles.llm.tokens import decode, default_seed, encode
 
         if not pb_utils.using_decoupled_model_transaction_policy(cfg):
             raise pb_utils.TritonModelException("the emulated LLM engine needs model_transaction_policy "
                                                 "{ decoupled: true }")
-        self.LlmRequest, self.encode, self.decode = LlmRequest, encode, decode
+        self.LlmRequest, self.encode, self.decode, self.default_seed = LlmRequest, encode, decode, default_seed
         profile = load_llm_profiles(Path(__file__).parent / PROFILE_FILE)[0]
         self.engine = Engine(engine_config_from_params(params), profile.step_time)
         self.loop = EngineLoop(self.engine)
@@ -207,7 +206,7 @@ class TritonPythonModel:
         ids = self.encode(prompt, self.vocab)
         seed = value("seed", int, None)
         if seed is None:
-            seed = zlib.crc32(b"".join(t.to_bytes(4, "little") for t in ids))
+            seed = self.default_seed(ids)
         elif seed < 0:
             raise ValueError(f"seed must be at least 0, got {seed}")
         rid = f"{next(self.ids)}"

@@ -36,6 +36,12 @@ def decode(tokens: Iterable[int]) -> str:
     return "".join(" " + word(t) for t in tokens)
 
 
+def default_seed(ids: Sequence[int]) -> int:
+    """The seed of a request that names none: a CRC of its prompt's ids, so equal prompts get
+    equal text whatever else the engine runs, on every emulated engine."""
+    return zlib.crc32(b"".join(t.to_bytes(4, "little") for t in ids))
+
+
 def chat_prompt(messages: Sequence[dict[str, str]]) -> str:
     """The text a chat becomes before it is tokenized: each message as ``role: content``, then
     the assistant's turn."""
