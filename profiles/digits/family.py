@@ -25,13 +25,18 @@ from pathlib import Path
 
 import numpy as np
 
-from profiles.triton.repository import DynamicBatching, ModelConfig, TensorSpec, write_model
+from profiles.triton.repository import (
+    HEADRACE_ROOT,
+    DynamicBatching,
+    ModelConfig,
+    TensorSpec,
+    write_model,
+)
 
 FAMILY = "digits"
 INPUT = TensorSpec("INPUT0", "FP32", (64,))
 OUTPUT = TensorSpec("PROBS", "FP32", (10,))
 MODEL_PY = Path(__file__).with_name("triton_model.py")
-HEADRACE_ROOT = Path(__file__).resolve().parents[2]
 # weights cache; HEADRACE_DIGITS_CACHE overrides (e.g. for an installed, read-only package)
 DEFAULT_CACHE = Path(os.environ.get("HEADRACE_DIGITS_CACHE", HEADRACE_ROOT / ".headrace" / "digits"))
 

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import yaml
 
-from profiles.digits.family import HEADRACE_ROOT
 from profiles.llm.engine import EngineConfig
 from profiles.llm.profile import LlmProfile, llm_profile_to_dict
 from profiles.profile import ProfileError
-from profiles.triton.repository import ModelConfig, TensorSpec, write_model
+from profiles.triton.repository import HEADRACE_ROOT, ModelConfig, TensorSpec, write_model
 
 MODEL_PY = Path(__file__).with_name("llm_triton_model.py")
 PROFILE_FILE = "profile.yaml"

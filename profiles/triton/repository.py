@@ -12,6 +12,9 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# the directory holding headrace's packages: a python-backend model puts it on sys.path to import them
+HEADRACE_ROOT = Path(__file__).resolve().parents[2]
+
 TRITON_DTYPES = {
     "BOOL": "TYPE_BOOL", "UINT8": "TYPE_UINT8", "UINT16": "TYPE_UINT16", "UINT32": "TYPE_UINT32",
     "UINT64": "TYPE_UINT64", "INT8": "TYPE_INT8", "INT16": "TYPE_INT16", "INT32": "TYPE_INT32",
