@@ -2,17 +2,18 @@
 returns ``(outcome, variant, pool_wait_s)``, where outcome is ``stats.OK``, ``stats.REJECTED`` (HTTP 429 /
 gRPC RESOURCE_EXHAUSTED, or 503 / UNAVAILABLE carrying headrace's reject-reason, as while no
 replica is up), ``stats.EXPIRED`` (a 429 whose reject-reason says the request expired in the
-queue) or an error kind (``http_503``, ``grpc_unavailable``, ``timeout``, ``connection``), and
-``pool_wait_s`` is how long the request waited for a free connection of the client's own
-pool before it was written (None where the transport cannot tell: gRPC multiplexes one
-channel).
+queue) or an error kind (``http_503``, ``grpc_unavailable``, ``timeout``, ``connection``,
+``http_protocol``), and ``pool_wait_s`` is how long the request waited for a free connection
+of the client's own pool before it was written (None where the transport cannot tell: gRPC
+multiplexes one channel).
 
 Every request carries a *deadline* on the loop clock (the driver's scheduled send plus the
 request timeout): a request still queued for a connection, or still in flight, at its deadline
 is answered ``timeout``. The client's queue never keeps a request longer than the timeout.
 
-- :class:`RawHttpClient`: a keep-alive pool of asyncio protocols writing pre-built HTTP/1.1
-  requests; the cheapest per request, so one process keeps the tightest schedule.
+- :class:`RawHttpClient`: a keep-alive pool of HTTP/1.1 connections (``gateway.backends.http1``,
+  the framing the gateway's Triton client uses) writing pre-built requests; the cheapest per
+  request, so one process keeps the tightest schedule.
 - :class:`AiohttpClient`: the same over aiohttp's client.
 - :class:`GrpcClient`: grpc.aio with pre-serialized ``ModelInferRequest`` bytes.
 Also the probes run before a test: reachability and model metadata.
@@ -28,6 +29,7 @@ import os
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
+from gateway.backends.http1 import Connection, Headers, request_head
 from gateway.errors import REASON_HEADER
 from loadgen.payload import HttpBody, variant_from_grpc, variant_from_http
 from loadgen.stats import OK, refusal
@@ -85,114 +87,52 @@ def http_outcome(status: int, reason: str | None = None) -> str:
 Done = Callable[[str, "str | None", "float | None"], None]  # (outcome, variant, pool wait s)
 
 
-class _Conn(asyncio.Protocol):
-    """One keep-alive connection; at most one request in flight (no pipelining)."""
+_REASON = REASON_HEADER.encode()
+_HEADER_LEN = b"inference-header-content-length"
 
-    __slots__ = ("pool", "transport", "buf", "done", "deadline", "waited", "closed")
+
+class _Conn(Connection):
+    """One connection of a :class:`RawHttpClient`; its request in flight is answered
+    through ``done``."""
+
+    __slots__ = ("pool", "done", "deadline", "waited")
 
     def __init__(self, pool: RawHttpClient) -> None:
+        super().__init__(GRPC_MAX_MESSAGE)
         self.pool = pool
-        self.transport: asyncio.Transport | None = None
-        self.buf = bytearray()
         self.done: Done | None = None
         self.deadline = math.inf  # of the request in flight (loop clock)
         self.waited = 0.0  # how long the request in flight waited for this connection
-        self.closed = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
+        super().connection_lost(exc)
         self.pool._lost(self)
 
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        if self.done is None:
-            return
-        buf = self.buf
-        hend = buf.find(b"\r\n\r\n")
-        if hend < 0:
-            return
-        head = bytes(buf[:hend]).lower()
-        clen = _header_int(head, b"\r\ncontent-length:")
-        if clen is not None:
-            end = hend + 4 + clen
-            if len(buf) < end:
-                return
-            body = bytes(buf[hend + 4 : end])
-        elif b"\r\ntransfer-encoding: chunked" in head:
-            parsed = _dechunk(buf, hend + 4)
-            if parsed is None:
-                return
-            body, end = parsed
-        else:  # close-delimited answers are not supported
-            self._fail("http_protocol")
-            return
-        status = int(head[9:12])
+    def answered(self, status: int, headers: Headers, body: bytes) -> None:
         if status == 200:
-            hlen = _header_int(head, b"\r\ninference-header-content-length:")
-            variant = variant_from_http(body, hlen)
+            hlen = headers.get(_HEADER_LEN)
+            variant = variant_from_http(body, int(hlen) if hlen is not None and hlen.isdigit() else None)
             outcome = OK
         else:
-            variant, outcome = None, http_outcome(status, _reason_of(head) if status in (429, 503) else None)
-        del buf[:end]
+            reason = headers.get(_REASON) if status in (429, 503) else None
+            variant, outcome = None, http_outcome(status, None if reason is None else reason.decode())
         if self.pool._now() > self.deadline:  # answered after the client gave up
             variant, outcome = None, "timeout"
-        if b"\r\nconnection: close" in head:
-            self.closed = True
         done, self.done = self.done, None
         self.pool._release(self)
-        done(outcome, variant, self.waited)
+        if done is not None:
+            done(outcome, variant, self.waited)
 
-    def _fail(self, outcome: str) -> None:
-        """Answer the request in flight with ``outcome`` and drop the connection."""
+    def failed(self, e: Exception) -> None:
+        if isinstance(e, TimeoutError):
+            outcome = "timeout"  # its deadline passed in flight
+        elif isinstance(e, ValueError):
+            outcome = "http_protocol"  # an answer it cannot read
+        else:
+            outcome = "connection"
         done, self.done = self.done, None
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
         if done is not None:
             done(outcome, None, self.waited)
-
-
-def _dechunk(buf: bytearray, start: int) -> tuple[bytes, int] | None:
-    """A complete chunked body at ``buf[start:]`` -> (body, end offset), or None if partial."""
-    parts, pos = [], start
-    while True:
-        eol = buf.find(b"\r\n", pos)
-        if eol < 0:
-            return None
-        size = int(bytes(buf[pos:eol]).split(b";", 1)[0], 16)
-        if size == 0:
-            end = buf.find(b"\r\n\r\n", eol)  # no trailers expected: usually eol itself
-            return (b"".join(parts), end + 4) if end >= 0 else None
-        if len(buf) < eol + 2 + size + 2:
-            return None
-        parts.append(bytes(buf[eol + 2 : eol + 2 + size]))
-        pos = eol + 2 + size + 2
-
-
-def _header(head: bytes, name: bytes) -> bytes | None:
-    """The value of header ``name`` (given as ``b"\\r\\nname:"``) in a lower-cased HTTP head."""
-    i = head.find(name)
-    if i < 0:
-        return None
-    j = head.find(b"\r\n", i + len(name))
-    return head[i + len(name) : j if j >= 0 else len(head)].strip()
-
-
-def _header_int(head: bytes, name: bytes) -> int | None:
-    v = _header(head, name)
-    return None if v is None else int(v)
-
-
-_REASON = f"\r\n{REASON_HEADER}:".encode()
-
-
-def _reason_of(head: bytes) -> str | None:
-    """The reject-reason header's value, if present."""
-    v = _header(head, _REASON)
-    return None if v is None else v.decode()
 
 
 class RawHttpClient:
@@ -250,7 +190,7 @@ class RawHttpClient:
 
     def _write(self, c: _Conn, model_idx: int, done: Done, deadline: float, waited: float) -> None:
         c.done, c.deadline, c.waited = done, deadline, waited
-        c.transport.write(self.requests.take(model_idx))  # type: ignore[union-attr]
+        c.send((self.requests.take(model_idx),))
 
     def _open_one(self) -> None:
         self.opening += 1
@@ -293,8 +233,6 @@ class RawHttpClient:
     def _lost(self, c: _Conn) -> None:
         if c in self.conns:
             self.conns.discard(c)
-            if c.done is not None:
-                c._fail("connection")
             if self.pending and len(self.conns) + self.opening < self.limit:
                 self._open_one()
 
@@ -313,7 +251,7 @@ class RawHttpClient:
             n += 1
         for c in list(self.conns):
             if c.done is not None and c.deadline <= now:
-                c._fail("timeout")
+                c.refuse(TimeoutError())
                 n += 1
         return n
 
@@ -335,9 +273,8 @@ class RawHttpClient:
 
 
 def _raw_request(host: str, port: int, b: HttpBody) -> bytes:
-    lines = [f"POST {b.path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(b.body)}"]
-    lines += [f"{k}: {v}" for k, v in b.headers]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + b.body
+    headers = "".join(f"{k}: {v}\r\n" for k, v in b.headers).encode()
+    return request_head(b"POST", b.path.encode(), f"{host}:{port}".encode(), len(b.body), headers) + b.body
 
 
 # ---- aiohttp ----------------------------------------------------------------------------------

@@ -16,12 +16,12 @@ from collections.abc import Awaitable
 from typing import Any
 
 import grpc
-import httptools
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
 from gateway.backends.grpc import ModelInfo, signature_of
+from gateway.backends.http1 import Connection, Headers, request_head
 from gateway.backends.tls import BackendTls
 from gateway.codec import Memo, Tensor, TensorLayout, json_to_raw
 from gateway.contract import Forward
@@ -82,73 +82,32 @@ def _response_layout(head: bytes) -> tuple[TensorLayout, ...]:
     return tuple(out)
 
 
-class _Conn(asyncio.Protocol):
-    """One keep-alive connection with at most one request in flight; httptools parses the
-    answer as it arrives and resolves the request's future when it is complete."""
+class _Conn(Connection):
+    """A connection whose request in flight is a future, resolved with (status, headers,
+    body) or failed with the reason it got no answer."""
 
     def __init__(self, max_body: int) -> None:
-        self.max_body = max_body
+        super().__init__(max_body)
         self.loop = asyncio.get_running_loop()  # once: each lookup is a getpid() system call
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
         self.fut: asyncio.Future | None = None
-        self.headers: dict[bytes, bytes] = {}
-        self.body: list[bytes] = []
-        self.size = 0
-        self.closed = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self._fail(ConnectionError(f"connection lost: {exc}" if exc else "connection closed by the server"))
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as e:
-            self._fail(ValueError(f"malformed HTTP answer: {e}"))
-            self.close()
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.lower()] = value
-
-    def on_body(self, body: bytes) -> None:
-        self.size += len(body)
-        if self.size > self.max_body:
-            self._fail(ValueError(f"response body exceeds {self.max_body} bytes"))
-            self.close()
-            return
-        self.body.append(body)
-
-    def on_message_complete(self) -> None:
-        fut, self.fut = self.fut, None
-        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
-        if not self.parser.should_keep_alive():
-            self.close()
-        if fut is not None and not fut.done():
-            fut.set_result((self.parser.get_status_code(), self.headers, body))
 
     def request(self, parts: list[bytes]) -> asyncio.Future:
         self.fut = self.loop.create_future()
-        self.headers, self.body, self.size = {}, [], 0
-        self.transport.writelines(parts)  # type: ignore[union-attr]
+        self.send(parts)
         return self.fut
 
-    def timed_out(self) -> None:
-        self._fail(TimeoutError())
-        self.close()
+    def answered(self, status: int, headers: Headers, body: bytes) -> None:
+        fut, self.fut = self.fut, None
+        if fut is not None and not fut.done():
+            fut.set_result((status, headers, body))
 
-    def _fail(self, e: Exception) -> None:
+    def failed(self, e: Exception) -> None:
         fut, self.fut = self.fut, None
         if fut is not None and not fut.done():
             fut.set_exception(e)
 
-    def close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
+    def timed_out(self) -> None:
+        self.refuse(TimeoutError())
 
 
 class TritonHttpReplica:
@@ -165,7 +124,7 @@ class TritonHttpReplica:
         self._busy: set[_Conn] = set()  # a request on the way: closed with the client
         self._max_idle = max_idle
         self._max_body = max_message_bytes
-        self._host_header = f"Host: {url}\r\n".encode()
+        self._authority = url.encode()  # the Host header
 
     async def close(self) -> None:
         conns = self._idle + list(self._busy)
@@ -182,14 +141,13 @@ class TritonHttpReplica:
         return None
 
     def _request(self, method: bytes, path: str, headers: bytes, body: bytes | list[bytes],
-                 timeout: float | None) -> Awaitable[tuple[int, dict[bytes, bytes], bytes]]:
+                 timeout: float | None) -> Awaitable[tuple[int, Headers, bytes]]:
         """Send a request and return the wait for its answer (status, headers, body). On a
         pooled connection the request is written in this call (the hot path: no connect, no
         loop turn before it leaves); else a new connection is opened once awaited."""
         parts = body if isinstance(body, list) else [body]
         size = sum(len(p) for p in parts)
-        head = b"".join((method, b" ", path.encode(), b" HTTP/1.1\r\n", self._host_header, headers,
-                         b"Content-Length: ", str(size).encode(), b"\r\n\r\n"))
+        head = request_head(method, path.encode(), self._authority, size, headers)
         conn = self._idle_conn()
         if conn is None:
             return self._connect_and_send([head, *parts], timeout)
@@ -202,7 +160,7 @@ class TritonHttpReplica:
         return conn.request(parts), timer
 
     async def _connect_and_send(self, parts: list[bytes], timeout: float | None
-                                ) -> tuple[int, dict[bytes, bytes], bytes]:
+                                ) -> tuple[int, Headers, bytes]:
         try:
             async with asyncio.timeout(timeout):  # None: no limit
                 _, conn = await asyncio.get_running_loop().create_connection(
@@ -213,7 +171,7 @@ class TritonHttpReplica:
         return await self._answer(conn, *self._send(conn, parts, timeout), timeout)
 
     async def _answer(self, conn: _Conn, fut: asyncio.Future, timer: asyncio.TimerHandle | None,
-                      timeout: float | None) -> tuple[int, dict[bytes, bytes], bytes]:
+                      timeout: float | None) -> tuple[int, Headers, bytes]:
         try:
             status, hdrs, data = await fut
         except (OSError, ValueError) as e:
@@ -266,7 +224,7 @@ class TritonHttpReplica:
         answer = self._request(b"POST", path, headers, [head, *(t.raw for t in inputs)], timeout)
         return self._outputs(variant, answer)
 
-    async def _outputs(self, variant: str, answer: Awaitable[tuple[int, dict[bytes, bytes], bytes]]
+    async def _outputs(self, variant: str, answer: Awaitable[tuple[int, Headers, bytes]]
                        ) -> list[Tensor]:
         status, hdrs, data = await answer
         if status != 200:

@@ -1,0 +1,91 @@
+"""HTTP/1.1 client framing on its own: each request gets exactly one outcome, whole answers
+(by Content-Length or chunked, in any split) on one kept-alive connection, and a refusal that
+closes the connection for an answer it cannot frame."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.backends.http1 import Connection, Headers, request_head
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.closed = False
+
+    def writelines(self, parts) -> None:
+        self.written.append(b"".join(parts))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Recorder(Connection):
+    """A connection that keeps each request's outcome: (status, headers, body) or the error."""
+
+    def __init__(self, max_body: int = 1 << 20) -> None:
+        super().__init__(max_body)
+        self.outcomes: list[tuple[int, Headers, bytes] | Exception] = []
+        self.connection_made(Transport())  # type: ignore[arg-type]
+
+    def answered(self, status: int, headers: Headers, body: bytes) -> None:
+        self.outcomes.append((status, headers, body))
+
+    def failed(self, e: Exception) -> None:
+        self.outcomes.append(e)
+
+
+def answer(body: bytes, status: str = "200 OK", *headers: bytes) -> bytes:
+    return b"HTTP/1.1 %s\r\nContent-Length: %d\r\n%s\r\n%s" % (status.encode(), len(body), b"".join(headers), body)
+
+
+def test_the_request_head_names_host_extra_headers_and_length() -> None:
+    head = request_head(b"POST", b"/v2/models/m/infer", b"127.0.0.1:8000", 12, b"X-A: 1\r\n")
+    assert head == (b"POST /v2/models/m/infer HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nX-A: 1\r\n"
+                    b"Content-Length: 12\r\n\r\n")
+
+
+def test_answers_in_any_split_each_reach_their_request_whole_on_one_connection() -> None:
+    c = Recorder()
+    first = answer(b"hello", "200 OK", b"Inference-Header-Content-Length: 2\r\n")
+    chunked = b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+    c.send([b"GET / HTTP/1.1\r\n\r\n"])
+    for i in range(len(first)):  # one byte at a time
+        c.data_received(first[i : i + 1])
+    c.send([b"GET / HTTP/1.1\r\n\r\n"])
+    c.data_received(chunked)
+    assert c.outcomes == [(200, {b"content-length": b"5", b"inference-header-content-length": b"2"}, b"hello"),
+                          (429, {b"transfer-encoding": b"chunked"}, b"abcde")]
+    assert not c.closed and not c.transport.closed  # type: ignore[union-attr]
+
+
+def test_an_answer_without_keep_alive_is_answered_and_the_connection_closes() -> None:
+    c = Recorder()
+    c.send([b"GET / HTTP/1.1\r\n\r\n"])
+    c.data_received(answer(b"{}", "200 OK", b"Connection: close\r\n"))
+    assert c.outcomes[0][2] == b"{}"  # type: ignore[index]
+    assert c.closed and c.transport.closed  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("raw", "why"), [
+    (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{}", "framed by the end of the connection"),
+    (answer(b"x" * 11), "exceeds 10 bytes"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: ten\r\n\r\n", "malformed HTTP answer"),
+])
+def test_an_answer_it_cannot_frame_fails_its_request_once_and_closes_the_connection(raw: bytes, why: str) -> None:
+    c = Recorder(max_body=10)
+    c.send([b"GET / HTTP/1.1\r\n\r\n"])
+    c.data_received(raw)
+    c.connection_lost(None)  # NOTE: the close that follows adds no second outcome
+    assert len(c.outcomes) == 1 and isinstance(c.outcomes[0], ValueError) and why in str(c.outcomes[0])
+    assert c.closed and c.transport.closed  # type: ignore[union-attr]
+
+
+def test_a_connection_lost_mid_answer_fails_the_request_in_flight_only() -> None:
+    c = Recorder()
+    c.connection_lost(None)  # idle: nothing to fail
+    c.send([b"GET / HTTP/1.1\r\n\r\n"])
+    c.data_received(answer(b"hello")[:-2])
+    c.connection_lost(None)
+    assert len(c.outcomes) == 1 and isinstance(c.outcomes[0], ConnectionError)
