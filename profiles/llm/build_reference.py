@@ -190,9 +190,12 @@ def fit_line(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[float, float]
 
 
 def fit_table(points: tuple[tuple[int, float], ...], size: int = 60, tol: float = 0.02) -> tuple[tuple[int, float], ...]:
-    """The table a profile carries: a piecewise-linear curve through at most ``size`` knots, least
-    squares on relative error. It starts from powers of two and adds a knot where the curve misses
-    a point most (a step where a GEMM tile or wave fills) until every point is within ``tol``."""
+    """The table a profile carries: a piecewise-linear curve through knots, least squares on relative
+    error, then one point at twice the last token count on a line fitted to the upper half of the
+    points, so a step past the measured range grows at the compute-bound rate, not along the noise of
+    the last segment. The knots start from powers of two and gain one where the curve misses a point
+    most (a step where a GEMM tile or wave fills) until every point is within ``tol`` or the table
+    holds ``size`` points."""
     x = np.array([p[0] for p in points], float)
     y = np.array([p[1] for p in points], float)
     knots = sorted({k for k in BASE_KNOTS if k < x[-1]} | {int(x[-1])})
@@ -200,9 +203,13 @@ def fit_table(points: tuple[tuple[int, float], ...], size: int = 60, tol: float 
         basis = np.stack([np.interp(x, knots, np.eye(len(knots))[i]) for i in range(len(knots))], axis=1)
         vals, *_ = np.linalg.lstsq(basis / y[:, None], np.ones_like(y), rcond=None)
         err = np.abs(basis @ vals / y - 1)
-        if len(knots) >= size or err.max() < tol:
-            return tuple((k, sig(float(v))) for k, v in zip(knots, vals, strict=True))
+        if len(knots) >= size - 1 or err.max() < tol:
+            break
         knots = sorted({*knots, next(int(x[i]) for i in np.argsort(-err) if int(x[i]) not in knots)})
+    top = x >= x[-1] / 2
+    a, b = fit_line(x[top], y[top], 1 / y[top])
+    far = 2 * knots[-1]
+    return (*((k, sig(float(v))) for k, v in zip(knots, vals, strict=True)), (far, sig(a + b * far)))
 
 
 def table_errors(table: tuple[tuple[int, float], ...], points: tuple[tuple[int, float], ...]) -> dict[str, float]:
