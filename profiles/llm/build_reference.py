@@ -346,7 +346,11 @@ def step_time(model: str, gpu: str, tp: int = 1) -> Derivation:
                      "Estimate.")
     q, kvh = s.heads / tp / 32, s.kv_heads / tp / 8
     comp, mem = h100_ratio(model, tp)[1:] if vg == "h100" else (1.0, 1.0)
-    if (model, vg, tp) != ("llama3-8b", "a100", 1):
+    if (model, vg, tp) == ("llama3-8b", "a100", 1):
+        e = att.errors
+        notes.append(f"attention: fitted on Vidur's samples, error median {e['prefill']['layer_median']:.1%} (prefill) "
+                     f"and {e['decode']['layer_median']:.1%} (decode) of the layer's time")
+    else:
         kind = "derived"
         notes.append(f"attention: the Llama-3-8B A100 fit scaled by heads per GPU (query x{q:g}, KV x{kvh:g})"
                      + (f" and the H100's Llama-2 speed-up (compute x{comp:.2f}, memory x{mem:.2f})" if mem > 1 else "")
@@ -433,7 +437,8 @@ def profile(model: str, fmt: str, gpu: str, slice_name: str, tp: int) -> LlmProf
              f"a step of {TOKEN_BUDGET} tokens and {MAX_SEQS} sequences' fp32 logits. Estimate.",
              f"memory: {gpu_model(gpu).slice_memory_gb(slice_name)} GiB (profiles/catalogue.py); max_model_len: the "
              f"model's {s.max_len} or what the KV cache holds at utilisation 0.9 ({kv_tokens} tokens)"]
-    return replace(p, provenance=Provenance(src, d.kind, (), " ".join(notes), acc_src))  # type: ignore[arg-type]
+    text = " ".join(n if n.endswith(".") else n + "." for n in notes)
+    return replace(p, provenance=Provenance(src, d.kind, (), text, acc_src))  # type: ignore[arg-type]
 
 
 def build() -> dict[str, list[LlmProfile]]:
