@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from gateway.policy.config import SchedulerConfig
-from profiles.schema import KINDS, dump_json_schemas, json_schema
+from profiles.schema import KINDS, dump_json_schemas, is_path, json_schema
 
 HELP = """Explain a document kind or one of its fields, like kubectl explain.
 
@@ -133,10 +133,11 @@ def _wrap(text: str, indent: int) -> list[str]:
 
 
 def summary(name: str, owner: type[BaseModel], f: FieldInfo) -> str:
-    """``name <type>  default ...; bounds``."""
+    """``name <type>  default ...; bounds`` (and ``a file path`` for a field the schema marks
+    as one: relative to its YAML file's folder)."""
     delegated = DELEGATED.get((owner.__name__, name))
     tp = delegated.__name__ if delegated else type_name(f.annotation)
-    extra = "; ".join(x for x in (default(f), bounds(f)) if x)
+    extra = "; ".join(x for x in (default(f), bounds(f), "a file path" if is_path(f) else "") if x)
     return f"{name} <{tp}>  {extra}"
 
 

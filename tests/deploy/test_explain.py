@@ -73,6 +73,12 @@ def test_a_kind_lists_its_fields_with_type_default_bounds_and_description(capsys
     assert listed == list(KINDS["ModelDeployment"].model_fields["spec"].annotation.model_fields)
 
 
+def test_a_path_field_says_it_is_a_file_path(capsys) -> None:
+    rc, out, _ = explain(capsys, "ModelDeployment.spec.variants")
+    assert rc == 0 and "  profile <str | None>  default None; a file path\n" in out
+    assert "  name <str>  required; min_length 1, max_length 200\n" in out  # not a path
+
+
 def test_a_kind_shows_its_summary_and_top_level_fields(capsys) -> None:
     rc, out, _ = explain(capsys, "GpuPool")
     assert rc == 0 and out.startswith("KIND:     GpuPool\n")
