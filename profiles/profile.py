@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from profiles.catalogue import HOST, WHOLE
+from profiles.schema import format_error
 
 Quantile = Literal["p50", "p99"]
 
@@ -214,19 +215,11 @@ class _ProfileDoc(BaseModel):
     spec: _SpecModel
 
 
-def format_validation_error(err: ValidationError, where: str) -> str:
-    parts = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"])
-        parts.append(f"{loc}: {e['msg']} (got {e.get('input')!r})")
-    return f"{where}: " + "; ".join(parts)
-
-
 def profile_from_dict(doc: dict, where: str = "profile") -> Profile:
     try:
         m = _ProfileDoc.model_validate(doc)
     except ValidationError as e:
-        raise ProfileError(format_validation_error(e, where)) from None
+        raise ProfileError(format_error(e, where)) from None
     s = m.spec
     return Profile(
         model=s.model,

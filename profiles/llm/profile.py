@@ -23,8 +23,8 @@ from profiles.profile import (
     ProfileError,
     Provenance,
     ProvenanceModel,
-    format_validation_error,
 )
+from profiles.schema import format_error
 
 REFERENCE = Path(__file__).parent / "reference"
 GB = 1e9
@@ -135,7 +135,7 @@ def llm_profile_from_dict(doc: dict, where: str = "LLM profile") -> LlmProfile:
     try:
         s = _LlmDoc.model_validate(doc).spec
     except ValidationError as e:
-        raise ProfileError(format_validation_error(e, where)) from None
+        raise ProfileError(format_error(e, where)) from None
     p = s.provenance
     return LlmProfile(
         model=s.model, variant=s.variant, gpu=s.gpu, slice=s.slice, tp=s.tp, memory_gb=s.memory_gb,
