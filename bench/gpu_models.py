@@ -131,11 +131,10 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) 
         b, h, _, d = q.shape
         out = F.scaled_dot_product_attention(q.view(b, k.shape[1], group, d), k, v)
         return out.reshape(b, h, 1, d)
-    try:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=group > 1)
-    except TypeError:  # a torch without enable_gqa
-        return F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
-                                              is_causal=causal)
+    # a prefill: each KV head repeated for its query heads (a copy far smaller than the attention's
+    # work), so every torch picks its flash kernel, as a serving engine runs one
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
+                                          is_causal=causal)
 
 
 class _Layer(nn.Module):
