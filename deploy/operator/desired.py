@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from deploy.operator.client import CliError
 from deploy.operator.documents import resolve_documents, stream
+from gateway.config import scheduler_config
 from gateway.errors import ConfigError
 from placement.plan import Demand
 from placement.spec import check_profiles, demand, profiles_for, single_pool
@@ -73,6 +74,10 @@ def desired(docs: Documents, base: ProfileSet, names: list[str], text: str | Non
             for p in profiles.find(model=md.spec.model):
                 sources.setdefault((md.spec.model, p.variant), VariantSource(md.spec.source))
     settings = docs.gateways[0].spec if docs.gateways else GatewaySpec()
+    try:  # the scheduler's settings are checked before any replica starts, not when the gateway does
+        scheduler_config(settings.scheduler, f"{docs.origin(docs.gateways[0]) if docs.gateways else where}: spec")
+    except ConfigError as e:
+        raise SpecError(str(e)) from None
     return Desired(stream(docs) if text is None else text, docs, profiles, sources, settings)
 
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from pydantic import Field
 
+from deploy.operator.client import CliError
 from deploy.operator.controller import Controller
 from deploy.operator.desired import validate
 from deploy.operator.documents import resolve_documents, resolved_stream
@@ -117,3 +118,12 @@ def test_plan_and_sim_parse_their_documents_once(tmp_path: Path, parses: list[st
     assert len(parses) == 1
     load_fleet([docs])  # headrace sim: which kind of file it is, then the plan, from one parse
     assert len(parses) == 2
+
+
+def test_a_bad_scheduler_setting_fails_validation_naming_it(tmp_path: Path) -> None:
+    gw = {"apiVersion": "headrace.dev/v1", "kind": "Gateway", "metadata": {"name": "gw"},
+          "spec": {"listen": {"host": "127.0.0.1", "http_port": 0, "grpc_port": 0}, "scheduler": {"no_such": 1}}}
+    docs = write_docs(tmp_path / "docs.yaml", pool(), deployment("resnet50", 50, 100), gw)
+    with pytest.raises(CliError) as err:
+        validate([str(docs)])
+    assert err.value.code == 2 and "scheduler.no_such" in str(err.value)
