@@ -7,7 +7,8 @@
   input/output lengths (in-flight and static batching), batch-1 first-token latencies, and a few
   lower-confidence points. Acceptance (issue 27): median error at most 15% over the primary points.
 - ``emulated``: the emulated OpenAI server, live, against its own model (TTFT and TPOT by batch and
-  context, within 5%). Not here yet: see PARTS.
+  context, within 5%): :mod:`bench.llm_fidelity_emulated`. It starts ``headrace engine`` and first waits
+  (up to 15 minutes) for the shared host's load to fall.
 - ``vllm``: the engine model against real vLLM on CPU (TTFT and TPOT p50/p90 within 10% at three loads,
   with and without shared prefixes). Not here yet: see PARTS.
 
@@ -42,6 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.llm_fidelity_emulated import markdown_emulated, run_emulated
 from bench.output import write_results
 from profiles.llm import build_reference as ref
 from profiles.llm.engine import Engine, EngineConfig, LlmRequest
@@ -189,6 +191,7 @@ def summarize(points: list[dict]) -> dict[str, Any]:
 # goes into RENDER.
 PARTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "heldout": lambda args: part_heldout(args.primary_only),
+    "emulated": lambda args: run_emulated(),
 }
 
 
@@ -259,7 +262,7 @@ def markdown_heldout(h: dict[str, Any]) -> list[str]:
     return lines
 
 
-RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {"heldout": markdown_heldout}
+RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {"heldout": markdown_heldout, "emulated": markdown_emulated}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -288,13 +291,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from loadgen.record import headrace_version
 
-    old = args.out / f"{NAME}.json"
-    result: dict[str, Any] = json.loads(old.read_text()) if old.exists() else {}
+    commit = headrace_version()["commit"]
+    fresh: dict[str, Any] = {}
     for part in parts:
         t0 = time.monotonic()
-        result[part] = PARTS[part](args)
-        result[part]["elapsed_s"] = round(time.monotonic() - t0, 1)
-    result["commit"] = headrace_version()["commit"]
+        fresh[part] = PARTS[part](args)
+        fresh[part].update(elapsed_s=round(time.monotonic() - t0, 1), commit=commit)
+    # the other parts' results are read when this run writes, not when it starts: a part that another
+    # run wrote meanwhile is kept
+    old = args.out / f"{NAME}.json"
+    result: dict[str, Any] = json.loads(old.read_text()) if old.exists() else {}
+    result.update(fresh)
+    result["commit"] = commit
     result["command"] = "python -m bench.llm_engine_fidelity " + " ".join(f"--part {p}" for p in parts) + (
         " --primary-only" if args.primary_only else "")
     md = markdown(result)
