@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from deploy.commands import run
+
 SUBCOMMAND_MODULES = (
     "deploy.triton_cli",  # headrace triton
     "profiles.emulator.llm_cli",  # headrace engine
@@ -45,15 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        return 130
+    return run(build_parser(), argv)
 
 
 if __name__ == "__main__":

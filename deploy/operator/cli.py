@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import yaml
 from rich.console import Console
 
+from deploy.commands import run
 from deploy.operator.client import ADMIN_CA_ENV, CliError, admin_context, call
 from deploy.operator.desired import admin_tls, validate
 from deploy.operator.state import STATE_ENV, DirStateStore, same_process
@@ -339,11 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     ``up --detach`` leaves running is ``python -m deploy.operator.cli up ...``."""
     parser = argparse.ArgumentParser(prog="headrace")
     register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        return 130
+    return run(parser, argv)
 
 
 if __name__ == "__main__":
