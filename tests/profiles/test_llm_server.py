@@ -29,6 +29,7 @@ from profiles.llm.profile import LlmProfile, llm_profile_to_dict
 from profiles.llm.steptime import StepTime
 from profiles.llm.tokens import chat_prompt, encode
 from profiles.profile import Provenance
+from tests.prometheus import samples
 
 STEP_S = 0.005  # every step of the tiny model: 5 ms, whatever it holds
 MODEL = "tiny-llm"
@@ -72,14 +73,7 @@ class Server:
         return openai.OpenAI(base_url=self.url + "/v1", api_key="none", **kw)
 
     def metrics(self) -> dict[str, float]:
-        """Each sample of /metrics by its name and labels, as Prometheus writes them."""
-        text = urllib.request.urlopen(self.url + "/metrics", timeout=5).read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                key, value = line.rsplit(" ", 1)
-                out[key] = float(value)
-        return out
+        return samples(self.url + "/metrics")
 
     def gauge(self, name: str) -> float:
         return self.metrics()[f'{name}{{engine="0",model_name="{MODEL}"}}']

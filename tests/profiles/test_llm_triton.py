@@ -26,6 +26,7 @@ from profiles.llm.steptime import StepTime
 from profiles.llm.tokens import decode, encode
 from profiles.profile import ProfileError, Provenance
 from profiles.triton.server import TritonServer
+from tests.prometheus import samples
 
 STEP_S = 0.005  # every step of the tiny model: 5 ms, whatever it holds
 MODEL = "llm"
@@ -152,14 +153,7 @@ class Stream:
 
 
 def metrics(server: TritonServer) -> dict[str, float]:
-    """Triton's metrics by name and labels, as Prometheus writes them."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            out[key] = float(value)
-    return out
+    return samples(f"http://127.0.0.1:{server.metrics_port}/metrics")
 
 
 def engine_metric(server: TritonServer, name: str, **labels: str) -> float:
