@@ -86,15 +86,12 @@ class _Conn(Connection):
     """A connection whose request in flight is a future, resolved with (status, headers,
     body) or failed with the reason it got no answer."""
 
+    __slots__ = ("loop", "fut")
+
     def __init__(self, max_body: int) -> None:
         super().__init__(max_body)
         self.loop = asyncio.get_running_loop()  # once: each lookup is a getpid() system call
         self.fut: asyncio.Future | None = None
-
-    def request(self, parts: list[bytes]) -> asyncio.Future:
-        self.fut = self.loop.create_future()
-        self.send(parts)
-        return self.fut
 
     def answered(self, status: int, headers: Headers, body: bytes) -> None:
         fut, self.fut = self.fut, None
@@ -157,7 +154,9 @@ class TritonHttpReplica:
               ) -> tuple[asyncio.Future, asyncio.TimerHandle | None]:
         self._busy.add(conn)
         timer = conn.loop.call_later(timeout, conn.timed_out) if timeout is not None else None
-        return conn.request(parts), timer
+        fut = conn.fut = conn.loop.create_future()
+        conn.send(parts)
+        return fut, timer
 
     async def _connect_and_send(self, parts: list[bytes], timeout: float | None
                                 ) -> tuple[int, Headers, bytes]:

@@ -5,8 +5,9 @@ Two clients are built on it: the gateway's Triton replica client (``gateway.back
 and the load generator's raw pool (``loadgen.clients``). Each subclasses :class:`Connection`
 and says what a complete answer (:meth:`Connection.answered`) and a missing one
 (:meth:`Connection.failed`) mean to it. Answers are framed by ``Content-Length`` or chunked
-transfer coding; an answer framed by the end of the connection is refused, since the
-connection is kept for the next request.
+transfer coding. An answer framed by the end of the connection is not read (the connection is
+meant for the next request): it fails when that end comes. The check runs then, not per
+answer, so the hot path pays nothing for it.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ class Connection(asyncio.Protocol):
     """One keep-alive connection with at most one request in flight (no pipelining).
 
     Each :meth:`send` gets exactly one of :meth:`answered` (the whole answer) or
-    :meth:`failed`: a ``ValueError`` for a malformed or oversized answer or one framed by the
-    connection's end (the connection is then closed), a ``ConnectionError`` for a lost
-    connection. ``closed`` is set once the connection cannot carry another request (closed by
+    :meth:`failed`: a ``ValueError`` for a malformed or oversized answer (the connection is
+    then closed) or one framed by the connection's end (once it ends), a ``ConnectionError``
+    for a connection lost otherwise. ``closed`` is set once the connection cannot carry another request (closed by
     either side, or an answer without keep-alive).
     """
 
@@ -76,13 +77,17 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.refuse(ConnectionError(f"connection lost: {exc}" if exc else "connection closed by the server"))
+        h = self.headers
+        if self.busy and h and b"content-length" not in h and b"transfer-encoding" not in h:
+            self.refuse(ValueError("an answer framed by the end of the connection"))
+        else:
+            self.refuse(ConnectionError(f"connection lost: {exc}" if exc else "connection closed by the server"))
 
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError:
-            raise  # a fault of answered(), not of the answer
+            raise  # a fault of answered() or failed(), not of the answer
         except httptools.HttpParserError as e:
             self.refuse(ValueError(f"malformed HTTP answer: {e}"))
 
@@ -90,11 +95,6 @@ class Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.lower()] = value
-
-    def on_headers_complete(self) -> None:
-        h = self.headers
-        if b"content-length" not in h and b"transfer-encoding" not in h and self.parser.get_status_code() != 204:
-            self.refuse(ValueError("an answer framed by the end of the connection"))
 
     def on_body(self, body: bytes) -> None:
         self.size += len(body)

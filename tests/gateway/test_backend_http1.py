@@ -69,7 +69,6 @@ def test_an_answer_without_keep_alive_is_answered_and_the_connection_closes() ->
 
 
 @pytest.mark.parametrize(("raw", "why"), [
-    (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{}", "framed by the end of the connection"),
     (answer(b"x" * 11), "exceeds 10 bytes"),
     (b"HTTP/1.1 200 OK\r\nContent-Length: ten\r\n\r\n", "malformed HTTP answer"),
 ])
@@ -80,6 +79,16 @@ def test_an_answer_it_cannot_frame_fails_its_request_once_and_closes_the_connect
     c.connection_lost(None)  # NOTE: the close that follows adds no second outcome
     assert len(c.outcomes) == 1 and isinstance(c.outcomes[0], ValueError) and why in str(c.outcomes[0])
     assert c.closed and c.transport.closed  # type: ignore[union-attr]
+
+
+def test_an_answer_framed_by_the_end_of_the_connection_fails_as_unreadable_when_it_ends() -> None:
+    c = Recorder()
+    c.send([b"GET / HTTP/1.1\r\n\r\n"])
+    c.data_received(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{}")
+    assert c.outcomes == []  # NOTE: it may go on: only the end says where it stops
+    c.connection_lost(None)
+    assert len(c.outcomes) == 1 and isinstance(c.outcomes[0], ValueError)
+    assert "framed by the end of the connection" in str(c.outcomes[0])
 
 
 def test_a_connection_lost_mid_answer_fails_the_request_in_flight_only() -> None:
