@@ -205,6 +205,8 @@ def markdown_heldout(h: dict[str, Any]) -> list[str]:
     verdict = "met" if s["accepted"] else "NOT met"
     lines = [
         "## Part 1: the fitted step time against held-out published serving measurements", "",
+        f"Run at commit {h.get('commit')} in {h.get('elapsed_s', 0):.0f} s: "
+        "`python -m bench.llm_engine_fidelity --part heldout`.", "",
         f"Primary points: {p['n']}, median |error| **{p['median_abs_error']:.1%}** (target <= {TARGET:.0%}: {verdict}), "
         f"mean signed error {p['mean_signed_error']:+.1%}, p90 {p['p90_abs_error']:.1%}, max {p['max_abs_error']:.1%}, "
         f"{p['within_15pct']}/{p['n']} within 15%.",
