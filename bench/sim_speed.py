@@ -122,12 +122,12 @@ def hour(slices: list[float], settings: list[str], processes: int = 2, floor: bo
     difference is the cost per request, the rest the groups' setup, paid once."""
     from bench.fleet import SEED, generate
     from bench.fleet_study import write_trace
-    from profiles.compiled import compiled
     from gateway.policy import scheduler as core
     from loadgen.sim.cli import SIM_TARGET
     from loadgen.sim.fleet import load_fleet
     from loadgen.sim.run import SimOptions, run_sim
     from loadgen.spec import LoadSpec
+    from profiles.compiled import compiled
 
     planned = sum(d["spec"]["rate"] for d in generate(HOUR_MODELS, HOUR_GPUS, SEED).deployments)
     scale = HOUR_RATE / planned
