@@ -8,11 +8,11 @@ Imports torch: :mod:`bench.gpu_truth` loads this module only once it knows torch
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from profiles.llm.shape import LlamaShape
 
 # vision
 
@@ -90,26 +90,6 @@ def vision_model(name: str) -> tuple[nn.Module, str]:
 
 
 # the Llama stack
-
-
-@dataclass(frozen=True)
-class LlamaShape:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-    head_dim: int = 128
-    rope_theta: float = 500000.0
-
-    @property
-    def layer_bytes(self) -> int:  # one layer's weights in 16 bits
-        qkv = self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim
-        return 2 * (qkv + self.heads * self.head_dim * self.hidden + 3 * self.hidden * self.intermediate)
-
-    def kv_bytes(self, layers: int, seqs: int, tokens: int) -> int:
-        return 2 * 2 * layers * seqs * tokens * self.kv_heads * self.head_dim
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:

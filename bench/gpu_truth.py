@@ -45,7 +45,7 @@ QUICK_BUDGET_S = 120.0
 VISION = ("resnet50", "vit-b16")
 VISION_VARIANTS = {"resnet50": "imagenet-resnet50", "vit-b16": "imagenet-vit-b16"}
 LLM_VARIANT = "llama-3.1-8b-instruct-bf16"
-LLM_SHAPE = "llama3-8b"  # a key of profiles.llm.build_reference.SHAPES (Llama-3-8B and 3.1-8B share it)
+LLM_SHAPE = "llama3-8b"  # a key of profiles.llm.shape.LLAMA_SHAPES (Llama-3-8B and 3.1-8B share it)
 MEMORY_MARGIN_GB = 6.0  # activations, CUDA graphs' pools, the allocator's slack
 PLANS = {  # points and repetitions of a run
     "full": {"vision_batches": (1, 2, 4, 8, 16, 32), "prefill": (512, 2048), "decode_batches": (1, 4, 16, 32, 64),
@@ -205,7 +205,7 @@ def measure_vision(torch: Any, device: Any, plan: dict, timer: Timer, deadline: 
 def llm_layers(shape: Any, free_bytes: int, max_seqs: int, max_len: int) -> int:
     """The most layers of ``shape`` whose weights and KV cache fit ``free_bytes`` with the margin."""
     head = 2 * 2 * shape.vocab * shape.hidden
-    per_layer = shape.layer_bytes + shape.kv_bytes(1, max_seqs, max_len)
+    per_layer = 2 * shape.layer_params + max_seqs * max_len * shape.kv_bytes_per_token // shape.layers
     room = free_bytes - head - MEMORY_MARGIN_GB * 1e9
     return max(0, min(shape.layers, int(room // per_layer)))
 
@@ -316,8 +316,7 @@ def run(plan_name: str, log: Callable[[str], None] = print) -> dict[str, Any]:
     if not cpu and not torch.cuda.is_available():
         raise Unavailable(f"torch {torch.__version__} sees no CUDA device; nothing measured (this bench needs an "
                           "NVIDIA GPU)")
-    from bench.gpu_models import LlamaShape
-    from profiles.llm.build_reference import SHAPES
+    from profiles.llm.shape import LLAMA_SHAPES, LlamaShape
 
     device = torch.device("cpu" if cpu else "cuda")
     if cpu:
@@ -327,9 +326,7 @@ def run(plan_name: str, log: Callable[[str], None] = print) -> dict[str, Any]:
     else:
         props = torch.cuda.get_device_properties(0)
         name, memory_gb, capability = props.name, props.total_memory / 1e9, f"{props.major}.{props.minor}"
-        s = SHAPES[LLM_SHAPE]
-        shape, layers = LlamaShape(layers=s.layers, hidden=s.hidden, heads=s.heads, kv_heads=s.kv_heads,
-                                   intermediate=s.intermediate, vocab=s.vocab, head_dim=s.head_dim), None
+        shape, layers = LLAMA_SHAPES[LLM_SHAPE], None
     gpu, slice_name = catalogue_gpu(name, memory_gb)
     device_info = {
         "name": name, "gpu": gpu, "slice": slice_name, "memory_gb": round(memory_gb, 1), "capability": capability,

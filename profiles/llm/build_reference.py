@@ -37,6 +37,7 @@ import yaml
 
 from profiles.catalogue import gpu_model
 from profiles.llm.profile import REFERENCE, LlmProfile, llm_profile_to_dict
+from profiles.llm.shape import LLAMA_SHAPES, LlamaShape
 from profiles.llm.steptime import StepTime
 from profiles.profile import Provenance
 
@@ -58,43 +59,9 @@ MIN_KV_TOKENS = 32768  # a MIG slice is offered a variant only when its KV holds
 BASE_KNOTS = (1, 8, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
-@dataclass(frozen=True)
-class Shape:
-    """A Llama model's shape (meta-llama/llama-models sku_list.py; Vidur model_config.py)."""
-
-    vidur: str  # the model's directory in Vidur's profiling data
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-    max_len: int
-    head_dim: int = 128
-
-    @property
-    def layer_params(self) -> int:
-        """Weights of one layer's linear layers (fused QKV, output, gate+up, down)."""
-        qkv = self.hidden * (self.heads + 2 * self.kv_heads) * self.head_dim
-        return qkv + self.hidden * self.hidden + 3 * self.hidden * self.intermediate
-
-    @property
-    def kv_bytes_per_token(self) -> int:  # keys and values, 16-bit
-        return 2 * self.layers * self.kv_heads * self.head_dim * 2
-
-    def weights_gb(self, fmt: str = "bf16") -> float:
-        """The checkpoint's weights: the layers' linear layers in ``fmt``, the embeddings and the
-        (untied) LM head in 16 bits, as the quantised checkpoints keep them; norms are negligible."""
-        bits = FORMATS[fmt]["bits"]
-        return round((self.layers * self.layer_params * bits / 8 + 2 * self.vocab * self.hidden * 2) / 1e9, 2)
-
-
-SHAPES = {
-    "llama3-8b": Shape("Meta-Llama-3-8B", 32, 4096, 32, 8, 14336, 128256, 131072),
-    "llama3-70b": Shape("Meta-Llama-3-70B", 80, 8192, 64, 8, 28672, 128256, 131072),
-    "llama2-7b": Shape("Llama-2-7b-hf", 32, 4096, 32, 32, 11008, 32000, 4096),
-    "llama2-70b": Shape("Llama-2-70b-hf", 80, 8192, 64, 8, 28672, 32000, 4096),
-}
+SHAPES = LLAMA_SHAPES
+VIDUR_MODEL = {"llama3-8b": "Meta-Llama-3-8B", "llama3-70b": "Meta-Llama-3-70B", "llama2-7b": "Llama-2-7b-hf",
+               "llama2-70b": "Llama-2-70b-hf"}  # each model's directory in Vidur's profiling data
 VIDUR_GPU = {"A100-80GB": "a100", "H100-80GB": "h100"}
 H200_MEMORY = 4.8 / 3.35  # H200 vs H100 SXM memory bandwidth (TB/s, NVIDIA datasheets); same SMs and clocks
 
@@ -287,7 +254,7 @@ class Derivation:
     notes: tuple[str, ...]
 
 
-def with_lm_head(st: StepTime, s: Shape) -> StepTime:
+def with_lm_head(st: StepTime, s: LlamaShape) -> StepTime:
     """``st`` with its per-step and per-sample costs: the LM head as (its weights / a layer's) layers'
     worth of the 16-bit token-wise work (read once a step, computed per sampled sequence), the CPU and
     the sampler."""
@@ -336,12 +303,12 @@ def step_time(model: str, gpu: str, tp: int = 1) -> Derivation:
     try:
         table = fit_table(vidur_linear(model, vg, tp))
         err = table_errors(table, vidur_linear(model, vg, tp))
-        notes.append(f"token-wise work: Vidur {s.vidur} {vg} tp{tp} operator sums, {len(table)} knots, error median "
+        notes.append(f"token-wise work: Vidur {VIDUR_MODEL[model]} {vg} tp{tp} operator sums, {len(table)} knots, error median "
                      f"{err['median']:.1%}, max {err['max']:.1%}")
     except KeyError:  # Llama-3 on the H100
         table = fit_table(h100_points(model, tp))
         kind = "derived"
-        notes.append(f"token-wise work: Vidur {s.vidur} a100 tp{tp} times the {SHAPES[LLAMA2_PARTNER[model]].vidur} "
+        notes.append(f"token-wise work: Vidur {VIDUR_MODEL[model]} a100 tp{tp} times the {VIDUR_MODEL[LLAMA2_PARTNER[model]]} "
                      f"h100/a100 ratio at each token count (Vidur has no Llama-3 H100 profile), {len(table)} knots. "
                      "Estimate.")
     q, kvh = s.heads / tp / 32, s.kv_heads / tp / 8
@@ -394,7 +361,7 @@ def in_format(d: Derivation, fmt: str, gpu: str) -> Derivation:
     return Derivation(st, "derived", (*d.notes, FORMAT_NOTES[fmt]))
 
 
-def activation_gb(s: Shape, tp: int = 1, tokens: int = TOKEN_BUDGET, seqs: int = MAX_SEQS) -> float:
+def activation_gb(s: LlamaShape, tp: int = 1, tokens: int = TOKEN_BUDGET, seqs: int = MAX_SEQS) -> float:
     """Peak activations of one device, an estimate: a full step's gate/up and activation outputs
     (16-bit), the fp32 logits of ``seqs`` sequences, and RUNTIME_GB of runtime buffers."""
     mlp = tokens * 3 * s.intermediate / tp * 2
@@ -420,12 +387,12 @@ def profile(model: str, fmt: str, gpu: str, slice_name: str, tp: int) -> LlmProf
     acc, acc_src = ACCURACY[(model, fmt)]
     p = LlmProfile(
         model=model, variant=f"{model}-{fmt}", gpu=gpu, slice=slice_name, tp=tp, memory_gb=memory_gb(gpu, slice_name),
-        weights_gb=s.weights_gb(fmt), activation_gb=activation_gb(s, tp),
+        weights_gb=weights_gb(s, fmt), activation_gb=activation_gb(s, tp),
         kv_bytes_per_token=s.kv_bytes_per_token, max_model_len=s.max_len, step_time=d.step_time, accuracy=acc,
     )
     kv_tokens = p.kv_blocks() * 16
     p = replace(p, max_model_len=min(s.max_len, kv_tokens // 1024 * 1024))
-    src = (f"Vidur profiling data, {VIDUR}: {VIDUR_FILES['linear'].format(gpu='a100', model=s.vidur)}"
+    src = (f"Vidur profiling data, {VIDUR}: {VIDUR_FILES['linear'].format(gpu='a100', model=VIDUR_MODEL[key])}"
            + (f" and the Llama-2 {VIDUR_FILES['linear'].format(gpu='{a100,h100}', model='...')}" if gpu != "A100-80GB" else "")
            + f", {VIDUR_FILES['attention']}" + (f", {VIDUR_FILES['allreduce'].format(gpu='{a100,h100}')}" if tp > 1 else "")
            + "; carried in profiles/llm/data")
@@ -495,3 +462,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def weights_gb(s: LlamaShape, fmt: str = "bf16") -> float:
+    """The checkpoint's weights in a format of FORMATS."""
+    return s.weights_gb(FORMATS[fmt]["bits"])
