@@ -10,7 +10,8 @@
   context, within 5%): :mod:`bench.llm_fidelity_emulated`. It starts ``headrace engine`` and first waits
   (up to 15 minutes) for the shared host's load to fall.
 - ``vllm``: the engine model against real vLLM on CPU (TTFT and TPOT p50/p90 within 10% at three loads,
-  with and without shared prefixes). Not here yet: see PARTS.
+  with and without shared prefixes): :mod:`bench.vllm_cpu.fidelity`. Opt-in: it needs
+  ``bench/vllm_cpu/install.sh`` (about 3.5 GB) and about 15 minutes on 2 cores.
 
 How each published workload becomes an engine run (the engine is vLLM's scheduler; the published
 engine's settings are carried over where it has one, and named where it differs):
@@ -189,9 +190,27 @@ def summarize(points: list[dict]) -> dict[str, Any]:
 # "emulated" (the emulated server, live, against its own model) and "vllm" (the engine model against
 # real vLLM on CPU). Each takes the parsed arguments and returns its JSON part; its markdown renderer
 # goes into RENDER.
+def part_vllm(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine model against real vLLM on CPU (starts vLLM from ``.venv-vllm``)."""
+    from bench.vllm_cpu import fidelity
+    from bench.vllm_cpu.server import missing
+
+    why = missing()
+    if why is not None:
+        raise SystemExit(f"--part vllm: {why}")
+    return fidelity.compare()
+
+
+def markdown_vllm(v: dict[str, Any]) -> list[str]:
+    from bench.vllm_cpu import fidelity
+
+    return fidelity.markdown(v)
+
+
 PARTS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "heldout": lambda args: part_heldout(args.primary_only),
     "emulated": lambda args: run_emulated(),
+    "vllm": part_vllm,
 }
 
 
@@ -264,7 +283,7 @@ def markdown_heldout(h: dict[str, Any]) -> list[str]:
     return lines
 
 
-RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {"heldout": markdown_heldout, "emulated": markdown_emulated}
+RENDER: dict[str, Callable[[dict[str, Any]], list[str]]] = {"heldout": markdown_heldout, "emulated": markdown_emulated, "vllm": markdown_vllm}
 
 
 def markdown(result: dict[str, Any]) -> str:
