@@ -245,6 +245,8 @@ def markdown(v: dict[str, Any]) -> list[str]:
     s = v["settings"]
     lines = [
         "## Part 3: the engine model against real vLLM on CPU", "",
+        f"Run at commit {v.get('commit')} in {v.get('elapsed_s', 0):.0f} s: "
+        "`python -m bench.llm_engine_fidelity --part vllm` (after `bench/vllm_cpu/install.sh`).", "",
         f"vLLM {v['vllm']['version']} on this host's CPU ({v['host']['cores']} cores) serving the tiny Llama "
         f"(`bench/vllm_cpu`), KV {v['vllm']['kv_tokens']} tokens = {v['vllm']['kv_blocks']} blocks; the engine model "
         f"with the profile measured from it (`{v['profile']}`). {s['requests']} requests a run, Poisson (seed "
