@@ -63,7 +63,7 @@ def _build(args: argparse.Namespace):  # noqa: ANN202
     config = profile.engine_config(args.gpu_memory_utilization, **settings)
     names = args.served_model_name or [profile.variant]
     engine = EmulatedEngine(Engine(config, profile.step_time), names[0])
-    return profile, config, names, make_app(engine, names)
+    return profile, config, names, make_app(engine, names, args.enable_prompt_tokens_details)
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -118,4 +118,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the prefix cache (default on)")
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=True,
                    help="chunked prefill (default on)")
+    p.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="usage reports the prompt tokens found in the prefix cache (prompt_tokens_details."
+                        "cached_tokens; default off: null, as vLLM)")
     p.set_defaults(func=run)

@@ -1,15 +1,22 @@
-"""The OpenAI wire format of the emulated LLM engine, as vLLM's OpenAI server speaks it.
+"""The OpenAI wire format of the emulated LLM engine, as vLLM 0.32's OpenAI server speaks it.
 
 Requests: ``/v1/completions`` and ``/v1/chat/completions`` bodies, read into a plain
 :class:`Generation` (prompt token ids, ``max_tokens``, seed, streaming). Answers: the JSON of a
 whole completion, the SSE chunks of a streamed one (built from bytes fixed per request, so a
 token costs one string escape), and errors in vLLM's shape, ``{"error": {"message", "type",
-"param", "code"}}``, worded as vLLM words them (``vllm/entrypoints/openai/engine/serving.py``).
+"param", "code"}}``, worded as vLLM 0.32 words them.
 
 - A prompt is text, one text in a list, or a list of token ids (completions); a chat is its
   messages as :func:`profiles.llm.tokens.chat_prompt` renders them.
 - ``max_tokens`` defaults to 16 for completions and to the rest of the context for chat
-  (vLLM's defaults); chat also takes ``max_completion_tokens``.
+  (vLLM's defaults); chat also takes ``max_completion_tokens``, which wins when given.
+- The context, checked in vLLM 0.32's order (``vllm/renderers/params.py``,
+  ``get_max_tokens``, ``vllm/sampling_params.py``, the engine's input processor): a
+  ``max_tokens`` above ``max_model_len`` is refused; a prompt longer than the context is refused
+  whatever ``max_tokens`` is (a text prompt is counted to one token past the context, as vLLM's
+  tokenizer truncates it there, hence "at least"); a ``max_tokens`` that runs past the context
+  is shortened to the rest of it, and one that comes to below 1 (a prompt filling the context)
+  is refused; then an empty prompt, then a token id out of the vocabulary.
 - ``seed`` sets the tokens; without one the seed is the CRC-32 of the prompt's token ids, so
   equal prompts give equal text, whatever else is running.
 - ``n`` above 1 is refused (400); ``ignore_eos`` is accepted (the engine never samples an end
@@ -25,7 +32,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from profiles.llm.engine import RequestTooLong
 from profiles.llm.tokens import chat_prompt, default_seed, encode
 
 
@@ -40,16 +46,36 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
 
 
-def too_long(e: RequestTooLong) -> ApiError:
-    """The engine's context check, worded as vLLM's server words it."""
-    n, m, limit = e.prompt_tokens, e.max_tokens, e.max_model_len
-    if n >= limit:
-        return ApiError(400, f"This model's maximum context length is {limit} tokens. However, your request has "
-                             f"{n} input tokens. Please reduce the length of the input messages. "
-                             f"(parameter=input_tokens, value={n})", param="input_tokens")
-    return ApiError(400, f"'max_tokens' or 'max_completion_tokens' is too large: {m}. This model's maximum context "
-                         f"length is {limit} tokens and your request has {n} input tokens ({m} > {limit} - {n}). "
-                         f"(parameter=max_tokens, value={m})", param="max_tokens")
+def _validation(message: str, param: str | None = None, value: object = None) -> ApiError:
+    """A 400 worded as vLLM's ``VLLMValidationError`` prints: the parameter and value, when it
+    names them, after the message."""
+    extras = [f"{k}={v}" for k, v in (("parameter", param), ("value", value)) if v is not None]
+    return ApiError(400, f"{message} ({', '.join(extras)})" if extras else message, param=param)
+
+
+def _fit(ids: list[int], counted: int, requested: int | None, param: str, vocab_size: int,
+         max_model_len: int) -> int:
+    """The ``max_tokens`` the engine runs for a prompt of ``counted`` tokens (``ids``), or the
+    400 vLLM answers, checked in its order."""
+    limit = max_model_len
+    if requested is not None and requested > limit:
+        raise _validation(f"{param}={requested} cannot be greater than max_model_len={limit}. "
+                          f"Please request fewer output tokens.", param, requested)
+    if counted > limit:
+        at_least = "at least " if counted == limit + 1 else ""
+        raise _validation(f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                          f"{at_least}{counted} input tokens, which exceeds this limit even without any output "
+                          f"tokens. Please reduce the length of the input prompt.", "input_tokens", counted)
+    rest = limit - counted
+    max_tokens = rest if requested is None else min(requested, rest)
+    if max_tokens < 1:
+        raise _validation(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens", max_tokens)
+    if not ids:
+        raise _validation("The decoder prompt cannot be empty")
+    low, high = min(ids), max(ids)
+    if low < 0 or high >= vocab_size:
+        raise _validation(f"Token id {low if low < 0 else high} is out of vocabulary")
+    return max_tokens
 
 
 def unknown_model(name: str) -> ApiError:
@@ -141,8 +167,8 @@ def _model(req: _Body, served: tuple[str, ...]) -> str:
 
 def read_generation(kind: Literal["completion", "chat"], body: object, served: tuple[str, ...],
                     vocab_size: int, max_model_len: int) -> Generation:
-    """A completions or chat body as the engine's request; ApiError when it cannot be one. The
-    context check itself is the engine's (:class:`RequestTooLong`)."""
+    """A completions or chat body as the engine's request, its ``max_tokens`` fitted to the
+    context; ApiError when it cannot be one."""
     if kind == "completion":
         req = _validate(_CompletionBody, body)
         model = _model(req, served)
@@ -152,14 +178,9 @@ def read_generation(kind: Literal["completion", "chat"], body: object, served: t
                 raise ApiError(400, f"one prompt per request on this emulated engine, got {len(prompt)}",
                                param="prompt")
             prompt = prompt[0]
-        if isinstance(prompt, str):
-            ids = encode(prompt, vocab_size)
-        else:
-            ids = list(prompt)
-            bad = next((t for t in ids if not 0 <= t < vocab_size), None)
-            if bad is not None:
-                raise ApiError(400, f"Token id {bad} is out of vocabulary", param="prompt")
-        max_tokens = req.max_tokens
+        text = isinstance(prompt, str)
+        ids = encode(prompt, vocab_size) if text else list(prompt)
+        requested, param = req.max_tokens, "max_tokens"
     else:
         req = _validate(_ChatBody, body)
         model = _model(req, served)
@@ -167,14 +188,13 @@ def read_generation(kind: Literal["completion", "chat"], body: object, served: t
             raise ApiError(400, "messages: a chat needs at least one message", param="messages")
         messages = [{"role": m.role, "content": m.content if isinstance(m.content, str) else
                      "".join(p.text for p in m.content or () if p.type == "text")} for m in req.messages]
-        ids = encode(chat_prompt(messages), vocab_size)
-        max_tokens = req.max_completion_tokens or req.max_tokens
-    if not ids:
-        raise ApiError(400, "The decoder prompt cannot be empty", param="prompt")
-    if max_tokens is None:
-        max_tokens = max(max_model_len - len(ids), 1)
-    if max_tokens < 1:
-        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", param="max_tokens")
+        text, ids = True, encode(chat_prompt(messages), vocab_size)
+        if req.max_completion_tokens is not None:
+            requested, param = req.max_completion_tokens, "max_completion_tokens"
+        else:
+            requested, param = req.max_tokens, "max_tokens"
+    counted = min(len(ids), max_model_len + 1) if text else len(ids)
+    max_tokens = _fit(ids, counted, requested, param, vocab_size, max_model_len)
     seed = req.seed if req.seed is not None else default_seed(ids)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return Generation(kind, model, ids, max_tokens, seed, req.stream, include_usage)
@@ -182,10 +202,12 @@ def read_generation(kind: Literal["completion", "chat"], body: object, served: t
 
 # answers
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict:
+    """vLLM's ``UsageInfo``; ``prompt_tokens_details`` is null unless the server reports cached
+    tokens (vLLM's ``--enable-prompt-tokens-details``), when ``cached_tokens`` is given."""
+    details = None if cached_tokens is None else {"cached_tokens": cached_tokens}
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": details}
 
 
 def response(gen: Generation, request_id: str, text: str, use: dict) -> dict:
@@ -233,6 +255,8 @@ class ChunkWriter:
         return self.head + json.dumps(text).encode() + (self.last if last else self.tail)
 
     def usage(self, use: dict) -> bytes:
+        """The last chunk, with the usage; its null fields left out, as vLLM leaves them out."""
+        use = {k: v for k, v in use.items() if v is not None}
         return f'data: {self.envelope}"choices":[],"usage":{json.dumps(use)}}}\n\n'.encode()
 
 

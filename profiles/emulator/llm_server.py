@@ -1,5 +1,9 @@
 """The emulated LLM engine as an OpenAI-compatible server: one :class:`~profiles.llm.engine.Engine`
-run in real time on one asyncio loop, spoken to as vLLM's OpenAI server is.
+run in real time on one asyncio loop, spoken to as vLLM's OpenAI server is. It follows vLLM
+0.32's behaviour: its errors, word for word; a ``max_tokens`` that runs past the context
+shortened to the rest of it; usage whose ``prompt_tokens_details`` (the prefix-cache hits) is
+null unless the app is made with ``enable_prompt_tokens_details``, vLLM's
+``--enable-prompt-tokens-details``.
 
 Endpoints:
 - ``POST /v1/completions`` and ``POST /v1/chat/completions``: whole answers, or SSE chunks, one
@@ -53,10 +57,9 @@ from profiles.emulator.llm_openai import (
     Generation,
     read_generation,
     response,
-    too_long,
     usage,
 )
-from profiles.llm.engine import Engine, LlmRequest, RequestTooLong, Seq, StepOutput
+from profiles.llm.engine import Engine, LlmRequest, Seq, StepOutput
 from profiles.llm.kv import ROOT_HASH, BlockStored, KvEvent
 from profiles.llm.loop import EngineLoop
 from profiles.llm.tokens import decode, word
@@ -174,7 +177,7 @@ class EmulatedEngine:
     # requests
 
     def submit(self, req: LlmRequest) -> TokenStream:
-        """Queue a request (RequestTooLong or ValueError when the engine refuses it)."""
+        """Queue a request (ValueError, RequestTooLong among them, when the engine refuses it)."""
         self.loop.add(req)
         stream = TokenStream(req, self.engine.seqs[req.id], self.clock())
         self.streams[req.id] = stream
@@ -310,6 +313,7 @@ def kv_event_dicts(events: Sequence[KvEvent], block_size: int) -> list[dict]:
 
 ENGINE = web.AppKey("engine", EmulatedEngine)
 SERVED = web.AppKey("served", tuple)
+PROMPT_TOKENS_DETAILS = web.AppKey("prompt_tokens_details", bool)
 
 
 def _error(e: ApiError) -> web.Response:
@@ -352,19 +356,22 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     request_id = f"{'cmpl' if kind == 'completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
     try:
         stream = engine.submit(LlmRequest(request_id, gen.prompt, gen.max_tokens, gen.seed))
-    except RequestTooLong as e:
-        raise too_long(e) from None
     except ValueError as e:
         raise ApiError(400, str(e)) from None
     try:
         if gen.stream:
             return await _stream(request, gen, stream)
         tokens = [tok async for tok in stream]
-        use = usage(len(gen.prompt), len(tokens), stream.seq.cached_tokens)
+        use = usage(len(gen.prompt), len(tokens), _cached(request, stream))
         return web.json_response(response(gen, request_id, decode(tokens), use))
     finally:
         if not stream.done:  # the client went away (the handler was cancelled, or a write failed)
             engine.abort(stream.id)
+
+
+def _cached(request: web.Request, stream: TokenStream) -> int | None:
+    """The prompt tokens found in the prefix cache, when the server reports them."""
+    return stream.seq.cached_tokens if request.app[PROMPT_TOKENS_DETAILS] else None
 
 
 async def _stream(request: web.Request, gen: Generation, stream: TokenStream) -> web.StreamResponse:
@@ -380,7 +387,7 @@ async def _stream(request: web.Request, gen: Generation, stream: TokenStream) ->
             n += 1
             await resp.write(chunks.token(" " + word(tok), n == last))
         if gen.include_usage:
-            await resp.write(chunks.usage(usage(len(gen.prompt), n, stream.seq.cached_tokens)))
+            await resp.write(chunks.usage(usage(len(gen.prompt), n, _cached(request, stream))))
     except ApiError as e:  # after the status line: the error goes in the stream, as vLLM sends it
         await resp.write(b"data: " + json.dumps(e.body()).encode() + b"\n\n")
     except ConnectionResetError:
@@ -431,14 +438,17 @@ async def _end_streams(app: web.Application) -> None:
     await app[ENGINE].stop()
 
 
-def make_app(engine: EmulatedEngine, served_model_names: Sequence[str]) -> web.Application:
+def make_app(engine: EmulatedEngine, served_model_names: Sequence[str],
+             enable_prompt_tokens_details: bool = False) -> web.Application:
     """The OpenAI server of one emulated engine, answering for ``served_model_names`` (the first
-    is the default when a request names none, and the ``model_name`` label of its metrics)."""
+    is the default when a request names none, and the ``model_name`` label of its metrics).
+    ``enable_prompt_tokens_details``: usage reports the prompt tokens found in the prefix cache."""
     if not served_model_names:
         raise ValueError("an engine serves at least one model name")
     app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY)
     app[ENGINE] = engine
     app[SERVED] = tuple(served_model_names)
+    app[PROMPT_TOKENS_DETAILS] = enable_prompt_tokens_details
     app.cleanup_ctx.append(_run_engine)
     app.on_shutdown.append(_end_streams)
     app.router.add_post("/v1/completions", _completions)

@@ -46,18 +46,19 @@ def tiny_profile(max_model_len: int = 256) -> LlmProfile:
 class Server:
     """The emulated engine's app on a free port, on its own event loop in a thread."""
 
-    def __init__(self, profile: LlmProfile, names: tuple[str, ...] = (MODEL, "tiny-alias")) -> None:
+    def __init__(self, profile: LlmProfile, names: tuple[str, ...] = (MODEL, "tiny-alias"),
+                 prompt_tokens_details: bool = False) -> None:
         self.profile = profile
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.emu, self.runner, port = self.call(self._start(names))
+        self.emu, self.runner, port = self.call(self._start(names, prompt_tokens_details))
         self.url = f"http://127.0.0.1:{port}"
 
-    async def _start(self, names: tuple[str, ...]):  # noqa: ANN202
+    async def _start(self, names: tuple[str, ...], prompt_tokens_details: bool):  # noqa: ANN202
         config = self.profile.engine_config(max_num_seqs=8, max_num_batched_tokens=512)
         emu = EmulatedEngine(Engine(config, self.profile.step_time), names[0])
-        runner, port = await serve(make_app(emu, names), "127.0.0.1", 0)
+        runner, port = await serve(make_app(emu, names, prompt_tokens_details), "127.0.0.1", 0)
         return emu, runner, port
 
     def call(self, coro):  # noqa: ANN001, ANN201
@@ -94,6 +95,14 @@ def server() -> Iterator[Server]:
     s.close()
 
 
+@pytest.fixture(scope="module")
+def detailed() -> Iterator[Server]:
+    """A server that reports prefix-cache hits in usage (vLLM's --enable-prompt-tokens-details)."""
+    s = Server(tiny_profile(), prompt_tokens_details=True)
+    yield s
+    s.close()
+
+
 def words(n: int, tag: str) -> str:
     return " ".join(f"{tag}{i}" for i in range(n))
 
@@ -109,8 +118,8 @@ def post(url: str, body: bytes) -> tuple[int, dict]:
 
 # answers
 
-def test_a_completion_has_its_tokens_and_usage_and_a_repeated_prefix_is_cached(server: Server) -> None:
-    client = server.client()
+def test_a_completion_has_its_tokens_and_usage_and_a_repeated_prefix_is_cached(detailed: Server) -> None:
+    client = detailed.client()
     prompt = words(40, "cache")
     first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, seed=7)
     again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, seed=7)
@@ -124,6 +133,24 @@ def test_a_completion_has_its_tokens_and_usage_and_a_repeated_prefix_is_cached(s
     # NOTE: the second run finds the prompt's full blocks, never its last token, in the prefix cache
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert again.usage.prompt_tokens_details.cached_tokens == (n - 1) // 16 * 16
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == (n - 1) // 16 * 16
+
+
+def test_usage_has_no_prompt_tokens_details_unless_the_server_enables_them(server: Server) -> None:
+    client = server.client()
+    for _ in range(2):
+        status, body = post(server.url + "/v1/completions",
+                            json.dumps({"model": MODEL, "prompt": words(40, "plain"), "max_tokens": 2}).encode())
+        assert status == 200
+        assert body["usage"]["prompt_tokens_details"] is None  # a null field, as vLLM's whole answer has it
+    chunks = list(client.completions.create(model=MODEL, prompt=words(40, "plain"), max_tokens=2, stream=True,
+                                            stream_options={"include_usage": True}))
+    # NOTE: vLLM's last chunk leaves its null fields out
+    assert chunks[-1].usage.model_dump(exclude_unset=True) == {"prompt_tokens": chunks[-1].usage.prompt_tokens,
+                                                               "completion_tokens": 2,
+                                                               "total_tokens": chunks[-1].usage.prompt_tokens + 2}
 
 
 def test_without_a_seed_equal_prompts_give_equal_text(server: Server) -> None:
@@ -211,21 +238,73 @@ def test_token_times_follow_the_profile(server: Server) -> None:
 
 # errors, as vLLM gives them
 
-def test_a_request_past_the_context_gets_vllms_400(server: Server) -> None:
+def refusal(server: Server, path: str, body: dict) -> dict:
+    """The error of a request the server refuses with a 400."""
+    status, answer = post(server.url + path, json.dumps(body).encode())
+    assert status == 400, answer
+    return answer["error"]
+
+
+def test_a_prompt_past_the_context_gets_vllms_400(server: Server) -> None:
+    err = refusal(server, "/v1/completions", {"prompt": list(range(3, 303)), "max_tokens": 10})
+    assert err == {"type": "BadRequestError", "param": "input_tokens", "code": 400, "message": (
+        "This model's maximum context length is 256 tokens. However, your prompt contains 300 input tokens, which "
+        "exceeds this limit even without any output tokens. Please reduce the length of the input prompt. "
+        "(parameter=input_tokens, value=300)")}
+    # NOTE: one token past the context, vLLM cannot tell how many more there are: "at least"
+    err = refusal(server, "/v1/completions", {"prompt": list(range(3, 260)), "max_tokens": 10})
+    assert err["message"].startswith("This model's maximum context length is 256 tokens. However, your prompt "
+                                     "contains at least 257 input tokens, which exceeds")
+    # NOTE: a text prompt is tokenized to one token past the context, as vLLM's tokenizer truncates it
+    err = refusal(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": words(300, "w")}]})
+    assert (err["param"], err["message"]) == ("input_tokens", (
+        "This model's maximum context length is 256 tokens. However, your prompt contains at least 257 input tokens, "
+        "which exceeds this limit even without any output tokens. Please reduce the length of the input prompt. "
+        "(parameter=input_tokens, value=257)"))
+
+
+def test_a_max_tokens_past_the_context_is_shortened_to_the_rest_of_it(server: Server) -> None:
     client = server.client()
-    prompt = words(250, "long")
-    with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model=MODEL, prompt=prompt, max_tokens=10)
-    err = e.value.body
-    assert e.value.status_code == 400
-    assert err["type"] == "BadRequestError" and err["param"] == "max_tokens" and err["code"] == 400
-    assert err["message"] == (
-        "'max_tokens' or 'max_completion_tokens' is too large: 10. This model's maximum context length is 256 "
-        "tokens and your request has 250 input tokens (10 > 256 - 250). (parameter=max_tokens, value=10)")
-    with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": words(300, "w")}])
-    assert e.value.body["param"] == "input_tokens"
-    assert "maximum context length is 256 tokens. However, your request has" in e.value.body["message"]
+    out = client.completions.create(model=MODEL, prompt=list(range(3, 253)), max_tokens=10)
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (250, 6)
+    assert out.choices[0].finish_reason == "length"
+    chunks = list(client.completions.create(model=MODEL, prompt=list(range(3, 253)), max_tokens=10, stream=True))
+    assert [c.choices[0].finish_reason for c in chunks] == [None] * 5 + ["length"]
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": words(40, "w")}])
+    assert chat.usage.prompt_tokens + chat.usage.completion_tokens == 256  # no max_tokens: the rest of the context
+
+
+def test_a_prompt_that_fills_the_context_leaves_max_tokens_0(server: Server) -> None:
+    err = refusal(server, "/v1/completions", {"prompt": list(range(3, 259)), "max_tokens": 10})
+    assert err == {"type": "BadRequestError", "param": "max_tokens", "code": 400,
+                   "message": "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)"}
+
+
+def test_a_max_tokens_above_the_context_is_400(server: Server) -> None:
+    err = refusal(server, "/v1/completions", {"prompt": "x", "max_tokens": 300})
+    assert err == {"type": "BadRequestError", "param": "max_tokens", "code": 400, "message": (
+        "max_tokens=300 cannot be greater than max_model_len=256. Please request fewer output tokens. "
+        "(parameter=max_tokens, value=300)")}
+    err = refusal(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                    "max_completion_tokens": 257, "max_tokens": 3})
+    assert (err["param"], err["message"]) == ("max_completion_tokens", (
+        "max_completion_tokens=257 cannot be greater than max_model_len=256. Please request fewer output tokens. "
+        "(parameter=max_completion_tokens, value=257)"))
+
+
+@pytest.mark.parametrize(("body", "param", "message"), [
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens", "max_tokens must be at least 1, got 0. (parameter=max_tokens, "
+                                                     "value=0)"),
+    ({"prompt": "x", "max_tokens": -2}, "max_tokens", "max_tokens must be at least 1, got -2. (parameter=max_tokens, "
+                                                      "value=-2)"),
+    ({"prompt": []}, None, "The decoder prompt cannot be empty"),
+    ({"prompt": [5, 99999999, 32000]}, None, "Token id 99999999 is out of vocabulary"),
+    ({"prompt": [5, 32000, -1]}, None, "Token id -1 is out of vocabulary"),
+    ({"prompt": [5, 32000]}, None, "Token id 32000 is out of vocabulary"),
+])
+def test_vllms_validation_errors_word_for_word(server: Server, body: dict, param: str | None, message: str) -> None:
+    assert refusal(server, "/v1/completions", body) == {"type": "BadRequestError", "param": param, "code": 400,
+                                                        "message": message}
 
 
 def test_an_unknown_model_is_404(server: Server) -> None:
@@ -239,10 +318,7 @@ def test_an_unknown_model_is_404(server: Server) -> None:
     (b"{not json", "invalid JSON body"),
     (b"[1, 2]", "must be a JSON object"),
     (b'{"prompt": "x", "max_tokens": "many"}', "max_tokens: Input should be a valid integer"),
-    (b'{"prompt": "x", "max_tokens": 0}', "max_tokens must be at least 1, got 0."),
     (b'{"prompt": "x", "n": 2}', "n must be 1"),
-    (b'{"prompt": []}', "The decoder prompt cannot be empty"),
-    (b'{"prompt": [5, 99999999]}', "Token id 99999999 is out of vocabulary"),
     (b'{"prompt": "x", "stream_options": {"include_usage": true}}', "only be defined when `stream=True`"),
     (b'{"max_tokens": 3}', "prompt: Field required"),
 ])
@@ -359,7 +435,8 @@ def test_headrace_engine_serves_a_profile_file(tmp_path: Path) -> None:
     f = tmp_path / "tiny.yaml"
     f.write_text(yaml.safe_dump(llm_profile_to_dict(tiny_profile())))
     proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", "engine", "--profile", str(f), "--port", "0",
-                             "--served-model-name", "cli-tiny", "--max-num-seqs", "4"],
+                             "--served-model-name", "cli-tiny", "--max-num-seqs", "4",
+                             "--enable-prompt-tokens-details"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=Path(__file__).resolve().parents[2])
     try:
@@ -368,7 +445,9 @@ def test_headrace_engine_serves_a_profile_file(tmp_path: Path) -> None:
         assert url, line + proc.stderr.read()
         client = openai.OpenAI(base_url=url.group(0), api_key="none")
         assert [m.id for m in client.models.list().data] == ["cli-tiny"]
-        assert len(client.completions.create(model="cli-tiny", prompt="hi", max_tokens=3).choices[0].text.split()) == 3
+        out = client.completions.create(model="cli-tiny", prompt="hi", max_tokens=3)
+        assert len(out.choices[0].text.split()) == 3
+        assert out.usage.prompt_tokens_details.cached_tokens == 0  # reported: the flag is on
     finally:
         proc.terminate()
         assert proc.wait(10) == 0

@@ -1,7 +1,7 @@
 """Real vLLM on CPU (the tiny Llama of ``bench/vllm_cpu``) through the official ``openai`` client:
 the API the emulated engine stands in for. Whole and streamed completions and chats with usage,
-the metric series a router reads, and the 400 past the context, compared with what the emulated
-engine (``headrace engine``) answers to the same request.
+the metric series a router reads, and the errors and the context limit, compared with what the
+emulated engine (``headrace engine``) answers to the same request.
 
 Opt-in: ``pytest -m vllm --run-vllm`` after ``bench/vllm_cpu/install.sh``; the server takes about a
 minute to start."""
@@ -167,22 +167,16 @@ def test_a_prompt_past_the_context_is_400_with_vllms_numbers(vllm: VllmServer) -
         "(parameter=input_tokens, value=2100)")
 
 
-def test_past_the_context_the_emulated_400_has_vllms_shape(vllm: VllmServer, emulated: str) -> None:
-    real, emu = error(vllm.url, ids(2100), 10), error(emulated, ids(2100), 10)
-    assert set(real) == set(emu) == {"message", "type", "param", "code"}
-    assert (real["type"], real["param"], real["code"]) == (emu["type"], emu["param"], emu["code"])
-    assert real["message"].startswith("This model's maximum context length is 2048 tokens. However, your ")
-    assert emu["message"].startswith("This model's maximum context length is 2048 tokens. However, your ")
-    assert real["message"].endswith("(parameter=input_tokens, value=2100)")
-    assert emu["message"].endswith("(parameter=input_tokens, value=2100)")
-
-
-@pytest.mark.xfail(strict=True, reason="wording: vLLM 0.32 says 'your prompt contains 2100 input tokens, which "
-                   "exceeds this limit even without any output tokens. Please reduce the length of the input "
-                   "prompt.'; the emulated engine 'your request has 2100 input tokens. Please reduce the length "
-                   "of the input messages.'")
-def test_past_the_context_the_emulated_400_has_vllms_words(vllm: VllmServer, emulated: str) -> None:
-    assert error(vllm.url, ids(2100), 10)["message"] == error(emulated, ids(2100), 10)["message"]
+@pytest.mark.parametrize(("prompt", "max_tokens"), [
+    (ids(2100), 10),  # the prompt alone is past the context
+    (ids(2048), 10),  # the prompt fills the context: max_tokens comes to 0
+    (ids(20), 0),
+    (ids(20), 5000),  # max_tokens alone is past the context
+    ([5, 99999, 7], 4),  # a token id out of the vocabulary (of either)
+])
+def test_the_emulated_engine_refuses_as_vllm_word_for_word(vllm: VllmServer, emulated: str, prompt: list[int],
+                                                          max_tokens: int) -> None:
+    assert error(emulated, prompt, max_tokens) == error(vllm.url, prompt, max_tokens)
 
 
 def test_vllm_shortens_a_max_tokens_that_runs_past_the_context(vllm: VllmServer) -> None:
@@ -195,9 +189,17 @@ def test_vllm_shortens_a_max_tokens_that_runs_past_the_context(vllm: VllmServer)
         "max_tokens", "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)")
 
 
-@pytest.mark.xfail(strict=True, reason="vLLM 0.32 shortens max_tokens to the rest of the context (2000 + 100 > "
-                   "2048 gives 48 tokens, 200); the emulated engine refuses it with vLLM's older 400 "
-                   "\"'max_tokens' or 'max_completion_tokens' is too large\"")
-def test_past_the_context_by_max_tokens_the_emulated_engine_answers_as_vllm(vllm: VllmServer, emulated: str) -> None:
-    out = client(emulated).completions.create(model=SERVED, prompt=ids(2000), max_tokens=100)
-    assert out.usage.completion_tokens == 48
+def test_past_the_context_by_max_tokens_the_emulated_engine_shortens_it_as_vllm(vllm: VllmServer,
+                                                                                emulated: str) -> None:
+    real, emu = (client(url).completions.create(model=SERVED, prompt=ids(2000), max_tokens=100,
+                                                extra_body={"ignore_eos": True}) for url in (vllm.url, emulated))
+    assert (emu.usage.prompt_tokens, emu.usage.completion_tokens) == (real.usage.prompt_tokens,
+                                                                      real.usage.completion_tokens)
+    assert emu.choices[0].finish_reason == real.choices[0].finish_reason == "length"
+
+
+def test_usage_has_no_prompt_tokens_details_by_default_on_either(vllm: VllmServer, emulated: str) -> None:
+    for url in (vllm.url, emulated):
+        out = client(url).completions.create(model=SERVED, prompt=ids(40), max_tokens=2,
+                                             extra_body={"ignore_eos": True})
+        assert out.usage.prompt_tokens_details is None, url
