@@ -62,6 +62,7 @@ from profiles.emulator.llm_openai import (
 from profiles.llm.engine import Engine, LlmRequest, Seq, StepOutput
 from profiles.llm.kv import ROOT_HASH, BlockStored, KvEvent
 from profiles.llm.loop import EngineLoop
+from profiles.llm.metrics import samples
 from profiles.llm.tokens import decode, word
 
 log = logging.getLogger("headrace.engine")
@@ -115,33 +116,15 @@ class _EngineCollector(Collector):
         self.engine, self.labels = engine, labels
 
     def collect(self):  # noqa: ANN201
-        e, c, names = self.engine, self.engine.counters, ["model_name", "engine"]
-
-        def fam(kind: type, name: str, doc: str, value: float) -> object:
-            m = kind(name, doc, labels=names)
-            m.add_metric(self.labels, value)
-            return m
-
-        yield fam(GaugeMetricFamily, "vllm:num_requests_running", "Number of requests in model execution batches.",
-                  len(e.running))
-        yield fam(GaugeMetricFamily, "vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                  len(e.waiting))
-        yield fam(GaugeMetricFamily, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                  e.pool.usage)
-        yield fam(CounterMetricFamily, "vllm:prefix_cache_queries",
-                  "Prefix cache queries, in terms of number of queried tokens.", c.prefix_queries)
-        yield fam(CounterMetricFamily, "vllm:prefix_cache_hits",
-                  "Prefix cache hits, in terms of number of cached tokens.", c.prefix_hits)
-        yield fam(CounterMetricFamily, "vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                  c.preemptions)
-        yield fam(CounterMetricFamily, "vllm:prompt_tokens", "Number of prefill tokens processed.", c.prompt_tokens)
-        yield fam(CounterMetricFamily, "vllm:generation_tokens", "Number of generation tokens processed.",
-                  c.generation_tokens)
-        done = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
-                                   labels=[*names, "finished_reason"])
-        done.add_metric([*self.labels, "length"], c.finished)
-        done.add_metric([*self.labels, "abort"], c.aborted)
-        yield done
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+        for x in samples(self.engine):
+            names = ["model_name", "engine", *(k for k, _ in x.labels)]
+            fam = families.get(x.name)
+            if fam is None:
+                kind = CounterMetricFamily if x.counter else GaugeMetricFamily
+                fam = families[x.name] = kind(x.name, x.doc, labels=names)
+            fam.add_metric([*self.labels, *(v for _, v in x.labels)], x.value)
+        yield from families.values()
 
 
 class EmulatedEngine:

@@ -65,47 +65,29 @@ class _Live:
 
 
 class _Metrics:
-    """The engine's gauges and counters as Triton custom metrics (counters are raised by what
-    they gained since the last report)."""
+    """The engine's series (profiles/llm/metrics.py) as Triton custom metrics: gauges set,
+    counters raised by what they gained since the last report."""
 
-    GAUGES = (("vllm:num_requests_running", "Number of requests in model execution batches."),
-              ("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
-              ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."))
-    COUNTERS = (("vllm:prompt_tokens_total", "Number of prefill tokens processed."),
-                ("vllm:generation_tokens_total", "Number of generation tokens processed."),
-                ("vllm:num_preemptions_total", "Cumulative number of preemption from the engine."),
-                ("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens."),
-                ("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens."))
-    SUCCESS = ("vllm:request_success_total", "Count of successfully processed requests.")
-
-    def __init__(self, labels):
+    def __init__(self, labels, first):
         gauge, counter = pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
         # the families live as long as their metrics: a metric whose family is gone cannot be set
-        self.families = [pb_utils.MetricFamily(name=n, description=d, kind=gauge) for n, d in self.GAUGES]
-        self.families += [pb_utils.MetricFamily(name=n, description=d, kind=counter)
-                          for n, d in (*self.COUNTERS, self.SUCCESS)]
-        self.gauges = [f.Metric(labels=labels) for f in self.families[:len(self.GAUGES)]]
-        self.counters = [f.Metric(labels=labels) for f in self.families[len(self.GAUGES):-1]]
-        self.counters += [self.families[-1].Metric(labels={**labels, "finished_reason": r}) for r in ("length", "abort")]
-        self.last = None
+        self.families = {}
+        self.metrics = []
+        for x in first:
+            name = x.name + "_total" if x.counter else x.name
+            if name not in self.families:
+                self.families[name] = pb_utils.MetricFamily(name=name, description=x.doc,
+                                                             kind=counter if x.counter else gauge)
+            self.metrics.append((self.families[name].Metric(labels={**labels, **dict(x.labels)}), x.counter))
+        self.last = [None] * len(self.metrics)
 
-    @staticmethod
-    def snapshot(engine):
-        c = engine.counters
-        return ((len(engine.running), len(engine.waiting), engine.pool.usage),
-                (c.prompt_tokens, c.generation_tokens, c.preemptions, c.prefix_queries, c.prefix_hits, c.finished,
-                 c.aborted))
-
-    def report(self, snap):
-        gauges, counts = snap
-        last = self.last or ((None,) * len(gauges), (0,) * len(counts))
-        for metric, value, before in zip(self.gauges, gauges, last[0], strict=True):
-            if value != before:
+    def report(self, values):
+        for i, ((metric, counter), value, before) in enumerate(zip(self.metrics, values, self.last, strict=True)):
+            if not counter and value != before:
                 metric.set(value)
-        for metric, value, before in zip(self.counters, counts, last[1], strict=True):
-            if value > before:
-                metric.increment(value - before)
-        self.last = snap
+            elif counter and value > (before or 0):
+                metric.increment(value - (before or 0))
+            self.last[i] = value
 
 
 def _error(message, code):
@@ -126,6 +108,7 @@ class TritonPythonModel:
         from profiles.emulator.llm_repository import PROFILE_FILE, engine_config_from_params
         from profiles.llm.engine import Engine, LlmRequest
         from profiles.llm.loop import EngineLoop
+        from profiles.llm.metrics import samples
         from profiles.llm.profile import load_llm_profiles
         from profiles.llm.tokens import decode, default_seed, encode
 
@@ -133,6 +116,7 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException("the emulated LLM engine needs model_transaction_policy "
                                                 "{ decoupled: true }")
         self.LlmRequest, self.encode, self.decode, self.default_seed = LlmRequest, encode, decode, default_seed
+        self.samples = samples
         profile = load_llm_profiles(Path(__file__).parent / PROFILE_FILE)[0]
         self.engine = Engine(engine_config_from_params(params), profile.step_time)
         self.loop = EngineLoop(self.engine)
@@ -146,7 +130,8 @@ class TritonPythonModel:
         self.stopping = False
         self.broken = None  # why the engine stopped, once it has
         try:
-            self.metrics = _Metrics({"model": args["model_name"], "version": args["model_version"]})
+            self.metrics = _Metrics({"model": args["model_name"], "version": args["model_version"]},
+                                    samples(self.engine))
         except pb_utils.TritonModelException as e:  # the server runs without metrics
             self.logger.log_info(f"emulated LLM engine: no metrics ({e})")
             self.metrics = None
@@ -237,7 +222,7 @@ class TritonPythonModel:
                                 self.outbox.put(("check", live))
                     if self.metrics is not None and (now >= next_report or engine.idle):
                         next_report = now + METRICS_S
-                        self.outbox.put(("metrics", _Metrics.snapshot(engine)))
+                        self.outbox.put(("metrics", [x.value for x in self.samples(engine)]))
                     wake = loop.wake
                     if wake is None:
                         timeout = CHECK_S if self.live else None  # requests that cannot start still get checked
