@@ -335,5 +335,8 @@ class Controller:
     def status(self) -> dict[str, Any]:
         return status(self)
 
+    def serving(self) -> dict[str, tuple[int, bool]]:
+        return {rid: (0, r.healthy) for rid, r in self.gateway.driver.replicas.items()} if self.gateway else {}
+
     def documents_yaml(self) -> str:
         return self.desired.text if self.desired else ""

@@ -59,6 +59,11 @@ class Observed(Protocol):
     events: deque[Event]
     admin_url: str
 
+    def serving(self) -> dict[str, tuple[int, bool]]:
+        """Replica id -> (the gateway routing to it: 0 this controller's, i its actor i; whether
+        that gateway finds it healthy)."""
+        ...
+
 
 def _condition(c: Observed, model: str, kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
     key = (model, kind)
@@ -74,20 +79,20 @@ def _replicas(c: Observed, model: str) -> list[dict[str, Any]]:
     if c.plan is None:
         return out
     eps = c.runtime.endpoints() if c.runtime else {}
-    served = c.gateway.driver.replicas if c.gateway else {}
+    served = c.serving()
     for g in c.plan.used():
         for s in g.slices:
             for r, rid in zip(s.replicas, replica_ids(g, s), strict=True):
                 if r.model != model:
                     continue
                 ep = eps.get(rid)
-                rep = served.get(rid)
                 out.append({
                     "id": rid, "variant": r.variant, "gpu": g.id, "gpu_model": g.gpu, "slice": s.label,
                     "share": r.share, "capacity_rps": round(r.capacity, 1),
                     "process": "running" if c.runtime and c.runtime.alive(rid) else
                                ("restarting" if rid in c.restarting else "down"),
-                    "serving": bool(rep and rep.healthy), "url": ep.http_url if ep else None,
+                    "serving": served.get(rid, (0, False))[1],
+                    "gateway": served[rid][0] if rid in served else None, "url": ep.http_url if ep else None,
                 })
     return out
 

@@ -55,12 +55,14 @@ class RayController(Controller):
     namespace: str = NAMESPACE
     gateway_actors: list[Any] = field(default_factory=list)
     gateway_infos: list[dict[str, Any]] = field(default_factory=list)  # as last seen by the loop
+    _syncs: int = 0  # gateway syncs begun: a refresh that overlapped one keeps the sync's infos
 
     async def _sync_gateways(self) -> None:
         """Deal the replicas over this gateway and the gateway actors (gateway.partition): share 0
         stays here, share i goes to actor i."""
         if not self.gateways or self.plan is None or self.gateway is None or self.desired is None:
             return
+        self._syncs += 1
         from deploy.ray.gateway import gateway_actor  # noqa: PLC0415
         from gateway.partition import partition, replica_id  # noqa: PLC0415
 
@@ -83,13 +85,26 @@ class RayController(Controller):
         self.gateway_infos = infos
 
     async def _gateway_infos(self) -> None:
+        # NOTE: Ray may run an actor's info() before an earlier configure() whose argument is
+        # still being resolved, so a refresh that overlapped a sync could report the actor as it
+        # was before it; the sync's own infos are newer
+        began = self._syncs
         infos = []
         for actor in self.gateway_actors:
             try:
                 infos.append(await asyncio.to_thread(ray.get, actor.info.remote(), timeout=2.0))
             except Exception as e:  # noqa: BLE001  (dead or restarting: status says so)
                 infos.append({"error": type(e).__name__})
-        self.gateway_infos = infos
+        if began == self._syncs:
+            self.gateway_infos = infos
+
+    def serving(self) -> dict[str, tuple[int, bool]]:
+        """This controller's gateway's replicas and those the gateway actors last reported."""
+        out = super().serving()
+        for i, info in enumerate(self.gateway_infos, 1):
+            healthy = set(info.get("healthy", ()))
+            out.update({rid: (i, rid in healthy) for rid in info.get("replicas", ())})
+        return out
 
     async def down(self) -> None:
         for actor in self.gateway_actors:

@@ -69,7 +69,8 @@ class GatewayActorImpl:
     def info(self) -> dict[str, Any]:
         gw = self.gateway
         return {"index": self.index, "http": gw.http_url if gw else None, "grpc": gw.grpc_url if gw else None,
-                "starts": self.starts, "replicas": sorted(gw.driver.replicas) if gw else []}
+                "starts": self.starts, "replicas": sorted(gw.driver.replicas) if gw else [],
+                "healthy": sorted(r for r, rep in gw.driver.replicas.items() if rep.healthy) if gw else []}
 
     def stop(self) -> None:
         if self.gateway is not None:

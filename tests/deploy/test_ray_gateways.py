@@ -87,10 +87,16 @@ class Client(threading.Thread):
 
 def test_replicas_are_split_between_the_gateways(op: Running) -> None:
     (actor,) = op.status()["ray"]["gateways"]
-    mine = {r["id"] for r in op.deployment("resnet50")["replicas"] if r["serving"]}
+    mine = {r["id"] for r in op.deployment("resnet50")["replicas"] if r["serving"] and r["gateway"] == 0}
     assert len(actor["replicas"]) == 1 and len(mine) == 1 and set(actor["replicas"]).isdisjoint(mine), (actor, mine)
     infer(actor["http"])
     infer(op.http)
+    # NOTE: a replica the actor serves is serving: the deployment is Ready, not Degraded
+    d = op.deployment("resnet50")
+    assert all(r["serving"] for r in d["replicas"]), d["replicas"]
+    assert {r["id"] for r in d["replicas"] if r["gateway"] == 1} == set(actor["replicas"]), d["replicas"]
+    conds = {c["type"]: c["status"] for c in d["conditions"]}
+    assert conds["Ready"] == "True" and conds["Degraded"] == "False", d["conditions"]
 
 
 def test_a_killed_gateway_actor_fails_its_in_flight_requests_and_the_other_gateway_serves(op: Running) -> None:
