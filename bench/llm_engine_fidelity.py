@@ -77,7 +77,7 @@ def run_engine(engine: Engine, requests: list[LlmRequest]) -> tuple[float, list[
     seconds, output tokens)."""
     loop = EngineLoop(engine)
     for r in requests:
-        loop.add(r)
+        loop.add(r, 0.0)
     steps: list[float] = []
     tokens = 0
     now = 0.0

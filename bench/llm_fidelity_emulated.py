@@ -75,7 +75,7 @@ def replay(config: EngineConfig, step_time: StepTime, arrivals: list[tuple[float
         wake = loop.wake
         if i < n and (wake is None or arrivals[i][0] < wake):
             now = arrivals[i][0]
-            loop.add(arrivals[i][1])
+            loop.add(arrivals[i][1], now)
             i += 1
         else:
             now = wake

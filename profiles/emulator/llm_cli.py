@@ -62,7 +62,7 @@ def _build(args: argparse.Namespace):  # noqa: ANN202
         settings["max_model_len"] = args.max_model_len
     config = profile.engine_config(args.gpu_memory_utilization, **settings)
     names = args.served_model_name or [profile.variant]
-    engine = EmulatedEngine(Engine(config, profile.step_time), names[0])
+    engine = EmulatedEngine(Engine(config, profile.step_time), names[0], frontend_s=profile.frontend_s)
     return profile, config, names, make_app(engine, names, args.enable_prompt_tokens_details)
 
 

@@ -132,9 +132,10 @@ class EmulatedEngine:
     :meth:`submit`, tokens out through each request's :class:`TokenStream`, KV events out to
     subscribers. ``clock`` is the driver's time (monotonic seconds)."""
 
-    def __init__(self, engine: Engine, model_name: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, engine: Engine, model_name: str, clock: Callable[[], float] = time.monotonic,
+                 frontend_s: float = 0.0) -> None:
         self.engine = engine
-        self.loop = EngineLoop(engine)
+        self.loop = EngineLoop(engine, frontend_s)
         self.clock = clock
         self.streams: dict[str, TokenStream] = {}
         self.subscribers: set[asyncio.Queue[bytes | None]] = set()
@@ -161,8 +162,9 @@ class EmulatedEngine:
 
     def submit(self, req: LlmRequest) -> TokenStream:
         """Queue a request (ValueError, RequestTooLong among them, when the engine refuses it)."""
-        self.loop.add(req)
-        stream = TokenStream(req, self.engine.seqs[req.id], self.clock())
+        now = self.clock()
+        self.loop.add(req, now)
+        stream = TokenStream(req, self.engine.seqs[req.id], now)
         self.streams[req.id] = stream
         if self.loop.step is None:
             self._kick.set()

@@ -119,7 +119,7 @@ class TritonPythonModel:
         self.samples = samples
         profile = load_llm_profiles(Path(__file__).parent / PROFILE_FILE)[0]
         self.engine = Engine(engine_config_from_params(params), profile.step_time)
-        self.loop = EngineLoop(self.engine)
+        self.loop = EngineLoop(self.engine, profile.frontend_s)
         self.vocab = self.engine.config.vocab_size
         self.default_max_tokens = int(params.get("default_max_tokens", "16"))
         self.logger = pb_utils.Logger
@@ -151,7 +151,8 @@ class TritonPythonModel:
                 with self.cv:
                     broken = self.broken
                     if broken is None:
-                        self.loop.add(req)  # RequestTooLong or ValueError when the engine refuses it
+                        # RequestTooLong or ValueError when the engine refuses it
+                        self.loop.add(req, time.monotonic())
                         self.live[req.id] = live
                         self.cv.notify()
             except ValueError as e:

@@ -70,6 +70,7 @@ class LlmRequest:
 
 
 class State(enum.StrEnum):
+    ARRIVING = "arriving"  # on its way in through the server's front end: no step sees it yet
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
@@ -157,13 +158,24 @@ class Engine:
         if prompt_tokens + max_tokens > self.config.max_model_len:
             raise RequestTooLong(prompt_tokens, max_tokens, self.config.max_model_len)
 
-    def add(self, req: LlmRequest) -> None:
+    def add(self, req: LlmRequest, arriving: bool = False) -> None:
+        """Queue a request; ``arriving``: held out of the schedule until :meth:`admit`."""
         if req.id in self.seqs:
             raise ValueError(f"request {req.id!r} is already in the engine")
         self.check(len(req.prompt), req.max_tokens)
         seq = Seq(req, list(req.prompt))
         self.seqs[req.id] = seq
-        self.waiting.append(seq)
+        if arriving:
+            seq.state = State.ARRIVING
+        else:
+            self.waiting.append(seq)
+
+    def admit(self, request_id: str) -> None:
+        """An arriving request joins the waiting queue (nothing when it was aborted meanwhile)."""
+        seq = self.seqs.get(request_id)
+        if seq is not None and seq.state is State.ARRIVING:
+            seq.state = State.WAITING
+            self.waiting.append(seq)
 
     def abort(self, request_id: str) -> bool:
         """Drop a request wherever it is and free its KV blocks; False when it is not here."""
@@ -172,7 +184,7 @@ class Engine:
             return False
         if seq.state is State.RUNNING:
             self.running.remove(seq)
-        else:
+        elif seq.state is State.WAITING:
             self.waiting.remove(seq)
         self.pool.release(seq.blocks)
         seq.blocks = []

@@ -45,6 +45,7 @@ class LlmProfile:
     step_time: StepTime
     accuracy: float | None = None
     provenance: Provenance = Provenance("unknown")
+    frontend_s: float = 0.0  # a request's way in through the server's front end, beside the steps
 
     @property
     def key(self) -> tuple[str, str, str, int]:
@@ -112,6 +113,9 @@ class _LlmSpecModel(BaseModel):
     kv_bytes_per_token: int = Field(ge=1, description="2 x layers x KV heads x head dim x bytes")
     max_model_len: int = Field(ge=1)
     accuracy: float | None = Field(default=None, ge=0, le=1)
+    frontend_ms: float = Field(
+        default=0.0, ge=0, description="a request's time in the server's front end (HTTP, tokenizer, the hand-off to the "
+                                       "engine core) before the scheduler sees it, spent beside the steps")
     step_time: _StepTimeModel
     provenance: ProvenanceModel
 
@@ -141,6 +145,7 @@ def llm_profile_from_dict(doc: dict, where: str = "LLM profile") -> LlmProfile:
         model=s.model, variant=s.variant, gpu=s.gpu, slice=s.slice, tp=s.tp, memory_gb=s.memory_gb,
         weights_gb=s.weights_gb, activation_gb=s.activation_gb, kv_bytes_per_token=s.kv_bytes_per_token,
         max_model_len=s.max_model_len, step_time=s.step_time.to_step_time(), accuracy=s.accuracy,
+        frontend_s=s.frontend_ms / 1e3,
         provenance=Provenance(p.source, p.kind, tuple(p.measured_batches), p.notes, p.accuracy_source),
     )
 
@@ -166,6 +171,8 @@ def llm_profile_to_dict(p: LlmProfile) -> dict:
     }
     if p.accuracy is None:
         del spec["accuracy"]
+    if p.frontend_s:
+        spec["frontend_ms"] = round(p.frontend_s * 1e3, 6)
     return {"apiVersion": API_VERSION, "kind": "LlmProfile", "metadata": {"name": p.name}, "spec": spec}
 
 

@@ -30,19 +30,30 @@ def test_the_startup_log_gives_the_engines_settings_and_kv_blocks() -> None:
     assert (s.setting("max_num_seqs"), s.setting("max_num_batched_tokens"), s.kv_blocks) == (128, 2048, 16_384)
 
 
-def measured(st: StepTime) -> dict:
-    """What the three series would measure on an engine whose steps take ``st``."""
+FRONTEND_S = 12e-3
+
+
+def measured(st: StepTime, frontend_s: float = FRONTEND_S) -> dict:
+    """What the four series would measure on an engine whose steps take ``st`` behind a front end
+    of ``frontend_s``."""
     def decode(batch: int, context: int) -> float:
         s = StepShape()
         for _ in range(batch):
             s.add_decode(context)
         return st.seconds(s)
 
-    raw: dict = {"prefill": [], "decode": [], "context": []}
+    raw: dict = {"prefill": [], "decode": [], "context": [], "join": []}
     for n in measure.PREFILL:
         s = StepShape()
         s.add_prefill(0, n, True)
-        raw["prefill"].append({"prompt": n, "ttft": st.seconds(s), "tpot": decode(1, n + measure.PREFILL_TOKENS // 2)})
+        raw["prefill"].append({"prompt": n, "ttft": frontend_s + st.seconds(s),
+                               "tpot": decode(1, n + measure.PREFILL_TOKENS // 2)})
+    for n in measure.JOIN:
+        s = StepShape()
+        s.add_prefill(0, n, True)
+        s.add_decode(measure.DECODE_PROMPT + 20)
+        raw["join"].append({"prompt": n, "gap": st.seconds(s), "decode": decode(1, measure.DECODE_PROMPT + 20),
+                            "context": measure.DECODE_PROMPT + 20})
     for series, batches, prompts, tokens in (
             ("decode", measure.DECODE, [measure.DECODE_PROMPT], measure.DECODE_TOKENS),
             ("context", [measure.CONTEXT_BATCH], measure.CONTEXT, measure.CONTEXT_TOKENS)):
@@ -54,9 +65,11 @@ def measured(st: StepTime) -> dict:
     return raw
 
 
-def test_the_fit_recovers_a_known_step_time() -> None:
-    st, report = measure.fit(measured(KNOWN))
+def test_the_fit_recovers_a_known_step_time_and_parts_it_from_the_front_end() -> None:
+    st, frontend_s, report = measure.fit(measured(KNOWN))
     assert max(report["max_abs_error"].values()) < 1e-6
+    assert frontend_s == pytest.approx(FRONTEND_S, rel=1e-3)
+    assert st.prefill_attn_s == pytest.approx(KNOWN.prefill_attn_s, rel=1e-3)
     assert st.step_s == pytest.approx(KNOWN.step_s, rel=1e-4)
     assert st.sample_s == pytest.approx(KNOWN.sample_s, rel=1e-4)
     assert st.prefill_attn_per_pair_s == pytest.approx(KNOWN.prefill_attn_per_pair_s, rel=1e-4)
@@ -69,7 +82,7 @@ def test_alone_a_request_takes_a_prefill_step_then_a_decode_step_a_token() -> No
     first, decode = StepShape(), StepShape()
     first.add_prefill(0, 200, True)
     decode.add_decode(205)
-    assert t.tokens == 10 and t.ttft == pytest.approx(profile.step_time.seconds(first))
+    assert t.tokens == 10 and t.ttft == pytest.approx(profile.frontend_s + profile.step_time.seconds(first))
     assert t.tpot == pytest.approx(profile.step_time.seconds(decode), rel=0.02)
 
 
