@@ -16,12 +16,23 @@ the same models. Minimal shape::
             protocol: http        # or grpc (then url is its gRPC endpoint)
             variant: resnet50     # the Triton model name on that server
             profile: resnet50@A100-80GB/1g.10gb   # reference profile, or a profile YAML path
+    llm_models:                   # generative models, served on the OpenAI API (/v1/...)
+      - name: llama-8b
+        slo_ttft_ms: 500          # defaults; a request's x-slo-ttft-ms / x-slo-tpot-ms override
+        slo_tpot_ms: 50
+        replicas:
+          - url: http://127.0.0.1:9100   # an OpenAI-compatible engine
+            engine: vllm                 # sglang, tgi, triton-openai or emulated
+            model: meta-llama/Llama-3.1-8B-Instruct   # its served model name (default: name)
+
+``models`` or ``llm_models`` may be empty, not both.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -125,21 +136,74 @@ class ModelConfig(Strict):
     )
 
 
+LlmEngine = Literal["vllm", "sglang", "tgi", "triton-openai", "emulated"]  # all speak the OpenAI API
+
+
+class LlmReplicaConfig(Strict):
+    """One OpenAI-compatible engine serving an LLM model."""
+
+    url: str = Field(min_length=8, description="http://host:port of the engine's OpenAI API (its /v1 lies below)")
+    engine: LlmEngine = Field(default="vllm", description="the engine's kind: vllm, sglang, tgi, triton-openai "
+                              "or emulated (headrace engine); every one is spoken to over the OpenAI API")
+    model: VariantName | None = Field(default=None, description="the engine's served model name (default: the "
+                                      "model's name)")
+    id: str | None = Field(default=None, min_length=1, description="replica id (default: model@url)")
+    max_inflight: int = Field(default=256, ge=1, le=100_000,
+                              description="requests the gateway keeps open at the engine at once; past it on "
+                              "every replica, a request is refused 429")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        parts = urlsplit(v)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme != "http" or not parts.hostname or port is None or parts.path not in ("", "/"):
+            raise ValueError(f"url {v!r} must be http://host:port")
+        return f"http://{parts.netloc}"
+
+
+class LlmModelConfig(Strict):
+    """A generative model clients address on the OpenAI API: its default token SLOs, priority and
+    engines."""
+
+    name: ModelName = Field(description="model name clients send in the request's `model`")
+    slo_ttft_ms: RequestSloMs = Field(default=1000.0, description="default time-to-first-token SLO, ms")
+    slo_tpot_ms: RequestSloMs = Field(default=100.0, description="default time-per-output-token SLO, ms")
+    priority: PriorityClass = Field(default="guaranteed", description="default priority class of its requests")
+    replicas: list[LlmReplicaConfig] = Field(
+        description="the engines it runs on; none: addressable and answered 503 until one is added")
+
+    def replica_id(self, r: LlmReplicaConfig) -> str:
+        return r.id or f"{r.model or self.name}@{r.url}"
+
+
 class GatewayConfig(GatewaySettings):
     """``headrace serve``'s YAML: the gateway settings (:class:`~profiles.schema.GatewaySettings`)
     and the models with their replicas. The operator renders it from a plan
     (:func:`placement.apply.render.gateway_config`)."""
 
-    models: list[ModelConfig] = Field(min_length=1, description="served models")
+    models: list[ModelConfig] = Field(default_factory=list, description="served models (KServe v2 / Triton)")
+    llm_models: list[LlmModelConfig] = Field(default_factory=list,
+                                             description="generative models served on the OpenAI API")
+    stream_write_timeout_s: float = Field(
+        default=30.0, gt=0, le=3600,
+        description="a streamed answer whose client reads nothing for this long (its socket's buffers "
+        "full) is aborted, and its request aborted at the engine")
     base_dir: Path | None = Field(default=None, exclude=True, description="resolves relative profile paths")
 
     @model_validator(mode="after")
     def _unique(self) -> GatewayConfig:
-        names = [m.name for m in self.models]
+        if not self.models and not self.llm_models:
+            raise ValueError("serve at least one model: models and llm_models are both empty")
+        names = [m.name for m in self.models] + [m.name for m in self.llm_models]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"model names must be unique; repeated: {sorted(dup)}")
         ids = [r.id or f"{r.variant}@{r.url}" for m in self.models for r in m.replicas]
+        ids += [m.replica_id(r) for m in self.llm_models for r in m.replicas]
         dup = {i for i in ids if ids.count(i) > 1}
         if dup:
             raise ValueError(f"replica ids must be unique; repeated: {sorted(dup)}")
