@@ -13,6 +13,14 @@ request order on a connection (pipelining) and 400 on a malformed request. Bodie
 to the handler as received: Content-Encoding is the handler's business (it knows its own
 size limit).
 
+A handler may also answer with a :class:`StreamResponse` (server-sent events): its head, then
+each chunk as its iterator yields it (``Transfer-Encoding: chunked`` on a keep-alive
+connection, else a body ended by closing it); the connection's next answer waits for its
+end. A client that goes away cancels the stream; one that stops reading (the socket's
+buffers full, writes paused) for ``stream_write_timeout_s`` has its connection aborted. Either
+way the stream's ``aborted`` is told why and its iterator is closed, so what feeds it (an
+engine's stream) is closed at once.
+
 What a client may ask of it is bounded (:mod:`gateway.frontdoor.limits`, each compared on the parse
 callbacks): connections (past ``max_connections`` a few more may only ask for
 ``/v2/health/*``; past those a new connection is closed at once), the request head (414,
@@ -43,7 +51,7 @@ import math
 import ssl
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import httptools
@@ -138,9 +146,30 @@ class Later:
     make: Callable[[asyncio.Future], HttpResponse]
 
 
-# A handler answers at once (an HttpResponse), or later: a Later, an asyncio Future of a
+@dataclass(slots=True)
+class StreamResponse:
+    """A streamed answer: the head, then every chunk ``chunks`` yields, written as it comes.
+    ``aborted(reason)`` is called when it cannot finish: ``disconnect`` (the client went away),
+    ``write_timeout`` (the client stopped reading) or ``shutdown``; ``chunks`` is closed then."""
+
+    status: int
+    chunks: AsyncIterator[bytes]
+    content_type: str = "text/event-stream"
+    headers: tuple[tuple[str, str], ...] = ()
+    aborted: Callable[[str], None] | None = None
+
+    def head(self, chunked: bool) -> bytes:
+        head = [f"HTTP/1.1 {self.status} {_REASONS.get(self.status, 'Unknown')}\r\n"
+                f"Content-Type: {self.content_type}\r\nCache-Control: no-cache\r\n"]
+        for k, v in self.headers:
+            head.append(f"{k}: {v}\r\n")
+        head.append("Transfer-Encoding: chunked\r\n\r\n" if chunked else "Connection: close\r\n\r\n")
+        return "".join(head).encode("latin-1")
+
+
+# A handler answers at once (an HttpResponse or a StreamResponse), or later: a Later, an asyncio Future of a
 # response (followed by a callback, no task) or a coroutine (run as a task).
-Handler = Callable[[HttpRequest], "HttpResponse | Later | Awaitable[HttpResponse]"]
+Handler = Callable[[HttpRequest], "HttpResponse | StreamResponse | Later | Awaitable[HttpResponse | StreamResponse]"]
 
 
 @dataclass(slots=True)
@@ -177,12 +206,16 @@ class _Connection(asyncio.Protocol):
         self.loop = server.loop
         self.now = server.loop.time
         self.transport: asyncio.Transport | TlsTransport | None = None
+        self.raw: asyncio.Transport | None = None  # the socket's transport (below TLS)
         self.tls: TlsTransport | None = None  # the TLS layer, when the server speaks TLS
         self.parser = httptools.HttpRequestParser(self)
         self.msg = _Message()
         self.queue: deque[_Pending] = deque()
         self.busy = False
-        self.waiting: asyncio.Future | None = None  # the answer being awaited, while busy
+        self.waiting: asyncio.Future | None = None  # the answer being awaited (or streamed), while busy
+        self.streaming: StreamResponse | None = None  # the answer being streamed
+        self.write_paused = 0.0  # when the transport paused writing (its buffer past the high-water mark); 0: not
+        self.drained: asyncio.Future | None = None  # a stream waiting for writing to resume
         self.closing = False
         self.paused = False
         self.broken = False  # the parser failed or a refusal was made: nothing after that is read as a request
@@ -197,7 +230,7 @@ class _Connection(asyncio.Protocol):
 
     # ---- transport events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = self.raw = transport  # type: ignore[assignment]
         if not self.server._admit(self):
             self.closing = self.broken = True
             transport.close()
@@ -209,11 +242,21 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        if self.streaming is not None:
+            self._stream_aborted("disconnect")
         if self.waiting is not None and not self.waiting.done():
             self.waiting.cancel()  # the client is gone: a queued request leaves the scheduler
         self._release(self.msg)
         self._stop_timer()
         self.server._conns.discard(self)
+
+    def pause_writing(self) -> None:
+        self.write_paused = self.now()
+
+    def resume_writing(self) -> None:
+        self.write_paused = 0.0
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         if self.broken:
@@ -381,6 +424,9 @@ class _Connection(asyncio.Protocol):
             if isinstance(answer, HttpResponse):
                 self._write(answer, pending.keep_alive)
                 continue
+            if isinstance(answer, StreamResponse):
+                self._start_stream(answer, pending.keep_alive)
+                return
             self.busy = True
             if isinstance(answer, Later):
                 later, make = answer.future, answer.make
@@ -400,7 +446,7 @@ class _Connection(asyncio.Protocol):
             self._expect(_IDLE, self.limits.idle_timeout_s)
 
     def _done(self, task: asyncio.Future, keep_alive: bool,
-              make: Callable[[asyncio.Future], HttpResponse]) -> None:
+              make: Callable[[asyncio.Future], HttpResponse | StreamResponse]) -> None:
         self.server._tasks.discard(task)
         self.waiting = None
         if task.cancelled():
@@ -411,7 +457,76 @@ class _Connection(asyncio.Protocol):
             except Exception as e:  # noqa: BLE001  (a bug answers 500; the server goes on)
                 log.error("HTTP handler failed", exc_info=e)
                 resp = error_response(500, f"internal error: {type(e).__name__}: {e}")
+        if isinstance(resp, StreamResponse):
+            self._start_stream(resp, keep_alive)
+            return
         self._write(resp, keep_alive)
+        self._next()
+
+    # ---- streamed answers
+    def _start_stream(self, resp: StreamResponse, keep_alive: bool) -> None:
+        """Write ``resp`` as its chunks come, in a task; the next answer waits for its end."""
+        self.busy = True
+        self.streaming = resp
+        task = self.loop.create_task(self._stream(resp, keep_alive and not self.server.stopping))
+        self.server._tasks.add(task)
+        self.waiting = task
+        task.add_done_callback(self._streamed)
+
+    async def _stream(self, resp: StreamResponse, keep_alive: bool) -> None:
+        chunks = resp.chunks
+        try:
+            if self.closing:  # the client left before its answer began
+                self._stream_aborted("disconnect")
+                return
+            t = self.transport
+            t.write(resp.head(keep_alive))  # type: ignore[union-attr]
+            async for data in chunks:
+                if not data:
+                    continue
+                t.write(b"%x\r\n%b\r\n" % (len(data), data) if keep_alive else data)  # type: ignore[union-attr]
+                if self.write_paused and not await self._writable():
+                    self._stream_aborted("write_timeout")
+                    self.raw.abort()  # type: ignore[union-attr]  (what it holds will never be read)
+                    return
+            if keep_alive:
+                t.write(b"0\r\n\r\n")  # type: ignore[union-attr]
+            else:
+                self._close()
+        except asyncio.CancelledError:
+            if self.streaming is resp:  # the server stopping (a lost connection told it already)
+                self._stream_aborted("shutdown")
+            raise
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def _writable(self) -> bool:
+        """Wait until the transport takes writes again: False when the client has read nothing
+        for ``stream_write_timeout_s`` since it paused."""
+        self.drained = self.loop.create_future()
+        try:
+            async with asyncio.timeout_at(self.write_paused + self.server.stream_write_timeout_s):
+                await self.drained
+        except TimeoutError:
+            return False
+        finally:
+            self.drained = None
+        return True
+
+    def _stream_aborted(self, reason: str) -> None:
+        resp, self.streaming = self.streaming, None
+        if resp is not None and resp.aborted is not None:
+            resp.aborted(reason)
+
+    def _streamed(self, task: asyncio.Future) -> None:
+        self.server._tasks.discard(task)
+        self.waiting = None
+        self.streaming = None
+        if not task.cancelled() and task.exception() is not None:
+            log.error("streamed answer failed", exc_info=task.exception())
+            self._close()  # its body is cut short: the connection cannot carry another answer
         self._next()
 
     def _write(self, resp: HttpResponse, keep_alive: bool, linger: bool = False) -> None:
@@ -465,12 +580,14 @@ class HttpServer:
     """``await start(host, port)`` -> bound port; ``await stop()`` finishes what it accepted.
     ``limits`` (:class:`~profiles.schema.LimitsSpec`, its defaults when None) bounds what
     clients may ask of it; ``buffered`` is the bytes of request bodies still arriving;
-    ``ssl_context``: speak TLS with this server context."""
+    ``ssl_context``: speak TLS with this server context; ``stream_write_timeout_s``: how long a
+    streamed answer's client may leave its socket full before the stream is aborted."""
 
     def __init__(self, handler: Handler, max_body: int,
                  clock: Callable[[], float] = time.monotonic, limits: LimitsSpec | None = None,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, stream_write_timeout_s: float = 30.0) -> None:
         self.handler = handler
+        self.stream_write_timeout_s = stream_write_timeout_s  # a streamed answer's client may read nothing this long
         self.ssl_context = ssl_context  # every connection speaks TLS with it
         self.max_body = max_body
         self.limits = Limits.of(limits, max_body)
