@@ -31,6 +31,7 @@ from gateway.frontdoor.http import HttpFrontDoor, metrics_door
 from gateway.frontdoor.httpserver import HttpServer
 from gateway.frontdoor.security import load_security
 from gateway.frontdoor.stats import ServerInfo
+from gateway.llm.relay import LlmService
 from gateway.observe.accesslog import AccessLog
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.request import Observer
@@ -100,6 +101,7 @@ class Gateway:
         )
         self.tracing: Tracing | None = make_tracing(cfg.tracing)
         self.driver.tracing = self.tracing
+        self.llm = LlmService(cfg.llm_models, self.driver.metrics, clock)
         # None when the access log and tracing are both off: the front doors then see nothing
         self.observer = Observer.of(access_log(cfg), self.tracing, clock)
         self.info = ServerInfo([m.name for m in models], default_version=self.driver.fleet.default_version,
@@ -107,9 +109,10 @@ class Gateway:
         tls = self.security.tls
         door = HttpFrontDoor(self.driver, self.info, cfg.max_message_bytes, cfg.limits.max_json_depth,
                              self.security.tenants, serve_metrics=cfg.metrics_listen is None,
-                             observer=self.observer)
+                             observer=self.observer, llm=self.llm)
         self._http = HttpServer(door, cfg.max_message_bytes, clock, limits=cfg.limits,
-                                ssl_context=None if tls is None else tls.ssl_context())
+                                ssl_context=None if tls is None else tls.ssl_context(),
+                                stream_write_timeout_s=cfg.stream_write_timeout_s)
         if self.observer is not None:
             self._http.on_refusal = self.observer.http_refused
         self._metrics = None if cfg.metrics_listen is None else HttpServer(
@@ -143,6 +146,7 @@ class Gateway:
             check_bindable("metrics", mlisten.host, mlisten.port)
         await self.driver.start(self.cfg.startup_timeout_s)
         try:
+            await self.llm.start()
             self._grpc = create_server(self.driver, self.info, self.cfg.max_message_bytes, self.security.tenants,
                                        self.observer, self.reuse_port)
             addr, tls = f"{host}:{listen.grpc_port}", self.security.tls
@@ -168,8 +172,8 @@ class Gateway:
             raise
 
     def replica_ids(self) -> dict[str, list[str]]:
-        """What the gateway serves: each model's replica ids."""
-        return self.driver.fleet.replica_ids()
+        """What the gateway serves: each model's replica ids (generative models' included)."""
+        return {**self.driver.fleet.replica_ids(), **self.llm.replica_ids()}
 
     async def add_replica(self, model: ServedModel, replica: ServedReplica) -> None:
         """Serve ``replica`` of ``model`` from now on (see :meth:`Driver.add_replica`); a new
@@ -179,7 +183,11 @@ class Gateway:
 
     async def remove_replica(self, replica_id: str, timeout: float = 30.0, keep_model: bool = False) -> bool:
         """Drain and remove a replica (see :meth:`Driver.remove_replica`); a model left
-        without replicas is no longer served unless ``keep_model``."""
+        without replicas is no longer served unless ``keep_model``. A generative model's
+        replica takes no new request and its open streams go on to their end, up to
+        ``timeout`` (those still open then are aborted at the engine)."""
+        if self.llm.find(replica_id) is not None:
+            return await self.llm.remove_replica(replica_id, timeout)
         try:
             return await self.driver.remove_replica(replica_id, timeout, keep_model)
         finally:
@@ -203,6 +211,7 @@ class Gateway:
         self._http.close()
         await self.driver.stop()
         await self._http.stop(timeout=1.0)
+        await self.llm.stop()
         if self._metrics is not None:
             await self._metrics.stop(timeout=1.0)
         if self._grpc is not None:

@@ -13,6 +13,11 @@ spend its quota (429, reason ``quota``), and every answer is counted by tenant a
 ``headrace_tenant_requests_total``. With a separate metrics listener, ``/metrics`` is served
 there (:func:`metrics_door`) and not here.
 
+Generative models (:mod:`gateway.llm`) answer on the OpenAI API: ``GET /v1/models``, ``POST
+/v1/completions`` and ``POST /v1/chat/completions`` (whole or streamed), with their errors in
+OpenAI's shape (``{"error": {"message", "type", "param", "code"}}``); keys, tenants' quotas
+and the limits hold there as on the KServe routes.
+
 With an access log or tracing on (``observer``, :mod:`gateway.observe.request`), every inference
 request is seen from arrival to answer, refusals included; off, the door checks it once.
 """
@@ -33,9 +38,19 @@ from gateway.contract import choice_headers
 from gateway.driver import SLO_HEADER, Driver, InferResult
 from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected, Unauthenticated
 from gateway.fleet import Model
-from gateway.frontdoor.httpserver import Handler, HttpRequest, HttpResponse, Later, error_response
+from gateway.frontdoor.httpserver import (
+    Handler,
+    HttpRequest,
+    HttpResponse,
+    Later,
+    StreamResponse,
+    error_response,
+)
 from gateway.frontdoor.security import OPEN_HTTP_PATHS, Tenant, Tenants, bearer_key
 from gateway.frontdoor.stats import ServerInfo, model_config_dict, model_metadata_dict
+from gateway.llm.api import TPOT_HEADER, TTFT_HEADER, OpenAiError, read_call, slo_ms
+from gateway.llm.api import error_response as openai_error
+from gateway.llm.relay import LlmService
 from gateway.observe.request import Observer, Seen
 from profiles.schema import UNAUTHENTICATED
 
@@ -75,11 +90,12 @@ def decoded_body(req: HttpRequest, max_bytes: int) -> bytes:
 class HttpFrontDoor:
     """The gateway's HTTP handler: ``door(request)`` -> a response now, or :class:`Later`.
     ``tenants``: who may call (None: everyone); ``serve_metrics``: answer ``/metrics`` here;
-    ``observer``: the access log and tracing (None: both off)."""
+    ``observer``: the access log and tracing (None: both off); ``llm``: the generative models
+    served on ``/v1/`` (None: none)."""
 
     def __init__(self, driver: Driver, info: ServerInfo, max_body_bytes: int, max_json_depth: int = 64,
                  tenants: Tenants | None = None, serve_metrics: bool = True,
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None, llm: LlmService | None = None) -> None:
         self.driver = driver
         self.info = info
         self.max_body = max_body_bytes
@@ -87,6 +103,7 @@ class HttpFrontDoor:
         self.tenants = tenants
         self.serve_metrics = serve_metrics
         self.observer = observer
+        self.llm = llm
 
     def __call__(self, req: HttpRequest) -> HttpResponse | Later:
         """The answer now, or (an admitted inference) later, when the driver's future is done:
@@ -133,6 +150,8 @@ class HttpFrontDoor:
         try:
             tenant = tenants.identify(bearer_key(h.get("authorization"), h.get("x-api-key")))
         except Unauthenticated as e:
+            if req.path.startswith("/v1/"):
+                return self._counted(UNAUTHENTICATED, openai_error(401, str(e), None, _CHALLENGE))
             return self._counted(UNAUTHENTICATED, _error(e))
         if seen is not None:
             seen.tenant = tenant.name
@@ -145,13 +164,15 @@ class HttpFrontDoor:
         make = answer.make
         return Later(answer.future, lambda f: self._counted(tenant.name, make(f)))
 
-    def _counted(self, tenant: str, resp: HttpResponse) -> HttpResponse:
+    def _counted(self, tenant: str, resp: HttpResponse | StreamResponse) -> HttpResponse | StreamResponse:
         m = self.driver.metrics
         m.of(m.tenant_requests, tenant, str(resp.status)).inc()
         return resp
 
     def _route(self, req: HttpRequest, tenant: Tenant | None, seen: Seen | None = None) -> HttpResponse | Later:
         parts = [unquote(p) for p in req.path.strip("/").split("/")]
+        if parts[0] == "v1" and self.llm is not None:
+            return self._openai(req, parts, self.llm, tenant)
         if len(parts) >= 3 and parts[0] == "v2" and parts[1] == "models" and parts[2] != "stats":
             return self._model_route(req, parts[2], parts[3:], tenant, seen)
         route = _ROUTES.get(tuple(parts))
@@ -177,6 +198,34 @@ class HttpFrontDoor:
             raise _NotFound(f"no route for {req.method} {req.path}")
         _allow(req, "GET")
         return handler(self, name, version)
+
+    def _openai(self, req: HttpRequest, parts: list[str], llm: LlmService,
+                tenant: Tenant | None) -> HttpResponse | Later:
+        """The OpenAI routes; every error in OpenAI's shape."""
+        try:
+            route = _OPENAI_ROUTES.get(tuple(parts))
+            if route is None:
+                raise OpenAiError(404, f"no route for {req.method} {req.path}")
+            method, kind = route
+            if req.method != method:
+                raise OpenAiError(405, f"{req.method} is not allowed on {req.path} (use {method})")
+            if kind is None:
+                return llm.model_list()
+            call = read_call(kind, decoded_body(req, self.max_body), self.max_depth)
+            model = llm.check_model(call)
+            ttft = slo_ms(req.headers, TTFT_HEADER, model.ttft_slo * 1e3)
+            tpot = slo_ms(req.headers, TPOT_HEADER, model.tpot_slo * 1e3)
+            if tenant is not None:
+                self.tenants.admit(tenant)  # type: ignore[union-attr]  (over quota: 429)
+        except OpenAiError as e:
+            return e.response()
+        except GatewayError as e:
+            headers: tuple[tuple[str, str], ...] = ()
+            if isinstance(e, Rejected):
+                headers = (("Retry-After", str(max(1, math.ceil(e.retry_after)))), (REASON_HEADER, e.reason))
+            return openai_error(e.http_status, str(e), None, headers)
+        arrival = req.received if req.received is not None else self.driver.clock()
+        return Later(asyncio.ensure_future(llm.call(call, ttft, tpot, arrival)), asyncio.Future.result)
 
     # ---- handlers
     def _live(self, req: HttpRequest) -> HttpResponse:
@@ -279,6 +328,11 @@ _ROUTES: dict[tuple[str, ...], tuple[str, _Fn]] = {
     ("v2", "models", "stats"): ("GET", HttpFrontDoor._all_stats),
     ("v2", "repository", "index"): ("POST", HttpFrontDoor._repository_index),
     ("metrics",): ("GET", HttpFrontDoor._metrics),
+}
+_OPENAI_ROUTES: dict[tuple[str, ...], tuple[str, str | None]] = {
+    ("v1", "models"): ("GET", None),
+    ("v1", "completions"): ("POST", "completion"),
+    ("v1", "chat", "completions"): ("POST", "chat"),
 }
 _MODEL_ROUTES: dict[str, Callable[[HttpFrontDoor, str, str], HttpResponse]] = {
     "": HttpFrontDoor._model_metadata,

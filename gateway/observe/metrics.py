@@ -2,7 +2,9 @@
 
 Goodput is ``rate(headrace_goodput_total[1m])``: successful answers within their deadline.
 Triton has no deadline notion, so met/missed, early rejections and the batch sizes the
-gateway forms are exported here. Each gateway owns its registry (no global state).
+gateway forms are exported here. Generative models (``headrace_llm_*``, by model and variant,
+the variant being the engine's model name) add TTFT and TPOT as the client sees them and the
+requests meeting each token SLO and both: attainment is ``met / requests``. Each gateway owns its registry (no global state).
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ LATENCY_BUCKETS = (
     0.75, 1.0, 2.0, 5.0, 10.0,
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256)
+TTFT_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
+)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
 REFUSAL_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1)
 
 
@@ -92,6 +98,28 @@ class GatewayMetrics:
         self.healthy = Gauge(
             "headrace_replica_healthy", "1 when the replica passes its ready probe", ["model", "replica"],
             registry=r)
+
+        self.llm_ttft = Histogram(
+            "headrace_llm_ttft_seconds", "Time from a generative request's arrival to its first token written "
+            "to the client (a whole answer: to the answer)", ["model", "variant"], buckets=TTFT_BUCKETS, registry=r)
+        self.llm_tpot = Histogram(
+            "headrace_llm_tpot_seconds", "Time per output token after the first, as the client receives "
+            "them: (last token - first token) / (output tokens - 1)", ["model", "variant"],
+            buckets=TPOT_BUCKETS, registry=r)
+        self.llm_requests = Counter(
+            "headrace_llm_requests", "Generative requests answered by an engine, whole or streamed to the end",
+            ["model", "variant"], registry=r)
+        self.llm_slo_met = Counter(
+            "headrace_llm_slo_met", "Generative requests meeting their TTFT SLO (slo=ttft), their TPOT SLO "
+            "(tpot) and both (both); attainment is this over headrace_llm_requests_total",
+            ["model", "variant", "slo"], registry=r)
+        self.llm_tokens = Counter(
+            "headrace_llm_tokens", "Tokens of generative requests, prompt (kind=input) and generated (output)",
+            ["model", "variant", "kind"], registry=r)
+        self.llm_aborted = Counter(
+            "headrace_llm_aborted", "Generative requests aborted at the engine before their end: the client "
+            "went away (reason=disconnect), stopped reading (write_timeout) or the replica left (removed)",
+            ["model", "reason"], registry=r)
 
     def of(self, metric: Any, *labels: str) -> Any:
         """The labelled child of ``metric``, cached (``labels()`` takes a lock and builds a key)."""

@@ -1,0 +1,421 @@
+"""Generative requests to OpenAI-compatible engines and their answers back, as they come.
+
+:class:`LlmService` holds the generative models of a gateway's config and their engine
+replicas. A request goes to the replica :func:`~gateway.llm.picker.pick` chooses, over one
+pooled aiohttp session; a whole answer is relayed as the engine gave it, a streamed one event
+by event as each arrives (nothing is held back to coalesce). Closing the engine's stream
+aborts the request there (vLLM and ``headrace engine`` abort a request whose connection
+closes), which is what happens when the client goes away, stops reading, or the replica is
+removed before its streams end.
+
+Measured here, as the client sees it: TTFT from the request's arrival to its first content
+token written, TPOT = (last token - first token) / (output tokens - 1), the tokens from the
+engine's ``usage`` (the engine is always asked for it; a client that did not ask does not get
+that chunk), and each request's meeting of its TTFT SLO, TPOT SLO and both.
+
+An engine serving the model under another name (``model:`` of its replica) is sent that name,
+and its answers' ``"model":"<its name>"`` read back as the name the client asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from gateway.frontdoor.httpserver import HttpResponse, StreamResponse
+from gateway.llm.api import LlmCall, OpenAiError, error_response, unknown_model
+from gateway.llm.picker import LlmReplica, parse_load, pick
+from gateway.observe.metrics import GatewayMetrics
+from profiles.gateway_config import LlmModelConfig, LlmReplicaConfig
+
+log = logging.getLogger("headrace.gateway")
+_PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
+_DONE = b"data: [DONE]"
+_USAGE = b'"usage":{'
+_NO_CHOICES = b'"choices":[]'
+
+
+@dataclass(frozen=True, slots=True)
+class LlmModel:
+    """A generative model clients address, with its default token SLOs (seconds)."""
+
+    name: str
+    ttft_slo: float
+    tpot_slo: float
+    priority: str
+
+    @classmethod
+    def of(cls, m: LlmModelConfig) -> LlmModel:
+        return cls(m.name, m.slo_ttft_ms / 1e3, m.slo_tpot_ms / 1e3, m.priority)
+
+
+class _Open:
+    """One request open at an engine: its response, and why it was cut short (if it was)."""
+
+    __slots__ = ("response", "reason", "settled")
+
+    def __init__(self) -> None:
+        self.response: aiohttp.ClientResponse | None = None
+        self.reason: str | None = None
+        self.settled = False
+
+    def abort(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+        if self.response is not None:
+            self.response.close()  # the engine sees its connection close and aborts the request
+
+
+class _Relayed:
+    """A relayed stream: its events, and its request settled once it is closed, whether it was
+    read to its end, cut short, or never begun (an async generator never begun runs no
+    ``finally``)."""
+
+    __slots__ = ("events", "settle")
+
+    def __init__(self, events: AsyncIterator[bytes], settle: Callable[[], None]) -> None:
+        self.events, self.settle = events, settle
+
+    def __aiter__(self) -> _Relayed:
+        return self
+
+    def __anext__(self):  # noqa: ANN204  (the events' own awaitable)
+        return self.events.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self.events.aclose()  # type: ignore[attr-defined]
+        finally:
+            self.settle()
+
+
+class LlmService:
+    """The generative models of one gateway and their engines. ``await start()`` (the HTTP
+    session and the metrics reads), ``await stop()``. ``scrape_interval``: how often each
+    engine's ``/metrics`` is read for its load."""
+
+    def __init__(self, models: list[LlmModelConfig], metrics: GatewayMetrics,
+                 clock: Callable[[], float] = time.monotonic, scrape_interval: float = 0.5,
+                 connect_timeout: float = 5.0) -> None:
+        self.metrics = metrics
+        self.clock = clock
+        self.scrape_interval = scrape_interval
+        self.connect_timeout = connect_timeout
+        self.models: dict[str, LlmModel] = {}
+        self.replicas: dict[str, list[LlmReplica]] = {}  # by model
+        self._open: dict[str, set[_Open]] = {}  # by replica id
+        self._drained: dict[str, asyncio.Event] = {}  # by replica id, while it drains
+        self._session: aiohttp.ClientSession | None = None
+        self._scraper: asyncio.Task | None = None
+        for m in models:
+            self.models[m.name] = LlmModel.of(m)
+            self.replicas[m.name] = []
+            for r in m.replicas:
+                self.add_replica(m, r)
+
+    # ---- the fleet
+    def add_replica(self, model: LlmModelConfig, r: LlmReplicaConfig) -> LlmReplica:
+        """Serve ``model`` on engine ``r`` from now on (a new model is addressable at once)."""
+        if model.name not in self.models:
+            self.models[model.name] = LlmModel.of(model)
+            self.replicas[model.name] = []
+        rep = LlmReplica(model.replica_id(r), model.name, r.url, r.engine, r.model or model.name, r.max_inflight)
+        self.replicas[model.name].append(rep)
+        self._open[rep.id] = set()
+        return rep
+
+    def replica_ids(self) -> dict[str, list[str]]:
+        return {name: [r.id for r in reps] for name, reps in self.replicas.items()}
+
+    def find(self, replica_id: str) -> LlmReplica | None:
+        return next((r for reps in self.replicas.values() for r in reps if r.id == replica_id), None)
+
+    async def remove_replica(self, replica_id: str, timeout: float) -> bool:
+        """Take no new request to the replica, let its open ones finish (up to ``timeout``
+        seconds; those still open then are aborted at the engine), then forget it. True when
+        they finished in time."""
+        rep = self.find(replica_id)
+        if rep is None:
+            raise KeyError(replica_id)
+        rep.draining = True
+        drained = True
+        if self._open[rep.id]:
+            event = self._drained[rep.id] = asyncio.Event()
+            try:
+                await asyncio.wait_for(event.wait(), timeout)
+            except TimeoutError:
+                drained = False
+                for o in list(self._open[rep.id]):
+                    o.abort("removed")
+            finally:
+                self._drained.pop(rep.id, None)
+        self.replicas[rep.model].remove(rep)
+        return drained
+
+    # ---- lifecycle
+    async def start(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout)
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout,
+                                              auto_decompress=False)
+        if any(self.replicas.values()):
+            self._scraper = asyncio.get_running_loop().create_task(self._scrape_loop())
+
+    async def stop(self) -> None:
+        if self._scraper is not None:
+            self._scraper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._scraper
+        for opens in self._open.values():
+            for o in list(opens):
+                o.abort("shutdown")
+        if self._session is not None:
+            await self._session.close()
+
+    async def _scrape_loop(self) -> None:
+        while True:
+            reps = [r for reps in self.replicas.values() for r in reps]
+            await asyncio.gather(*(self._scrape(r) for r in reps))
+            await asyncio.sleep(self.scrape_interval)
+
+    async def _scrape(self, rep: LlmReplica) -> None:
+        try:
+            async with self._session.get(rep.url + "/metrics",  # type: ignore[union-attr]
+                                         timeout=aiohttp.ClientTimeout(total=max(1.0, self.scrape_interval))) as r:
+                text = await r.text()
+                ok = r.status == 200
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            rep.reachable = False
+            return
+        rep.reachable = ok
+        if ok:
+            rep.load = parse_load(text)
+
+    # ---- requests
+    def model_list(self) -> HttpResponse:
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "headrace"} for name in self.models]
+        return HttpResponse(200, json.dumps({"object": "list", "data": data}).encode(), "application/json")
+
+    def check_model(self, call: LlmCall) -> LlmModel:
+        model = self.models.get(call.model)
+        if model is None:
+            raise unknown_model(call.model)
+        return model
+
+    async def call(self, call: LlmCall, ttft_slo: float, tpot_slo: float,
+                   arrival: float) -> HttpResponse | StreamResponse:
+        """The engine's answer to ``call``: whole, or a stream relayed as it comes."""
+        reps = self.replicas.get(call.model, [])
+        rep = pick(reps)
+        if rep is None:
+            if any(not r.draining for r in reps):
+                return error_response(429, f"every replica of model {call.model!r} is at its max_inflight",
+                                      None, (("Retry-After", "1"),))
+            return error_response(503, f"no replica serves model {call.model!r}", None, (("Retry-After", "1"),))
+        body = _outgoing(call, rep.served)
+        opened = _Open()
+        rep.outstanding += 1
+        self._open[rep.id].add(opened)
+        streaming = False
+        try:
+            try:
+                resp = await self._session.post(  # type: ignore[union-attr]
+                    rep.url + _PATHS[call.kind], data=body, headers={"Content-Type": "application/json"})
+            except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                rep.reachable = False
+                return error_response(503, f"engine of model {call.model!r} is unreachable ({rep.id}): "
+                                      f"{type(e).__name__}: {e}", None, (("Retry-After", "1"),))
+            opened.response = resp
+            if opened.reason is not None:  # removed while connecting
+                resp.close()
+                return _cut_short(call.model, opened.reason)
+            if resp.status != 200:
+                return await _relayed_error(resp, rep)
+            if not call.stream:
+                try:
+                    raw = await resp.read()
+                except (aiohttp.ClientError, OSError) as e:
+                    return _cut_short(call.model, opened.reason or f"{type(e).__name__}: {e}")
+                raw = self._record_whole(rep, raw, arrival, ttft_slo)
+                return HttpResponse(200, raw, resp.headers.get("Content-Type", "application/json"))
+            streaming = True
+            events = self._relay(rep, resp, opened, call.include_usage, arrival, ttft_slo, tpot_slo)
+            return StreamResponse(200, _Relayed(events, lambda: self._settle(rep, opened)), aborted=opened.abort)
+        except asyncio.CancelledError:  # the client went away before its answer
+            opened.abort("disconnect")
+            raise
+        finally:
+            if not streaming:  # a stream settles when its relay ends
+                self._settle(rep, opened)
+
+    def _settle(self, rep: LlmReplica, opened: _Open) -> None:
+        if opened.settled:
+            return
+        opened.settled = True
+        if opened.response is not None:
+            opened.response.close() if opened.reason is not None else opened.response.release()
+        if opened.reason is not None and opened.reason != "shutdown":
+            self.metrics.of(self.metrics.llm_aborted, rep.model, opened.reason).inc()
+        rep.outstanding -= 1
+        opens = self._open.get(rep.id)
+        if opens is not None:
+            opens.discard(opened)
+            if not opens and rep.id in self._drained:
+                self._drained[rep.id].set()
+
+    async def _relay(self, rep: LlmReplica, resp: aiohttp.ClientResponse, opened: _Open, include_usage: bool,
+                     arrival: float, ttft_slo: float, tpot_slo: float) -> AsyncIterator[bytes]:
+        """The engine's events, each read relayed at once; the usage chunk kept back unless the
+        client asked for it."""
+        clock = self.clock
+        renaming = _renaming(rep.served, rep.model) if rep.served != rep.model else None
+        first = last = 0.0
+        events = 0  # content events after the first token
+        usage: dict | None = None
+        done = False
+        rest = b""
+        try:
+            async for data in resp.content.iter_any():
+                now = clock()
+                buf = rest + data if rest else data
+                cut = buf.rfind(b"\n\n") + 2
+                if cut < 2:
+                    rest = buf
+                    continue
+                rest = buf[cut:]
+                whole = buf[:cut]
+                out = whole
+                for ev in whole.split(b"\n\n")[:-1]:
+                    ev = ev.strip()
+                    if not ev.startswith(b"data:"):
+                        continue
+                    if ev == _DONE:
+                        done = True
+                    elif _USAGE in ev and _NO_CHOICES in ev:
+                        with contextlib.suppress(ValueError, KeyError, TypeError):
+                            usage = json.loads(ev[5:])["usage"]
+                        if not include_usage:
+                            out = out.replace(ev + b"\n\n", b"")
+                    elif first:
+                        last = now
+                        events += 1
+                    elif _has_token(ev):
+                        first = last = now
+                if out:
+                    yield out if renaming is None else out.replace(*renaming)
+            if rest.strip():
+                yield rest
+        except (aiohttp.ClientError, OSError) as e:  # the engine broke off (or the replica was removed)
+            if opened.reason is None:
+                log.warning("engine stream of %s broke off: %s: %s", rep.id, type(e).__name__, e)
+            err = {"error": {"message": f"the engine's stream broke off ({opened.reason or type(e).__name__})",
+                             "type": "ServiceUnavailableError", "param": None, "code": 503}}
+            yield b"data: " + json.dumps(err).encode() + b"\n\n"
+        finally:
+            if not done and opened.reason is None:
+                opened.reason = "disconnect"
+            if done:
+                self._record_stream(rep, arrival, first, last, events, usage, ttft_slo, tpot_slo)
+
+    # ---- measuring
+    def _record_whole(self, rep: LlmReplica, raw: bytes, arrival: float, ttft_slo: float) -> bytes:
+        """Record a whole answer (its TTFT: the answer's); the answer, named as the client asked."""
+        now = self.clock()
+        usage = None
+        try:
+            doc = json.loads(raw)
+            usage = doc.get("usage")
+            if rep.served != rep.model and doc.get("model") == rep.served:
+                doc["model"] = rep.model
+                raw = json.dumps(doc).encode()
+        except (ValueError, AttributeError):
+            pass
+        self._record(rep, now - arrival, None, usage, ttft_slo, 0.0)
+        return raw
+
+    def _record_stream(self, rep: LlmReplica, arrival: float, first: float, last: float, events: int,
+                       usage: dict | None, ttft_slo: float, tpot_slo: float) -> None:
+        if not first:  # no token came (an empty answer, or an error event)
+            self._record(rep, None, None, usage, ttft_slo, tpot_slo)
+            return
+        n = usage.get("completion_tokens", events + 1) if isinstance(usage, dict) else events + 1
+        tpot = (last - first) / (n - 1) if isinstance(n, int) and n > 1 else None
+        self._record(rep, first - arrival, tpot, usage, ttft_slo, tpot_slo)
+
+    def _record(self, rep: LlmReplica, ttft: float | None, tpot: float | None, usage: dict | None,
+                ttft_slo: float, tpot_slo: float) -> None:
+        m, model, variant = self.metrics, rep.model, rep.served
+        m.of(m.llm_requests, model, variant).inc()
+        if ttft is not None:
+            m.of(m.llm_ttft, model, variant).observe(ttft)
+        if tpot is not None:
+            m.of(m.llm_tpot, model, variant).observe(tpot)
+        ttft_met = ttft is not None and ttft <= ttft_slo
+        tpot_met = tpot is None or tpot <= tpot_slo
+        if ttft_met:
+            m.of(m.llm_slo_met, model, variant, "ttft").inc()
+        if tpot_met:
+            m.of(m.llm_slo_met, model, variant, "tpot").inc()
+        if ttft_met and tpot_met:
+            m.of(m.llm_slo_met, model, variant, "both").inc()
+        if isinstance(usage, dict):
+            for kind, key in (("input", "prompt_tokens"), ("output", "completion_tokens")):
+                v = usage.get(key)
+                if isinstance(v, int) and v > 0:
+                    m.of(m.llm_tokens, model, variant, kind).inc(v)
+
+
+def _outgoing(call: LlmCall, served: str) -> bytes:
+    """The body for the engine: the engine's model name, and a stream always asks for usage."""
+    rename = served != call.model
+    ask_usage = call.stream and not call.include_usage
+    if not rename and not ask_usage:
+        return call.raw
+    body = dict(call.body, model=served)
+    if ask_usage:
+        body["stream_options"] = {**(call.body.get("stream_options") or {}), "include_usage": True}
+    return json.dumps(body).encode()
+
+
+def _renaming(served: str, model: str) -> tuple[bytes, bytes]:
+    return b'"model":' + json.dumps(served).encode(), b'"model":' + json.dumps(model).encode()
+
+
+def _has_token(ev: bytes) -> bool:
+    """Whether a chunk carries generated text (a chat's first chunk carries only the role)."""
+    try:
+        choices = json.loads(ev[5:]).get("choices") or ()
+    except (ValueError, AttributeError):
+        return False
+    for c in choices:
+        if not isinstance(c, dict):
+            continue
+        delta = c.get("delta")
+        if c.get("text") or (isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls"))):
+            return True
+    return False
+
+
+async def _relayed_error(resp: aiohttp.ClientResponse, rep: LlmReplica) -> HttpResponse:
+    """The engine's own answer when it is a 4xx; a 5xx is a 502 naming it (a gateway never
+    answers 500 for an engine)."""
+    try:
+        raw = await resp.read()
+    except (aiohttp.ClientError, OSError) as e:
+        return error_response(502, f"engine {rep.id} answered {resp.status} and broke off: {type(e).__name__}")
+    if resp.status < 500:
+        return HttpResponse(resp.status, raw, resp.headers.get("Content-Type", "application/json"))
+    return error_response(502, f"engine {rep.id} answered {resp.status}: {raw[:500].decode('utf-8', 'replace')}")
+
+
+def _cut_short(model: str, why: str) -> HttpResponse:
+    return error_response(503, f"the request to model {model!r} was cut short: {why}", None, (("Retry-After", "1"),))
+
+
+__all__ = ["LlmModel", "LlmService", "OpenAiError"]
