@@ -19,6 +19,7 @@ from loadgen.arrivals import TraceError
 from loadgen.clients import LoadError
 from loadgen.describe import validation_message
 from loadgen.live import LiveWindow
+from loadgen.llm import command as llm_command
 from loadgen.payload import PayloadError
 from loadgen.record import run_record
 from loadgen.run import LoadResult, run_load
@@ -95,8 +96,8 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("target")
-    g.add_argument("--target", required=True,
-                   help="http://HOST:PORT, https://HOST:PORT or grpc://HOST:PORT")  # fmt: skip
+    g.add_argument("--target",
+                   help="http://HOST:PORT, https://HOST:PORT or grpc://HOST:PORT (required)")  # fmt: skip
     g.add_argument("--model", default="", help="model name to address")
     g.add_argument("--mix", help="weighted models instead of --model, e.g. resnet50:3,bert:1")
 
@@ -193,6 +194,7 @@ def register(subparsers: Any) -> None:
     g.add_argument("--lag-warn-ms", type=float, default=1.0, help="warn above this p99 send lag")
     g.add_argument("--quiet", action="store_true", help="no progress bar or table: one line")
     p.set_defaults(func=main)
+    llm_command.register(p.add_subparsers(title="generative load", dest="load_kind", metavar="llm"))
 
 
 def _env(var: str, option: str) -> str:
@@ -245,6 +247,8 @@ def _fail(msg: str, code: int) -> int:
 
 
 def main(a: argparse.Namespace) -> int:
+    if not a.target:
+        return _fail("the following arguments are required: --target", 2)
     try:
         spec = spec_from_args(a)
         if a.find_max_rate and a.rate_range:
