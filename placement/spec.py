@@ -21,7 +21,7 @@ from profiles.schema import (
     load_documents,
 )
 
-__all__ = ["SpecError", "check_profiles", "demand", "inventory", "load_problem", "profiles_for"]
+__all__ = ["SpecError", "check_profiles", "classic", "demand", "inventory", "load_problem", "profiles_for"]
 
 
 def inventory(pool: GpuPool) -> Inventory:
@@ -52,7 +52,7 @@ def demand(md: ModelDeployment) -> Demand:
 def profiles_for(docs: Documents, base: ProfileSet) -> ProfileSet:
     """``base`` plus the profile files the deployments name (a variant's ``profile``)."""
     out = ProfileSet(list(base))
-    for md in docs.deployments:
+    for md in classic(docs):
         root = docs.base_dir.get(id(md), Path.cwd())
         for i, v in enumerate(md.spec.variant_specs()):
             if v.profile is None:
@@ -92,7 +92,7 @@ def check_profiles(docs: Documents, profiles: ProfileSet) -> None:
         bad = _off_catalogue(p)
         if bad:
             raise SpecError(f"profile {p.name}: {bad}")
-    for md in docs.deployments:
+    for md in classic(docs):
         s = md.spec
         mine = profiles.find(model=s.model)
         where = docs.origin(md)
@@ -111,7 +111,13 @@ def load_problem(*paths: str | Path) -> tuple[Inventory, list[Demand], bool]:
     """(inventory, demands, emulate) from YAML files holding one GpuPool and deployments."""
     docs = load_documents(*paths)
     pool = single_pool(docs, paths)
-    return inventory(pool), [demand(d) for d in docs.deployments], pool.spec.emulate
+    return inventory(pool), [demand(d) for d in classic(docs)], pool.spec.emulate
+
+
+def classic(docs: Documents) -> list[ModelDeployment]:
+    """The deployments the planner places (a generative one, ``spec.llm``, takes whole GPUs
+    before it: :mod:`deploy.operator.llm_plan`)."""
+    return [md for md in docs.deployments if md.spec.llm is None]
 
 
 def single_pool(docs: Documents, paths: tuple[str | Path, ...] | list[str | Path]) -> GpuPool:

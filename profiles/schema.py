@@ -230,6 +230,38 @@ class AutoscalingSpec(Strict):
 Source = Literal["emulated", "digits", "artifact"]
 
 
+class TokenLengths(Strict):
+    """Token counts of a deployment's requests: ``fixed`` at ``mean``, or ``lognormal`` with that
+    mean and ``sigma``; every draw is at least 1 and at most ``max``."""
+
+    dist: Literal["fixed", "lognormal"] = Field(default="lognormal", description="fixed or lognormal")
+    mean: float = Field(ge=1, le=1_000_000, description="mean tokens")
+    sigma: float = Field(default=0.8, ge=0, le=4, description="lognormal: standard deviation of the log")
+    max: int | None = Field(default=None, ge=1, le=10_000_000, description="largest draw (default: the context)")
+
+    @model_validator(mode="after")
+    def _cap(self) -> TokenLengths:
+        if self.max is not None and self.max < self.mean:
+            raise ValueError(f"max ({self.max}) is below mean ({self.mean:g})")
+        return self
+
+
+class LlmSpec(Strict):
+    """A generative deployment: engines on whole GPUs behind the gateway's OpenAI API. Its
+    ``slo_ms`` is the time-to-first-token objective, its ``rate`` the expected requests per
+    second, its ``variants`` LLM profile variants (a name, or {name, profile: LlmProfile YAML})."""
+
+    engine: Literal["emulated", "vllm"] = Field(default="emulated", description="the engine kind; headrace up "
+                                                "starts emulated engines (headrace engine)")
+    slo_tpot_ms: RequestSloMs = Field(description="time-per-output-token objective, ms")
+    input_tokens: TokenLengths = Field(default_factory=lambda: TokenLengths(mean=512),
+                                       description="prompt lengths (sizes the replicas)")
+    output_tokens: TokenLengths = Field(default_factory=lambda: TokenLengths(mean=128),
+                                        description="generated lengths (sizes the replicas)")
+    replicas: int | None = Field(default=None, ge=1, le=10_000, description="engines to run (default: as many as "
+                                 "keep 90% of requests within both SLOs at rate x headroom)")
+
+
 class ModelDeploymentSpec(Strict):
     model: ModelName = Field(description="the model name clients address (the profiles' `model`), e.g. resnet50")
     rate: float = Field(ge=0, le=1e7, description="expected requests per second")
@@ -251,6 +283,8 @@ class ModelDeploymentSpec(Strict):
                             description="planned capacity / expected rate (burst margin)")
     autoscaling: AutoscalingSpec | None = Field(default=None, description="re-plan from observed load "
                                                 "(off when absent)")
+    llm: LlmSpec | None = Field(default=None, description="a generative model (OpenAI API), with slo_ms its "
+                                "time to first token")
 
     @model_validator(mode="after")
     def _variants(self) -> ModelDeploymentSpec:
@@ -264,6 +298,11 @@ class ModelDeploymentSpec(Strict):
             if not names or missing:
                 raise ValueError(f"source 'artifact' needs an artifact for every variant; "
                                  f"missing for {missing or 'all (no variants listed)'}")
+        if self.llm is not None:
+            given = [n for n in ("source", "autoscaling") if n in self.model_fields_set]
+            if given or any(not isinstance(v, str) and v.artifact is not None for v in self.variants):
+                raise ValueError(f"{', '.join(given) or 'variants[].artifact'} is for classic deployments; an "
+                                 "llm deployment's variants are LLM profiles served on engines")
         return self
 
     def variant_specs(self) -> list[VariantSpec]:
