@@ -112,7 +112,7 @@ class Gateway:
                              observer=self.observer, llm=self.llm)
         self._http = HttpServer(door, cfg.max_message_bytes, clock, limits=cfg.limits,
                                 ssl_context=None if tls is None else tls.ssl_context(),
-                                stream_write_timeout_s=cfg.stream_write_timeout_s)
+                                stream_write_timeout_s=cfg.write_timeout_s)
         if self.observer is not None:
             self._http.on_refusal = self.observer.http_refused
         self._metrics = None if cfg.metrics_listen is None else HttpServer(
@@ -200,8 +200,12 @@ class Gateway:
 
     async def stop(self, drain_timeout: float = 0.0) -> None:
         """Refuse new requests, wait up to ``drain_timeout`` for admitted ones, then stop."""
-        if drain_timeout > 0 and not await self.driver.drain(drain_timeout):
-            log.warning("drain timed out with requests in flight; they get UNAVAILABLE")
+        if drain_timeout > 0:
+            start = time.monotonic()
+            if not await self.driver.drain(drain_timeout):
+                log.warning("drain timed out with requests in flight; they get UNAVAILABLE")
+            if not await self.llm.drain(max(0.0, drain_timeout - (time.monotonic() - start))):
+                log.warning("drain timed out with generative streams open; they are aborted at their engines")
         await self._shutdown()
 
     async def _shutdown(self) -> None:

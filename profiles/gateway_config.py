@@ -188,7 +188,7 @@ class GatewayConfig(GatewaySettings):
     models: list[ModelConfig] = Field(default_factory=list, description="served models (KServe v2 / Triton)")
     llm_models: list[LlmModelConfig] = Field(default_factory=list,
                                              description="generative models served on the OpenAI API")
-    stream_write_timeout_s: float = Field(
+    write_timeout_s: float = Field(
         default=30.0, gt=0, le=3600,
         description="a streamed answer whose client reads nothing for this long (its socket's buffers "
         "full) is aborted, and its request aborted at the engine")

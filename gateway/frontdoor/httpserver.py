@@ -48,6 +48,7 @@ import contextlib
 import json
 import logging
 import math
+import socket
 import ssl
 import time
 from collections import deque
@@ -69,6 +70,11 @@ _REASONS = {
     501: "Not Implemented", 503: "Service Unavailable", 504: "Gateway Timeout",
 }
 _MAX_PIPELINED = 64  # requests queued on one connection before it stops reading
+# A streamed answer's connection holds this much unread by its client, in the socket and in
+# the transport (the kernel would otherwise let the socket grow to megabytes, tens of
+# thousands of tokens, before a client that stopped reading is noticed); a token stream needs
+# far less than this a second
+_STREAM_BUFFER = 16 << 10
 
 # what a connection's timer does when its deadline passes
 _NONE = 0  # nothing: a request is with the handler, or the connection is closed
@@ -468,6 +474,13 @@ class _Connection(asyncio.Protocol):
         """Write ``resp`` as its chunks come, in a task; the next answer waits for its end."""
         self.busy = True
         self.streaming = resp
+        raw = self.raw
+        if raw is not None and not raw.is_closing():
+            sock = raw.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _STREAM_BUFFER)
+            raw.set_write_buffer_limits(high=_STREAM_BUFFER)
         task = self.loop.create_task(self._stream(resp, keep_alive and not self.server.stopping))
         self.server._tasks.add(task)
         self.waiting = task

@@ -159,6 +159,25 @@ class LlmService:
         self.replicas[rep.model].remove(rep)
         return drained
 
+    async def drain(self, timeout: float) -> bool:
+        """Take no new request; wait up to ``timeout`` seconds for the open ones to end. True
+        when they did."""
+        reps = [r for reps in self.replicas.values() for r in reps]
+        for r in reps:
+            r.draining = True
+        waits = []
+        for r in reps:
+            if self._open[r.id]:
+                event = self._drained[r.id] = asyncio.Event()
+                waits.append(event.wait())
+        if not waits:
+            return True
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), timeout)
+        except TimeoutError:
+            return False
+        return True
+
     # ---- lifecycle
     async def start(self) -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout)

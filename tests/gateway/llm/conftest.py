@@ -87,7 +87,7 @@ def engine() -> Iterator[Engine]:
 
 @pytest.fixture(scope="package")
 def gateway(engine: Engine) -> Iterator[Gateway]:
-    with GatewayThread(gateway_config(engine.url, stream_write_timeout_s=1.0)) as gw:
+    with GatewayThread(gateway_config(engine.url, write_timeout_s=1.0)) as gw:
         yield gw
 
 

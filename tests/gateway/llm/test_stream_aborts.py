@@ -1,0 +1,117 @@
+"""A stream ends at the engine as soon as its client is gone: a client that disconnects mid-stream,
+one that stops reading (past the write timeout), and a replica removed before its streams end
+(after they drain, up to the bound) each leave the engine with nothing running or waiting and its
+KV cache back to its idle use; other clients stream on meanwhile."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import openai
+import pytest
+
+from gateway.app import Gateway, GatewayThread
+from tests.gateway.llm.conftest import Engine, client, gateway_config
+from tests.prometheus import samples
+
+LONG = 1900  # tokens: longer than any test waits (a few ms each)
+
+
+def _aborted(gw: Gateway, reason: str) -> float:
+    return samples(f"http://{gw.http_url}/metrics").get(
+        f'headrace_llm_aborted_total{{model="llama",reason="{reason}"}}', 0.0)
+
+
+def _wait(cond, timeout: float = 10.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_client_leaving_mid_stream_aborts_at_the_engine(engine: Engine, gateway: Gateway) -> None:
+    kv_idle = engine.gauge("vllm:kv_cache_usage_perc")
+    before = _aborted(gateway, "disconnect")
+    stream = client(gateway).completions.create(model="llama", prompt="tell a long story", max_tokens=LONG,
+                                                stream=True)
+    it = iter(stream)
+    for _ in range(3):
+        next(it)
+    assert engine.gauge("vllm:num_requests_running") == 1
+    assert engine.gauge("vllm:kv_cache_usage_perc") > kv_idle
+    stream.close()
+    engine.wait_idle(kv_idle)
+    _wait(lambda: _aborted(gateway, "disconnect") == before + 1)
+
+
+def test_a_client_that_stops_reading_is_aborted_after_the_write_timeout(engine: Engine, gateway: Gateway) -> None:
+    kv_idle = engine.gauge("vllm:kv_cache_usage_perc")
+    before = _aborted(gateway, "write_timeout")
+    host, port = gateway.http_url.split(":")
+    body = json.dumps({"model": "llama", "prompt": "a slow reader", "max_tokens": LONG, "stream": True}).encode()
+    slow = socket.socket()
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # small, and never read
+    slow.connect((host, int(port)))
+    try:
+        slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%b" % (len(body), body))
+        _wait(lambda: engine.gauge("vllm:num_requests_running") == 1)
+        started = time.monotonic()
+        # NOTE: while the slow reader holds its stream, another client streams as usual
+        chunks = list(client(gateway).completions.create(model="llama", prompt="hi", max_tokens=5, stream=True))
+        assert len(chunks) == 5
+        engine.wait_idle(kv_idle, timeout=20)
+        # the stream ran at least the write timeout (1 s) past the point its client stopped reading
+        assert time.monotonic() - started >= 1.0
+        _wait(lambda: _aborted(gateway, "write_timeout") == before + 1)
+    finally:
+        slow.close()
+
+
+def _stream_in_thread(gw: Gateway, max_tokens: int, out: list) -> threading.Thread:
+    def run() -> None:
+        try:
+            chunks = list(client(gw).completions.create(model="llama", prompt="drain me", max_tokens=max_tokens,
+                                                        stream=True))
+            out.append(len(chunks))
+        except Exception as e:  # noqa: BLE001  (the test reads what happened)
+            out.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t
+
+
+def test_removing_a_replica_lets_its_streams_finish(engine: Engine) -> None:
+    thread = GatewayThread(gateway_config(engine.url))
+    with thread as gw:
+        rid = gw.replica_ids()["llama"][0]
+        out: list = []
+        t = _stream_in_thread(gw, 40, out)
+        _wait(lambda: engine.gauge("vllm:num_requests_running") == 1)
+        drained = thread.call(gw.remove_replica(rid, 20.0))
+        t.join(10)
+        assert drained and out == [40]  # every token came before the replica went
+        assert gw.replica_ids()["llama"] == []
+        with pytest.raises(openai.APIStatusError) as e:  # no replica serves it now
+            client(gw).completions.create(model="llama", prompt="x", max_tokens=1)
+        assert e.value.status_code == 503
+
+
+def test_a_stream_past_the_drain_bound_is_aborted_at_the_engine(engine: Engine) -> None:
+    kv_idle = engine.gauge("vllm:kv_cache_usage_perc")
+    thread = GatewayThread(gateway_config(engine.url))
+    with thread as gw:
+        rid = gw.replica_ids()["llama"][0]
+        out: list = []
+        t = _stream_in_thread(gw, LONG, out)
+        _wait(lambda: engine.gauge("vllm:num_requests_running") == 1)
+        assert thread.call(gw.remove_replica(rid, 0.3)) is False
+        t.join(10)
+        # the client is told its stream broke off (an error event), not left waiting
+        assert len(out) == 1 and isinstance(out[0], openai.APIError), out
+        engine.wait_idle(kv_idle)
+        assert _aborted(gw, "removed") == 1
