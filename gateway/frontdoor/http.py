@@ -38,16 +38,10 @@ from gateway.contract import choice_headers
 from gateway.driver import SLO_HEADER, Driver, InferResult
 from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected, Unauthenticated
 from gateway.fleet import Model
-from gateway.frontdoor.httpserver import (
-    Handler,
-    HttpRequest,
-    HttpResponse,
-    Later,
-    StreamResponse,
-    error_response,
-)
+from gateway.frontdoor.httpserver import Handler, HttpRequest, HttpResponse, Later, error_response
 from gateway.frontdoor.security import OPEN_HTTP_PATHS, Tenant, Tenants, bearer_key
 from gateway.frontdoor.stats import ServerInfo, model_config_dict, model_metadata_dict
+from gateway.frontdoor.stream import StreamResponse
 from gateway.llm.api import TPOT_HEADER, TTFT_HEADER, OpenAiError, read_call, slo_ms
 from gateway.llm.api import error_response as openai_error
 from gateway.llm.relay import LlmService

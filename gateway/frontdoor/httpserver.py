@@ -13,13 +13,10 @@ request order on a connection (pipelining) and 400 on a malformed request. Bodie
 to the handler as received: Content-Encoding is the handler's business (it knows its own
 size limit).
 
-A handler may also answer with a :class:`StreamResponse` (server-sent events): its head, then
-each chunk as its iterator yields it (``Transfer-Encoding: chunked`` on a keep-alive
-connection, else a body ended by closing it); the connection's next answer waits for its
-end. A client that goes away cancels the stream; one that stops reading (the socket's
-buffers full, writes paused) for ``stream_write_timeout_s`` has its connection aborted. Either
-way the stream's ``aborted`` is told why and its iterator is closed, so what feeds it (an
-engine's stream) is closed at once.
+A handler may also answer with a :class:`~gateway.frontdoor.stream.StreamResponse`
+(server-sent events, :mod:`gateway.frontdoor.stream`); the connection's next answer waits for
+its end. A client that stops reading it for ``stream_write_timeout_s`` has its connection
+aborted.
 
 What a client may ask of it is bounded (:mod:`gateway.frontdoor.limits`, each compared on the parse
 callbacks): connections (past ``max_connections`` a few more may only ask for
@@ -48,16 +45,16 @@ import contextlib
 import json
 import logging
 import math
-import socket
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import httptools
 
 from gateway.frontdoor.limits import LINGER_S, PROBE_PREFIX, Limits, Refusal, ensure_fd_room
+from gateway.frontdoor.stream import StreamResponse, StreamWriter
 from gateway.frontdoor.tls import TlsTransport
 from profiles.schema import LimitsSpec
 
@@ -70,11 +67,6 @@ _REASONS = {
     501: "Not Implemented", 503: "Service Unavailable", 504: "Gateway Timeout",
 }
 _MAX_PIPELINED = 64  # requests queued on one connection before it stops reading
-# A streamed answer's connection holds this much unread by its client, in the socket and in
-# the transport (the kernel would otherwise let the socket grow to megabytes, tens of
-# thousands of tokens, before a client that stopped reading is noticed); a token stream needs
-# far less than this a second
-_STREAM_BUFFER = 16 << 10
 
 # what a connection's timer does when its deadline passes
 _NONE = 0  # nothing: a request is with the handler, or the connection is closed
@@ -152,27 +144,6 @@ class Later:
     make: Callable[[asyncio.Future], HttpResponse]
 
 
-@dataclass(slots=True)
-class StreamResponse:
-    """A streamed answer: the head, then every chunk ``chunks`` yields, written as it comes.
-    ``aborted(reason)`` is called when it cannot finish: ``disconnect`` (the client went away),
-    ``write_timeout`` (the client stopped reading) or ``shutdown``; ``chunks`` is closed then."""
-
-    status: int
-    chunks: AsyncIterator[bytes]
-    content_type: str = "text/event-stream"
-    headers: tuple[tuple[str, str], ...] = ()
-    aborted: Callable[[str], None] | None = None
-
-    def head(self, chunked: bool) -> bytes:
-        head = [f"HTTP/1.1 {self.status} {_REASONS.get(self.status, 'Unknown')}\r\n"
-                f"Content-Type: {self.content_type}\r\nCache-Control: no-cache\r\n"]
-        for k, v in self.headers:
-            head.append(f"{k}: {v}\r\n")
-        head.append("Transfer-Encoding: chunked\r\n\r\n" if chunked else "Connection: close\r\n\r\n")
-        return "".join(head).encode("latin-1")
-
-
 # A handler answers at once (an HttpResponse or a StreamResponse), or later: a Later, an asyncio Future of a
 # response (followed by a callback, no task) or a coroutine (run as a task).
 Handler = Callable[[HttpRequest], "HttpResponse | StreamResponse | Later | Awaitable[HttpResponse | StreamResponse]"]
@@ -219,9 +190,8 @@ class _Connection(asyncio.Protocol):
         self.queue: deque[_Pending] = deque()
         self.busy = False
         self.waiting: asyncio.Future | None = None  # the answer being awaited (or streamed), while busy
-        self.streaming: StreamResponse | None = None  # the answer being streamed
+        self.writer: StreamWriter | None = None  # the answer being streamed
         self.write_paused = 0.0  # when the transport paused writing (its buffer past the high-water mark); 0: not
-        self.drained: asyncio.Future | None = None  # a stream waiting for writing to resume
         self.closing = False
         self.paused = False
         self.broken = False  # the parser failed or a refusal was made: nothing after that is read as a request
@@ -248,8 +218,8 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        if self.streaming is not None:
-            self._stream_aborted("disconnect")
+        if self.writer is not None:
+            self.writer.abort("disconnect")
         if self.waiting is not None and not self.waiting.done():
             self.waiting.cancel()  # the client is gone: a queued request leaves the scheduler
         self._release(self.msg)
@@ -258,11 +228,13 @@ class _Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.write_paused = self.now()
+        if self.writer is not None:
+            self.writer.pause(self.write_paused)
 
     def resume_writing(self) -> None:
         self.write_paused = 0.0
-        if self.drained is not None and not self.drained.done():
-            self.drained.set_result(None)
+        if self.writer is not None:
+            self.writer.resume()
 
     def data_received(self, data: bytes) -> None:
         if self.broken:
@@ -473,73 +445,22 @@ class _Connection(asyncio.Protocol):
     def _start_stream(self, resp: StreamResponse, keep_alive: bool) -> None:
         """Write ``resp`` as its chunks come, in a task; the next answer waits for its end."""
         self.busy = True
-        self.streaming = resp
-        raw = self.raw
-        if raw is not None and not raw.is_closing():
-            sock = raw.get_extra_info("socket")
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _STREAM_BUFFER)
-            raw.set_write_buffer_limits(high=_STREAM_BUFFER)
-        task = self.loop.create_task(self._stream(resp, keep_alive and not self.server.stopping))
+        keep_alive = keep_alive and not self.server.stopping
+        writer = self.writer = StreamWriter(resp, self.transport, self.raw, keep_alive,  # type: ignore[arg-type]
+                                            self.server.stream_write_timeout_s, self.write_paused)
+        task = self.loop.create_task(writer.run())
         self.server._tasks.add(task)
         self.waiting = task
-        task.add_done_callback(self._streamed)
+        task.add_done_callback(lambda t: self._streamed(t, keep_alive))
 
-    async def _stream(self, resp: StreamResponse, keep_alive: bool) -> None:
-        chunks = resp.chunks
-        try:
-            if self.closing:  # the client left before its answer began
-                self._stream_aborted("disconnect")
-                return
-            t = self.transport
-            t.write(resp.head(keep_alive))  # type: ignore[union-attr]
-            async for data in chunks:
-                if not data:
-                    continue
-                t.write(b"%x\r\n%b\r\n" % (len(data), data) if keep_alive else data)  # type: ignore[union-attr]
-                if self.write_paused and not await self._writable():
-                    self._stream_aborted("write_timeout")
-                    self.raw.abort()  # type: ignore[union-attr]  (what it holds will never be read)
-                    return
-            if keep_alive:
-                t.write(b"0\r\n\r\n")  # type: ignore[union-attr]
-            else:
-                self._close()
-        except asyncio.CancelledError:
-            if self.streaming is resp:  # the server stopping (a lost connection told it already)
-                self._stream_aborted("shutdown")
-            raise
-        finally:
-            aclose = getattr(chunks, "aclose", None)
-            if aclose is not None:
-                await aclose()
-
-    async def _writable(self) -> bool:
-        """Wait until the transport takes writes again: False when the client has read nothing
-        for ``stream_write_timeout_s`` since it paused."""
-        self.drained = self.loop.create_future()
-        try:
-            async with asyncio.timeout_at(self.write_paused + self.server.stream_write_timeout_s):
-                await self.drained
-        except TimeoutError:
-            return False
-        finally:
-            self.drained = None
-        return True
-
-    def _stream_aborted(self, reason: str) -> None:
-        resp, self.streaming = self.streaming, None
-        if resp is not None and resp.aborted is not None:
-            resp.aborted(reason)
-
-    def _streamed(self, task: asyncio.Future) -> None:
+    def _streamed(self, task: asyncio.Future, keep_alive: bool) -> None:
         self.server._tasks.discard(task)
-        self.waiting = None
-        self.streaming = None
-        if not task.cancelled() and task.exception() is not None:
+        self.waiting = self.writer = None
+        failed = not task.cancelled() and task.exception() is not None
+        if failed:
             log.error("streamed answer failed", exc_info=task.exception())
-            self._close()  # its body is cut short: the connection cannot carry another answer
+        if failed or not keep_alive:  # a body cut short, or ended by closing
+            self._close()
         self._next()
 
     def _write(self, resp: HttpResponse, keep_alive: bool, linger: bool = False) -> None:

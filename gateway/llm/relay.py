@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from gateway.frontdoor.httpserver import HttpResponse, StreamResponse
+from gateway.frontdoor.httpserver import HttpResponse
+from gateway.frontdoor.stream import StreamResponse
 from gateway.llm.api import LlmCall, OpenAiError, error_response, unknown_model
 from gateway.llm.picker import LlmReplica, parse_load, pick
 from gateway.observe.metrics import GatewayMetrics

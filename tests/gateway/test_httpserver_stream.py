@@ -8,7 +8,8 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 
-from gateway.frontdoor.httpserver import HttpRequest, HttpResponse, HttpServer, StreamResponse
+from gateway.frontdoor.httpserver import HttpRequest, HttpResponse, HttpServer
+from gateway.frontdoor.stream import StreamResponse
 
 
 class Source:
