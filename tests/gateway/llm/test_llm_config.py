@@ -43,3 +43,37 @@ def test_headrace_serve_refuses_a_bad_one_in_one_line(tmp_path: Path, capsys: py
     assert main(["serve", "--config", str(tmp_path / "gw.yaml")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("headrace serve: ") and "slo_tpot_ms" in err and len(err.splitlines()) == 1, err
+
+
+def test_the_example_config_is_valid() -> None:
+    from gateway.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[3] / "gateway/example-llm.yaml")
+    assert [m.name for m in cfg.llm_models] == ["llama-8b"] and len(cfg.llm_models[0].replicas) == 2
+
+
+def test_headrace_serve_relays_the_openai_api(tmp_path: Path, engine) -> None:  # noqa: ANN001  (the engine fixture)
+    import re
+    import subprocess
+    import sys
+
+    import openai
+
+    from tests.gateway.llm.conftest import ROOT, SERVED
+
+    doc = {"listen": {"host": "127.0.0.1", "http_port": 0, "grpc_port": 0},
+           "llm_models": [{"name": "llama", "replicas": [{"url": engine.url, "engine": "emulated", "model": SERVED}]}]}
+    (tmp_path / "gw.yaml").write_text(yaml.safe_dump(doc))
+    proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", "serve", "--config", str(tmp_path / "gw.yaml")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        found = re.search(r"http (\S+)", line)
+        assert found, line + proc.stderr.read()  # type: ignore[union-attr]
+        c = openai.OpenAI(base_url=f"http://{found.group(1)}/v1", api_key="none", max_retries=0)
+        chunks = list(c.chat.completions.create(model="llama", messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=3, stream=True))
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks).split().__len__() == 3
+    finally:
+        proc.terminate()
+        assert proc.wait(15) == 0
