@@ -19,6 +19,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deploy.operator.desired import Desired, prepare
+from deploy.operator.llm_plan import (
+    LlmPlan,
+    LlmReplica,
+    llm_models,
+    model_config,
+    place,
+    replica_config,
+)
+from deploy.operator.llm_runtime import LlmEngines
 from deploy.operator.observe import Observer
 from deploy.operator.runtime import LocalRuntime, ProcessRuntime
 from deploy.operator.state import StateStore
@@ -61,6 +70,8 @@ class Controller:
     gateway: Gateway | None = None
     desired: Desired | None = None
     plan: Plan | None = None
+    llm_plan: LlmPlan = field(default_factory=LlmPlan)  # the generative deployments' engines
+    engines: LlmEngines | None = None
     generation: int = 0
     observed_generation: int = 0
     history: list[int] = field(default_factory=list)  # applied generations, oldest first
@@ -85,8 +96,9 @@ class Controller:
         """Plan and serve the first generation (``want``: the command's documents, validated
         once): replicas, then the gateway configured from the plan."""
         async with self._lock:
-            plan, steps = await asyncio.to_thread(self._solve_diff, want)
+            plan, steps, llm_plan = await asyncio.to_thread(self._solve_diff, want)
             self.runtime = self.runtime or LocalRuntime(want.profiles, self.store.run_dir, want.sources)
+            self.engines = self.engines or LlmEngines(self.store.run_dir / "engines")
             if isinstance(self.runtime, LocalRuntime):
                 self.runtime.set_profiles(want.profiles, want.sources)
             self.generation = 1
@@ -96,6 +108,10 @@ class Controller:
                 for st in steps.steps:
                     await asyncio.to_thread(self.runtime.run, st)
                     self.save()
+                for r in llm_plan.replicas:
+                    await asyncio.to_thread(self.engines.start, r)
+                    self.save()
+                self.llm_plan = llm_plan
                 cfg = self._render(plan, want, self.runtime.endpoints().values())
                 self.gateway = Gateway(cfg)
                 await self.gateway.start()
@@ -105,7 +121,8 @@ class Controller:
             self.history.append(1)
             self.executed.append([s.describe() for s in steps.steps])
             self._reset_scaling()
-            self._event("", "Applied", f"generation 1: {len(plan.replicas())} replicas on {plan.gpu_count} GPUs")
+            self._event("", "Applied", f"generation 1: {len(plan.replicas())} replicas on {plan.gpu_count} GPUs"
+                        + (f", {len(llm_plan.replicas)} LLM engines" if llm_plan.replicas else ""))
             self.save()
         self._task = asyncio.create_task(self._loop())
 
@@ -122,6 +139,8 @@ class Controller:
                 await self.gateway.stop(drain_timeout=min(self.drain_timeout, 5.0))
         finally:
             self.gateway = None
+            if self.engines is not None:
+                await asyncio.to_thread(self.engines.stop)
             if self.runtime is not None:
                 await asyncio.to_thread(self.runtime.stop)
             st = self.store.read()
@@ -135,28 +154,31 @@ class Controller:
         """Validate, re-plan from the current plan (fewest moves) and execute make-before-break.
         Returns the generation and the steps (``dry_run``: the steps it would execute)."""
         async with self._lock:
-            want = prepare(text, self.base_profiles, reason)
+            want = await asyncio.to_thread(prepare, text, self.base_profiles, reason)  # sizes LLM deployments
             if reason != "autoscale":
                 self.rates = {}
-            new, d = await asyncio.to_thread(self._solve_diff, want)
+            new, d, llm_new = await asyncio.to_thread(self._solve_diff, want)
+            start, stop = self._llm_diff(llm_new)
             if reason == "autoscale" and (why := self._out_of_bounds(want, new)):
                 raise ApplyError(why)
             out = {"generation": self.generation + (0 if dry_run or reason == "autoscale" else 1),
-                   "steps": [s.describe() for s in d.steps], "dry_run": dry_run,
-                   "started": [s.replica_id for s in d.steps if s.action == "start_replica"],
-                   "stopped": [s.replica_id for s in d.steps if s.action == "stop_replica"],
+                   "steps": [s.describe() for s in d.steps] + [f"start LLM engine {r.id} ({r.profile.name})"
+                                                               for r in start]
+                   + [f"stop LLM engine {rid}" for rid in stop], "dry_run": dry_run,
+                   "started": [s.replica_id for s in d.steps if s.action == "start_replica"] + [r.id for r in start],
+                   "stopped": [s.replica_id for s in d.steps if s.action == "stop_replica"] + stop,
                    "capacity_dips": d.capacity_dips(), "plan": new.to_dict()}
             if dry_run:
                 return out
             if reason != "autoscale":
                 self.generation += 1
                 self.store.save_generation(self.generation, text)
-            await self._execute(d, want, new)
+            await self._execute(d, want, new, llm_new)
             if reason != "autoscale":
                 self.observed_generation = self.generation
                 self.history.append(self.generation)
                 self._reset_scaling()
-            self._event("", "Applied", f"generation {self.generation} ({reason}): {len(d.steps)} steps")
+            self._event("", "Applied", f"generation {self.generation} ({reason}): {len(out['steps'])} steps")
             self.save()
             return out
 
@@ -167,7 +189,15 @@ class Controller:
         prev = self.history[-2]
         return await self.apply(self.store.generation(prev), reason=f"rollback to generation {prev}")
 
-    async def _execute(self, d: PlanDiff, want: Desired, new: Plan) -> None:
+    def _llm_diff(self, new: LlmPlan) -> tuple[list[LlmReplica], list[str]]:
+        """The LLM engines ``new`` adds, and the ids of those it drops."""
+        old = {r.id for r in self.llm_plan.replicas}
+        keep = {r.id for r in new.replicas}
+        return [r for r in new.replicas if r.id not in old], [rid for rid in old if rid not in keep]
+
+    async def _execute(self, d: PlanDiff, want: Desired, new: Plan, llm_new: LlmPlan | None = None) -> None:
+        """Run ``d``'s steps, then move the LLM engines to ``llm_new`` (None: as they are)."""
+        llm_new = self.llm_plan if llm_new is None else llm_new
         assert self.runtime is not None and self.gateway is not None
         if isinstance(self.runtime, LocalRuntime):
             self.runtime.set_profiles(want.profiles, want.sources)
@@ -192,6 +222,23 @@ class Controller:
                     await asyncio.to_thread(self.runtime.run, st)
                 done.append(st.describe())
                 self.save()
+            # make before break: the new engines serve before the old ones drain and stop
+            start, stop = self._llm_diff(llm_new)
+            engines = self.engines = self.engines or LlmEngines(self.store.run_dir / "engines")
+            for r in start:
+                self.applying = f"starting LLM engine {r.id}"
+                url = await asyncio.to_thread(engines.start, r)
+                ch = next(c for c in llm_new.choices if c.model == r.model)
+                self.gateway.llm.add_replica(model_config(ch, []), replica_config(r, url))
+                done.append(f"start LLM engine {r.id}")
+                self.save()
+            for rid in stop:
+                self.applying = f"stopping LLM engine {rid}"
+                if self.gateway.llm.find(rid) is not None:
+                    await self.gateway.remove_replica(rid, self.drain_timeout)
+                await asyncio.to_thread(engines.stop_replica, rid)
+                done.append(f"stop LLM engine {rid}")
+                self.save()
         except Exception as e:
             self.failure = f"{self.applying}: {e}"
             self._event("", "ApplyFailed", self.failure)
@@ -199,7 +246,7 @@ class Controller:
         finally:
             self.applying = None
             self.executed.append(done)
-        self.desired, self.plan = want, new
+        self.desired, self.plan, self.llm_plan = want, new, llm_new
 
     async def _add_to_gateway(self, plan: Plan, want: Desired, ep: Endpoint) -> None:
         cfg = self._render(plan, want, [ep])
@@ -207,19 +254,21 @@ class Controller:
         await self.gateway.add_replica(served, served.replicas[0])  # type: ignore[union-attr]
 
     def _render(self, plan: Plan, want: Desired, endpoints) -> GatewayConfig:  # noqa: ANN001
-        return gateway_config(plan, endpoints, want.profiles, self.store.run_dir / "profiles", want.settings)
+        llm = llm_models(self.llm_plan, self.engines.urls() if self.engines else {})
+        return gateway_config(plan, endpoints, want.profiles, self.store.run_dir / "profiles", want.settings, llm)
 
-    def _solve_diff(self, want: Desired) -> tuple[Plan, PlanDiff]:
-        """A verified plan for ``want`` and the steps from the running plan (none: from nothing)."""
-        inv = inventory(single_pool(want.docs, ["apply"]))
+    def _solve_diff(self, want: Desired) -> tuple[Plan, PlanDiff, LlmPlan]:
+        """A verified plan for ``want``, the steps from the running plan (none: from nothing), and
+        the LLM engines, placed first on whole GPUs the classic plan then does without."""
+        llm, inv = place(want.llm, inventory(single_pool(want.docs, ["apply"])), self.llm_plan)
         demands = want.demands(self.rates)
         if self.plan is None:
             new = solve(demands, want.profiles, inv, self.method)
             new.verify()
-            return new, diff(None, new)
+            return new, diff(None, new), llm
         new, d = replan(self.plan, demands, want.profiles, inv, self.method)
         new.verify()
-        return new, d
+        return new, d, llm
 
     # ------------------------------------------------------------------ the loop
 
@@ -235,21 +284,23 @@ class Controller:
         if self.gateway is None or self.runtime is None:
             return
         self.observer.sample(self.gateway.driver.metrics.registry, now)
-        for rid in list(self.runtime.endpoints()):
+        for rid, ep in list(self.runtime.endpoints().items()):
             if rid not in self.restarting and not self.runtime.alive(rid):
-                self._heal(rid)
+                self._heal(rid, ep.model, "Triton", self.runtime.restart)
+        for rid, e in list(self.engines.engines.items()) if self.engines else ():
+            if rid not in self.restarting and not self.engines.alive(rid):
+                self._heal(rid, e.replica.model, "the LLM engine", self.engines.restart)
         if self.applying is None and not self._lock.locked():
             await self._autoscale(now)
 
-    def _heal(self, rid: str) -> None:
+    def _heal(self, rid: str, model: str, what: str, restart_fn: Callable[[str], None]) -> None:
         self.restarting[rid] = "process exited"
-        model = self.runtime.endpoints()[rid].model  # type: ignore[union-attr]
-        self._event(model, "ReplicaDown", f"{rid}: Triton exited; restarting it")
+        self._event(model, "ReplicaDown", f"{rid}: {what} exited; restarting it")
 
         async def restart() -> None:
             try:
-                await asyncio.to_thread(self.runtime.restart, rid)  # type: ignore[union-attr]
-                self._event(model, "Restarted", f"{rid}: Triton is back")
+                await asyncio.to_thread(restart_fn, rid)
+                self._event(model, "Restarted", f"{rid}: {what} is back")
             except Exception as e:  # noqa: BLE001
                 self._event(model, "RestartFailed", f"{rid}: {e}")
                 await asyncio.sleep(self.tick)
@@ -327,7 +378,8 @@ class Controller:
             running=True, generation=self.generation, observed_generation=self.observed_generation,
             history=self.history, admin_url=self.admin_url,
             gateway={"http": self.gateway.http_url, "grpc": self.gateway.grpc_url} if self.gateway else None,
-            processes=self.runtime.processes() if self.runtime else {},
+            processes={**(self.runtime.processes() if self.runtime else {}),
+                       **(self.engines.processes() if self.engines else {})},
             plan=self.plan.to_dict() if self.plan else None,
         )
         self.store.write(st)

@@ -4,18 +4,28 @@ operator's limits (:class:`Desired`), and the documents read from files for a co
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deploy.operator.client import CliError
 from deploy.operator.documents import resolve_documents, stream
+from deploy.operator.llm_plan import LlmChoice, choose
 from gateway.config import scheduler_config
 from gateway.errors import ConfigError
 from placement.plan import Demand
-from placement.spec import check_profiles, demand, profiles_for, single_pool
+from placement.spec import check_profiles, classic, demand, inventory, profiles_for, single_pool
 from profiles.catalogue import HOST
+from profiles.llm.profile import LlmProfile, load_llm_profiles
 from profiles.profile import ProfileError, ProfileSet
-from profiles.schema import Documents, GatewaySpec, SpecError, load_documents, parse_documents
+from profiles.schema import (
+    Documents,
+    GatewaySpec,
+    SpecError,
+    absolute_path,
+    load_documents,
+    parse_documents,
+)
 from profiles.triton.sources import VariantSource
 
 if TYPE_CHECKING:
@@ -31,10 +41,11 @@ class Desired:
     profiles: ProfileSet
     sources: dict[tuple[str, str], VariantSource]
     settings: GatewaySpec
+    llm: list[LlmChoice] = field(default_factory=list)  # the generative deployments, sized
 
     def demands(self, rates: dict[str, float]) -> list[Demand]:
         out = []
-        for md in self.docs.deployments:
+        for md in classic(self.docs):
             d = demand(md)
             out.append(replace(d, rate=rates[d.model]) if d.model in rates else d)
         return out
@@ -62,9 +73,13 @@ def desired(docs: Documents, base: ProfileSet, names: list[str], text: str | Non
         raise SpecError(f"{docs.origin(pool)}: spec.emulate: the operator serves GPU pools on emulated "
                         "GPUs (emulate: true) and the host; real GPUs are configured by "
                         "`headrace plan --apply --executor nvml` (got False)")
+    llm = choose(docs.deployments, docs.origin, inventory(pool), llm_profiles(docs))
+    if llm and pool.spec.runtime != "local":
+        raise SpecError(f"{docs.origin(pool)}: spec.runtime: LLM deployments run on the local runtime "
+                        f"(got {pool.spec.runtime!r})")
     resolve_documents(docs)
     sources = {}
-    for md in docs.deployments:
+    for md in classic(docs):
         for v in md.spec.variant_specs():
             if md.spec.source == "artifact" and v.artifact is not None:
                 sources[(md.spec.model, v.name)] = VariantSource("artifact", v.artifact.uri, v.artifact.version)
@@ -78,7 +93,24 @@ def desired(docs: Documents, base: ProfileSet, names: list[str], text: str | Non
         scheduler_config(settings.scheduler, f"{docs.origin(docs.gateways[0]) if docs.gateways else where}: spec")
     except ConfigError as e:
         raise SpecError(str(e)) from None
-    return Desired(stream(docs) if text is None else text, docs, profiles, sources, settings)
+    return Desired(stream(docs) if text is None else text, docs, profiles, sources, settings, llm)
+
+
+def llm_profiles(docs: Documents) -> list[LlmProfile]:
+    """The reference LLM profiles, plus the LlmProfile files generative deployments' variants
+    name (``profile``), which come first."""
+    mine = [md for md in docs.deployments if md.spec.llm is not None]
+    own: list[LlmProfile] = []
+    for md in mine:
+        root = docs.base_dir.get(id(md), Path.cwd())
+        for i, v in enumerate(md.spec.variant_specs()):
+            if v.profile is not None:
+                try:
+                    found = load_llm_profiles(absolute_path(v.profile, root))
+                except (OSError, ProfileError) as e:
+                    raise SpecError(f"{docs.origin(md)}: spec.variants.{i}.profile: {e} (got {v.profile!r})") from None
+                own += [p for p in found if p.variant == v.name] or found
+    return own + load_llm_profiles() if mine else []
 
 
 def base_profiles() -> ProfileSet:

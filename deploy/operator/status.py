@@ -16,10 +16,13 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from deploy.operator.desired import Desired
+    from deploy.operator.llm_plan import LlmPlan
+    from deploy.operator.llm_runtime import LlmEngines
     from deploy.operator.observe import Observer
     from deploy.operator.runtime import ProcessRuntime
     from gateway.app import Gateway
     from placement.plan import Plan
+    from profiles.schema import ModelDeployment
 
 RATE_WINDOW_S = 10.0
 ATTAINMENT_WINDOW_S = 60.0
@@ -46,7 +49,9 @@ class Observed(Protocol):
     wall: Callable[[], float]
     desired: Desired | None
     plan: Plan | None
+    llm_plan: LlmPlan
     runtime: ProcessRuntime | None
+    engines: LlmEngines | None
     gateway: Gateway | None
     observer: Observer
     generation: int
@@ -97,16 +102,43 @@ def _replicas(c: Observed, model: str) -> list[dict[str, Any]]:
     return out
 
 
-def status(c: Observed) -> dict[str, Any]:
-    now = c.clock()
-    deployments = []
-    for md in c.desired.docs.deployments if c.desired else []:
-        model = md.spec.model
-        reps = _replicas(c, model)
-        down = [r["id"] for r in reps if r["process"] != "running" or not r["serving"]]
-        # a best-effort model an overfull pool placed short is Degraded (PoolOverfull) too
-        short = next((sf for sf in c.plan.shortfall if sf.model == model), None) if c.plan else None
-        conds = [
+def _llm_replicas(c: Observed, model: str) -> list[dict[str, Any]]:
+    urls = c.engines.urls() if c.engines else {}
+    out = []
+    for r in c.llm_plan.of(model):
+        rep = c.gateway.llm.find(r.id) if c.gateway else None
+        out.append({
+            "id": r.id, "variant": r.variant, "gpu": r.gpu, "gpu_model": r.profile.gpu, "slice": "gpu",
+            "share": 1.0, "capacity_rps": 0.0,
+            "process": "running" if c.engines and c.engines.alive(r.id) else
+                       ("restarting" if r.id in c.restarting else "down"),
+            "serving": rep is not None and rep.reachable and not rep.draining, "gateway": 0 if rep else None,
+            "url": urls.get(r.id),
+        })
+    return out
+
+
+def llm_served(c: Observed, model: str) -> dict[str, Any]:
+    """The gateway's counts of a generative model's answered requests since it started, and the
+    share meeting its TTFT SLO, its TPOT SLO and both (None before the first)."""
+    n: dict[str, float] = {"requests": 0.0, "ttft": 0.0, "tpot": 0.0, "both": 0.0}
+    for metric in c.gateway.driver.metrics.registry.collect() if c.gateway else ():
+        for x in metric.samples:
+            if x.labels.get("model") != model:
+                continue
+            if x.name == "headrace_llm_requests_total":
+                n["requests"] += x.value
+            elif x.name == "headrace_llm_slo_met_total" and x.labels.get("slo") in n:
+                n[x.labels["slo"]] += x.value
+    total = n["requests"]
+    return {"requests": int(total), **{f"{k}_attainment": round(n[k] / total, 5) if total else None
+                                       for k in ("ttft", "tpot", "both")}}
+
+
+def _conditions(c: Observed, model: str, reps: list[dict[str, Any]], short: Any) -> list[dict[str, Any]]:
+    down = [r["id"] for r in reps if r["process"] != "running" or not r["serving"]]
+    # a best-effort model an overfull pool placed short is Degraded (PoolOverfull) too
+    return [
             _condition(c, model, "Ready", bool(reps) and not down and c.failure is None,
                        "AllReplicasServing" if reps and not down else "ReplicasNotServing",
                        f"{len(reps) - len(down)}/{len(reps)} replicas serving"),
@@ -118,7 +150,37 @@ def status(c: Observed) -> dict[str, Any]:
                                                         ("PoolOverfull" if short else "AsPlanned")),
                        c.failure or (f"not serving: {', '.join(down)}" if down else
                                      (short.describe() if short else "every replica serving"))),
-        ]
+    ]
+
+
+def _llm_deployment(c: Observed, md: ModelDeployment) -> dict[str, Any]:
+    s, llm = md.spec, md.spec.llm
+    assert llm is not None
+    ch = next((x for x in c.llm_plan.choices if x.model == s.model), None)
+    reps = _llm_replicas(c, s.model)
+    served = llm_served(c, s.model)
+    return {
+        "name": md.metadata.name, "model": s.model, "rate": s.rate, "planned_rate": s.rate, "slo_ms": s.slo_ms,
+        "capacity_rps": round(s.rate * s.headroom, 1) if ch and ch.predicted is not None else 0.0,
+        "observed_rps": 0.0, "attainment_1m": served["both_attainment"],
+        "answered_1m": served["requests"], "refused_1m": 0,
+        "conditions": _conditions(c, s.model, reps, None), "replicas": reps,
+        "llm": {"variant": ch.profile.variant if ch else None, "slo_ttft_ms": s.slo_ms,
+                "slo_tpot_ms": llm.slo_tpot_ms, "predicted_attainment": ch.predicted if ch else None, **served},
+    }
+
+
+def status(c: Observed) -> dict[str, Any]:
+    now = c.clock()
+    deployments = []
+    for md in c.desired.docs.deployments if c.desired else []:
+        if md.spec.llm is not None:
+            deployments.append(_llm_deployment(c, md))
+            continue
+        model = md.spec.model
+        reps = _replicas(c, model)
+        short = next((sf for sf in c.plan.shortfall if sf.model == model), None) if c.plan else None
+        conds = _conditions(c, model, reps, short)
         rate = c.observer.window(model, RATE_WINDOW_S, now)
         att = c.observer.window(model, ATTAINMENT_WINDOW_S, now)
         deployments.append({
@@ -134,7 +196,7 @@ def status(c: Observed) -> dict[str, Any]:
     return {
         "generation": c.generation, "observedGeneration": c.observed_generation,
         "gateway": {"http": c.gateway.http_url, "grpc": c.gateway.grpc_url} if c.gateway else None,
-        "admin": c.admin_url, "gpus": c.plan.gpu_count if c.plan else 0,
+        "admin": c.admin_url, "gpus": (c.plan.gpu_count if c.plan else 0) + len(c.llm_plan.gpus),
         "shortfall": [sf.to_dict() for sf in c.plan.shortfall] if c.plan else [],
         "deployments": deployments, "events": [e.to_dict() for e in list(c.events)[-20:]],
     }
@@ -170,6 +232,21 @@ def print_status(st: dict[str, Any], out: Console) -> None:
             r.add_row(x["id"], x["variant"], x["gpu_model"], x["slice"], f"{x['share']:.0%}",
                       f"{x['capacity_rps']:g}", x["process"], str(x["serving"]))
     out.print(r)
+    llm = [d for d in st["deployments"] if d.get("llm")]
+    if llm:
+        g = Table(title="LLM deployments (since the gateway started)")
+        for col in ("deployment", "variant", "SLO TTFT/TPOT ms", "requests", "TTFT met", "TPOT met", "both met",
+                    "predicted"):
+            g.add_column(col)
+
+        def pct(v: float | None) -> str:
+            return "-" if v is None else f"{v:.1%}"
+        for d in llm:
+            x = d["llm"]
+            g.add_row(d["name"], str(x["variant"]), f"{x['slo_ttft_ms']:g}/{x['slo_tpot_ms']:g}", str(x["requests"]),
+                      pct(x["ttft_attainment"]), pct(x["tpot_attainment"]), pct(x["both_attainment"]),
+                      pct(x["predicted_attainment"]))
+        out.print(g)
     for d in st["deployments"]:
         for x in d["conditions"]:
             if x["type"] == "Degraded" and x["status"] == "True":

@@ -12,7 +12,7 @@ config points at them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as _replace
 from pathlib import Path
@@ -20,7 +20,7 @@ from pathlib import Path
 from placement.plan import Plan
 from placement.solve.capacity import batch_latency
 from profiles.catalogue import gpu_model as catalogue_model
-from profiles.gateway_config import GatewayConfig, ModelConfig, ReplicaConfig
+from profiles.gateway_config import GatewayConfig, LlmModelConfig, ModelConfig, ReplicaConfig
 from profiles.profile import LatencyPoint, Profile, ProfileSet, save_profiles
 from profiles.schema import GatewaySettings, ListenConfig
 
@@ -82,11 +82,13 @@ def replica_config(gpu: _Gpu, e: Endpoint, profiles: ProfileSet, profile_dir: Pa
 
 
 def gateway_config(plan: Plan, endpoints: Iterable[Endpoint], profiles: ProfileSet, profile_dir: Path,
-                   settings: GatewaySettings | None = None) -> GatewayConfig:
+                   settings: GatewaySettings | None = None,
+                   llm_models: Sequence[LlmModelConfig] = ()) -> GatewayConfig:
     """The gateway config routing every planned model to its replicas' ``endpoints``, and
     every model the plan places no replica of to none (refused while it has none).
     ``settings``: the Gateway document's spec (listen, scheduler, ...; its admin API is not the
-    gateway's); None: the defaults, listening on any free ports."""
+    gateway's); None: the defaults, listening on any free ports. ``llm_models``: the
+    generative models served beside them, with their engines."""
     by_model: dict[str, list[Endpoint]] = {}
     for e in endpoints:
         by_model.setdefault(e.model, []).append(e)
@@ -106,4 +108,4 @@ def gateway_config(plan: Plan, endpoints: Iterable[Endpoint], profiles: ProfileS
     if settings is None:
         settings = GatewaySettings(listen=ListenConfig(http_port=0, grpc_port=0))
     given = {k: getattr(settings, k) for k in settings.model_fields_set if k in GatewaySettings.model_fields}
-    return GatewayConfig(**given, models=models)
+    return GatewayConfig(**given, models=models, llm_models=list(llm_models))
