@@ -226,7 +226,8 @@ class HttpFrontDoor:
         return _OK
 
     def _ready(self, req: HttpRequest) -> HttpResponse:
-        return HttpResponse(200 if self.driver.ready() else 503)
+        llm_ready = self.llm is not None and self.llm.ready()
+        return HttpResponse(200 if llm_ready or self.driver.ready() else 503)
 
     def _server_metadata(self, req: HttpRequest) -> HttpResponse:
         return _json(self.info.server_metadata())

@@ -160,6 +160,10 @@ class LlmService:
         self.replicas[rep.model].remove(rep)
         return drained
 
+    def ready(self) -> bool:
+        """Some replica takes requests: not draining, and its metrics answered lately."""
+        return any(not r.draining and r.reachable for reps in self.replicas.values() for r in reps)
+
     async def drain(self, timeout: float) -> bool:
         """Take no new request; wait up to ``timeout`` seconds for the open ones to end. True
         when they did."""

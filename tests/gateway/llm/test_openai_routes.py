@@ -170,3 +170,10 @@ def test_tenants_keys_and_quotas_hold_on_the_openai_routes(engine: Engine) -> No
         counted = gw.driver.render_metrics().decode()
         assert 'headrace_tenant_requests_total{code="200",tenant="a"} 2.0' in counted
         assert 'headrace_tenant_requests_total{code="429",tenant="a"} 1.0' in counted
+
+
+def test_a_gateway_of_generative_models_is_ready_while_an_engine_is(gateway: Gateway) -> None:
+    conn = http.client.HTTPConnection(*gateway.http_url.split(":"), timeout=10)
+    conn.request("GET", "/v2/health/ready")
+    assert conn.getresponse().status == 200
+    conn.close()
