@@ -15,7 +15,14 @@ chunks). Stage 2 holds that spend and prefers the most accurate variants and the
 On an overfull pool (the greedy left best-effort demand unplaced) each best-effort model's
 capacity row gets a continuous slack, the req/s left unplaced, priced above what any replica
 costs per req/s: the program places every guaranteed req/s, then as much best-effort as fits,
-then uses the fewest GPUs.
+then uses the fewest GPUs. The whole program of such a pool is too large for HiGHS's root node
+(its cut rounds run for minutes on a 1,000-model fleet), so HiGHS searches it over the columns
+its LP relaxation uses and the greedy's, every layout and every slack.
+
+Work, not time, ends every phase: HiGHS runs on one thread with a fixed seed, each search
+within its :class:`Effort` of branch-and-bound nodes, and no decision reads the clock, so a
+problem gets the same plan on any host at any load. The time limit is a safety stop only: a
+phase it cuts short (or skips) marks the result, whose plan may then differ between runs.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import highspy
 import numpy as np
@@ -39,9 +47,42 @@ from placement.solve.candidates import (
     Start,
 )
 
-STAGE1_SHARE = 0.8  # of the time limit; stage 2 gets what is left
-MASTER_SHARE = 0.5  # of stage 1's time: the integer master; the whole program gets the rest
-STAGE2_MIN_SECONDS = 0.5
+
+@dataclass(frozen=True)
+class Effort:
+    """How far each phase of the MILP searches, in HiGHS branch-and-bound nodes (a search that
+    proves its optimum first stops there). Stage 1 minimises GPUs or cost; stage 2 holds that
+    spend and breaks ties (accuracy, then the least share)."""
+
+    master_nodes: int = 2000  # stage 1's integer master, each of its two runs
+    program_nodes: int = 1000  # stage 1's program, when the master leaves a gap (or there is none)
+    tie_nodes: int = 500  # stage 2, each run
+
+
+EFFORT = Effort()
+
+
+class _Stop:
+    """The safety stop: ``seconds`` of ``clock`` from now. ``hit`` once it cut a phase short."""
+
+    def __init__(self, clock: Callable[[], float], seconds: float) -> None:
+        self.clock, self.at, self.hit = clock, clock() + seconds, False
+
+    def left(self) -> float:
+        return self.at - self.clock()
+
+
+@dataclass(frozen=True)
+class MilpChoice:
+    """What the MILP chose: replica counts by candidate, layouts by GPU class, the proven lower
+    bound, :func:`~placement.solve.bound.lower_bound`'s value with the seconds it took (when
+    the master ran), and whether the safety stop cut a phase short."""
+
+    chosen: dict[int, int]
+    layouts: dict[int, list[LayoutOption]]
+    proven: float
+    lower: tuple[float, float] | None
+    stopped: bool
 
 
 def _vector(p: Program, start: Start) -> np.ndarray:
@@ -55,10 +96,14 @@ def _vector(p: Program, start: Start) -> np.ndarray:
     return x
 
 
-def _run(c: np.ndarray, a, lo: np.ndarray, hi: np.ndarray, ub: np.ndarray, time_limit: float, gap: float,
-         start: np.ndarray | None, n_int: int | None = None) -> tuple[np.ndarray | None, float, str]:
-    """(solution or None, proven dual bound, status) of one integer program; columns past
-    ``n_int`` (default: none) are continuous."""
+def _run(c: np.ndarray, a, lo: np.ndarray, hi: np.ndarray, ub: np.ndarray, gap: float, start: np.ndarray | None,
+         nodes: int, stop: _Stop, n_int: int | None = None) -> tuple[np.ndarray | None, float, str]:
+    """(solution or None, proven dual bound, status) of one integer program, searched within
+    ``nodes`` branch-and-bound nodes; columns past ``n_int`` (default: none) are continuous.
+    Past the safety stop it does not run."""
+    if stop.left() <= 0:
+        stop.hit = True
+        return None, 0.0, "Time limit reached"
     m = csc_matrix(a)
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = m.shape[1], m.shape[0]
@@ -77,9 +122,11 @@ def _run(c: np.ndarray, a, lo: np.ndarray, hi: np.ndarray, ub: np.ndarray, time_
     # YAML output must not carry
     h = highspy._Highs()
     h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", max(0.1, float(time_limit)))
+    h.setOptionValue("time_limit", float(stop.left()))
+    h.setOptionValue("mip_max_nodes", int(nodes))
     h.setOptionValue("mip_rel_gap", gap)
     h.setOptionValue("threads", 1)
+    h.setOptionValue("random_seed", 0)
     h.passModel(lp)
     if start is not None:
         sol = highspy.HighsSolution()
@@ -88,6 +135,8 @@ def _run(c: np.ndarray, a, lo: np.ndarray, hi: np.ndarray, ub: np.ndarray, time_
         h.setSolution(sol)
     h.run()
     status = h.modelStatusToString(h.getModelStatus())
+    if h.getModelStatus() == highspy.HighsModelStatus.kTimeLimit:
+        stop.hit = True
     info = h.getInfo()
     if info.primal_solution_status < 2:  # no feasible point
         return None, 0.0, status
@@ -138,7 +187,7 @@ class _Master:
         covers = [sum(program_cost[j] * k for j, k in counts.items()) for _, counts in self.columns]
         return np.r_[program_cost[self.p.n_x:self.p.n_x + self.ny], covers]
 
-    def solve(self, cost: np.ndarray, time_limit: float, gap: float, spend: float | None = None,
+    def solve(self, cost: np.ndarray, gap: float, nodes: int, stop: _Stop, spend: float | None = None,
               restrict: bool = False) -> np.ndarray | None:
         """The master's optimum of ``cost`` from its start (within ``spend``, the plan's cost,
         if given) as program values, or None if HiGHS returns none. ``restrict``: over the
@@ -151,10 +200,8 @@ class _Master:
             lo, hi = np.r_[lo, -np.inf], np.r_[hi, spend + 1e-6]
         cols = np.arange(len(cost))
         if restrict:
-            lp, _, _ = _run(cost, a, lo, hi, ub, time_limit, gap, None, n_int=0)
-            if lp is not None:
-                cols = np.flatnonzero(np.r_[np.ones(self.ny, dtype=bool), (lp[self.ny:] > 1e-9) | (start[self.ny:] > 0.5)])
-        x, _, _ = _run(cost[cols], a[:, cols], lo, hi, ub[cols], time_limit, gap, start[cols])
+            cols, _ = _support(cost, a, lo, hi, ub, start, np.arange(len(cost)) < self.ny, stop)
+        x, _, _ = _run(cost[cols], a[:, cols], lo, hi, ub[cols], gap, start[cols], nodes, stop)
         if x is None:
             return None
         self.start = np.zeros(len(cost))
@@ -167,16 +214,29 @@ class _Master:
         return out
 
 
+def _support(c: np.ndarray, a, lo: np.ndarray, hi: np.ndarray, ub: np.ndarray, start: np.ndarray | None,
+             always: np.ndarray, stop: _Stop) -> tuple[np.ndarray, float | None]:
+    """The columns the LP relaxation's optimum uses, the start's and those ``always`` kept, with
+    the LP's optimum (a lower bound on the program's); every column and None if the LP has no
+    optimum."""
+    lp, _, _ = _run(c, a, lo, hi, ub, 0.0, None, 0, stop, n_int=0)
+    if lp is None:
+        return np.arange(len(c)), None
+    used = always | (lp > 1e-9)
+    if start is not None:
+        used |= start > 0.5
+    return np.flatnonzero(used), float(c @ lp)
+
+
 def milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
                 time_limit: float, clock: Callable[[], float] = time.perf_counter, start: Start | None = None,
                 slack: Sequence[int] = (), start_unplaced: dict[int, float] | None = None,
-                ) -> tuple[dict[int, int], dict[int, list[LayoutOption]], float, tuple[float, float] | None]:
-    """Replica counts, layouts per class, the proven lower bound, and (when the master ran)
-    :func:`~placement.solve.bound.lower_bound`'s value with the seconds of ``clock`` it took, within
-    ``time_limit`` seconds of ``clock``. Raises :class:`MilpTimeout` if no integer plan is known by then
-    (never when ``start`` is given). Models in ``slack`` (best-effort) may be placed in part;
+                effort: Effort = EFFORT) -> MilpChoice:
+    """The MILP's plan within ``effort`` (``time_limit`` seconds of ``clock`` is the safety
+    stop). Raises :class:`MilpTimeout` if the stop came before any integer plan was known (never
+    when ``start`` is given). Models in ``slack`` (best-effort) may be placed in part;
     ``start_unplaced`` is the start's req/s left unplaced per model."""
-    t0 = clock()
+    stop = _Stop(clock, time_limit)
     p = program(demands, inv, cands, opts, tie_break=False, cuts=True, uncut=frozenset(slack))
     n_int = len(p.c)
     x0 = _vector(p, start) if start is not None else None
@@ -191,50 +251,68 @@ def milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
         bound, covers = bound_and_covers(demands, inv, cands, p)
         proven = rounded(inv, bound)
         lower = (proven, clock() - tb)
-        left = time_limit - (clock() - t0)
         master = _Master(p, inv, covers, cands, x0)
         for restrict in (True, False):  # the restricted master first: often it meets the bound
             if float(p.c @ x0) <= proven * (1 + 1e-6):
                 break
-            left = time_limit - (clock() - t0)
-            xm = master.solve(master.cost(p.c), MASTER_SHARE * STAGE1_SHARE * left, 1e-6, restrict=restrict)
+            xm = master.solve(master.cost(p.c), 1e-6, effort.master_nodes, stop, restrict=restrict)
             if xm is not None and float(p.c @ xm) < float(p.c @ x0):
                 x0 = xm
+    cols = np.arange(len(p.c))
     if x0 is not None and float(p.c @ x0) <= proven * (1 + 1e-6):
         best = x0  # the master's plan meets the bound: nothing to search
     else:
-        master = None  # the whole program's plan may be no cover of the master's
-        left = time_limit - (clock() - t0)
-        x, dual, status = _run(p.c, p.a, p.lo, p.hi, p.ub, STAGE1_SHARE * left, 1e-6, x0, n_int)
-        if x is None:
-            if "limit" in status.lower():
+        master = None  # the program's plan may be no cover of the master's
+        best = x0  # NOTE: HiGHS keeps the start as incumbent; this only guards against rounding
+        cols, lp = _support(p.c, p.a, p.lo, p.hi, p.ub, x0, np.arange(len(p.c)) >= p.n_x, stop)
+        if lp is not None and not slack:
+            proven = max(proven, rounded(inv, lp))
+        # the program over the LP's columns first; then, but on an overfull pool, all of it
+        for whole in (False, True) if not slack else (False,):
+            use = np.arange(len(p.c)) if whole else cols
+            x, dual, status = _run(p.c[use], p.a[:, use], p.lo, p.hi, p.ub[use], 1e-6,
+                                   None if x0 is None else x0[use], effort.program_nodes, stop,
+                                   int((use < n_int).sum()))
+            if x is not None:
+                x = _spread(x, use, len(p.c))
+                if best is None or float(p.c @ x) < float(p.c @ best) - 1e-9:
+                    best = x
+                x0 = best
+            if whole:
+                cols = use
+                if not slack and x is not None:
+                    proven = max(proven, dual)
+        if best is None:
+            if stop.hit:
                 raise MilpTimeout(f"MILP found no feasible plan within {time_limit:g} s")
             raise SolverError(f"MILP found no feasible plan ({status})")
-        proven = max(proven, dual)
-        best = np.r_[np.round(x[:n_int]), x[n_int:]]
-        if x0 is not None and float(p.c @ x0) < float(p.c @ best) - 1e-9:
-            best = x0  # NOTE: HiGHS keeps the start as incumbent; this only guards against rounding
-    left = time_limit - (clock() - t0)
-    if left > STAGE2_MIN_SECONDS:
-        tie = np.r_[program(demands, inv, cands, opts, tie_break=True).c, p.c[n_int:]]
-        tie[p.n_x:n_int] = 0.0
-        tie /= max(float(tie.max()), 1e-12)  # NOTE: the same optimum; HiGHS warns of, and slows on, tiny costs
-        if master is not None:  # the master's covers, at the plan's spend: restricted, then all
-            x2 = master.solve(master.cost(tie), left, 1e-3, float(p.c @ best), restrict=True)
-            left = time_limit - (clock() - t0)
-            if x2 is not None and left > STAGE2_MIN_SECONDS:
-                whole = master.solve(master.cost(tie), left, 1e-3, float(p.c @ best))
-                x2 = x2 if whole is None else whole
-        else:
-            a2 = vstack([p.a, p.c.reshape(1, -1)]).tocsr()
-            lo2 = np.r_[p.lo, -np.inf]
-            hi2 = np.r_[p.hi, float(p.c @ best) + 1e-6]
-            x2, _, _ = _run(tie, a2, lo2, hi2, p.ub, left, 1e-3, best, n_int)
+        best = np.r_[np.round(best[:n_int]), best[n_int:]]
+    tie = np.r_[program(demands, inv, cands, opts, tie_break=True).c, p.c[n_int:]]
+    tie[p.n_x:n_int] = 0.0
+    tie /= max(float(tie.max()), 1e-12)  # NOTE: the same optimum; HiGHS warns of, and slows on, tiny costs
+    spend = float(p.c @ best)
+    if master is not None:  # the master's covers, at the plan's spend: restricted, then all
+        x2 = master.solve(master.cost(tie), 1e-3, effort.tie_nodes, stop, spend, restrict=True)
         if x2 is not None:
-            best = np.r_[np.round(x2[:n_int]), x2[n_int:]]
+            whole = master.solve(master.cost(tie), 1e-3, effort.tie_nodes, stop, spend)
+            x2 = x2 if whole is None else whole
+    else:  # the columns stage 1 searched last
+        a2 = vstack([p.a[:, cols], p.c[cols].reshape(1, -1)]).tocsc()
+        x2, _, _ = _run(tie[cols], a2, np.r_[p.lo, -np.inf], np.r_[p.hi, spend + 1e-6], p.ub[cols], 1e-3,
+                        best[cols], effort.tie_nodes, stop, int((cols < n_int).sum()))
+        x2 = None if x2 is None else _spread(x2, cols, len(p.c))
+    if x2 is not None:
+        best = np.r_[np.round(x2[:n_int]), x2[n_int:]]
     x = np.round(best[:n_int]).astype(int)
     chosen = {j: int(x[j]) for j in range(p.n_x) if x[j] > 0}
     lay: dict[int, list[LayoutOption]] = defaultdict(list)
     for yi, (ci, lo) in enumerate(p.y_index):
         lay[ci] += [lo] * int(x[p.n_x + yi])
-    return chosen, dict(lay), proven, lower
+    return MilpChoice(chosen, dict(lay), proven, lower, stop.hit)
+
+
+def _spread(x: np.ndarray, cols: np.ndarray, n: int) -> np.ndarray:
+    """Values of columns ``cols`` as a vector of all ``n``."""
+    out = np.zeros(n)
+    out[cols] = x
+    return out

@@ -59,9 +59,10 @@ METHODS = ("greedy", "milp")
 def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory, method: str = "greedy",
           *, time_limit: float = 10.0, options: Options = DEFAULT, bound: bool = True,
           clock: Callable[[], float] = time.perf_counter) -> Plan:
-    """Plan ``demands`` on ``inventory`` from ``profiles``. No I/O; the greedy is deterministic,
-    the MILP too unless its time limit cuts the search short. ``clock`` (injected) only meters
-    the MILP's time budget and the reported solve time; no decision reads it."""
+    """Plan ``demands`` on ``inventory`` from ``profiles``. No I/O, and deterministic: the MILP
+    searches within a budget of work (:class:`placement.solve.milp.Effort`); ``time_limit``
+    seconds of ``clock`` (injected) is only its safety stop, which a plan it cut short names in
+    its method (``milp[time-limit]``). ``clock`` also meters the reported solve time."""
     if method not in METHODS:
         raise SolverError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
     names = [d.model for d in demands]
@@ -93,9 +94,12 @@ def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
         start = None if lacking else g.start
         slack = [mi for mi, d in enumerate(demands) if not d.guaranteed] if (g.unplaced or lacking) else []
         try:
-            chosen, lay, proven, lower = milp_choice(demands, inventory, cands, options, time_limit - (clock() - t0),
-                                              clock, start, slack, g.unplaced)
-            gpus = pack(demands, inventory, profiles, chosen, cands, lay)
+            m = milp_choice(demands, inventory, cands, options, time_limit - (clock() - t0), clock, start, slack,
+                            g.unplaced)
+            chosen, proven, lower = m.chosen, m.proven, m.lower
+            gpus = pack(demands, inventory, profiles, chosen, cands, m.layouts)
+            if m.stopped:
+                label += "[time-limit]"  # the safety stop cut the search: another run may differ
         except SolverError:
             if start is None:
                 if lacking:
