@@ -59,6 +59,7 @@ from placement.solve.candidates import (
     check_coverable,
 )
 from placement.solve.greedy import greedy_choice, missing_text
+from placement.solve.milp import EFFORT, Effort, SafetyStop
 from placement.solve.packing import pack
 from placement.solve.shortfall import shortfalls
 from profiles.profile import ProfileSet
@@ -169,12 +170,14 @@ def _split_program(demands: Sequence[Demand], profiles: ProfileSet, inv: Invento
 
 
 def _milp_accuracy(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventory, cands: list[Candidate],
-                   opts: Options, time_limit: float, clock: Callable[[], float],
-                   ) -> tuple[dict[int, int], dict[int, list[LayoutOption]], float, float]:
+                   opts: Options, time_limit: float, clock: Callable[[], float], effort: Effort = EFFORT,
+                   ) -> tuple[dict[int, int], dict[int, list[LayoutOption]], float, float, bool]:
     """Two stages: the objective (most accurate, or least spend under the floor), then with it
-    held the least spend and tie-break. Returns the choice, the layouts, the proven spend lower
-    bound (floor) and the proven upper bound on the mean accuracy (objective accuracy)."""
-    t0 = clock()
+    held the least spend and tie-break, each within ``effort``'s nodes (``time_limit`` seconds
+    of ``clock`` is the safety stop). Returns the choice, the layouts, the proven spend lower
+    bound (floor), the proven upper bound on the mean accuracy (objective accuracy) and whether
+    the safety stop cut a stage short."""
+    stop = SafetyStop(clock, time_limit)
     maximise = inv.objective == "accuracy"
     best_effort = [mi for mi, d in enumerate(demands) if not d.guaranteed and d.rate > 0]
     for slack in ([], best_effort):
@@ -183,32 +186,37 @@ def _milp_accuracy(demands: Sequence[Demand], profiles: ProfileSet, inv: Invento
         bounds = Bounds(0, ub)
         first = acc if maximise else spend
         res = milp(first, constraints=cons, integrality=integ, bounds=bounds,
-                   options={"time_limit": max(0.1, 0.7 * time_limit - (clock() - t0)), "mip_rel_gap": 1e-6})
+                   options={"node_limit": effort.accuracy_nodes, "time_limit": max(0.1, stop.left()),
+                            "mip_rel_gap": 1e-6})
         if res.x is not None or res.status == 1 or not best_effort:
-            break  # planned, out of time, or nothing to place in part
+            break  # planned, out of nodes or time, or nothing to place in part
+    stop.hit = stop.left() <= 0
     if res.x is None:
         if res.status == 1:
-            raise MilpTimeout(f"MILP found no feasible plan within {time_limit:g} s")
+            raise MilpTimeout(f"MILP found no feasible plan within {effort.accuracy_nodes} nodes "
+                              f"and {time_limit:g} s")
         raise SolverError(_unplannable(demands, profiles, inv, opts, cands))
     best = res.x
     dual = float(getattr(res, "mip_dual_bound", 0.0) or 0.0)
     proven, acc_bound = (0.0, max(0.0, -dual)) if maximise else (dual, 0.0)
-    left = time_limit - (clock() - t0)
-    if left > 0.5:
+    if stop.left() > 0:
         hold = LinearConstraint(first.reshape(1, -1), -np.inf, float(first @ res.x) + HOLD)
         second = tie.copy()
         if not maximise:
             second[base.n_x:base.n_x + len(base.y_index)] = 0.0  # spend is held; only the tie-break is left
         res2 = milp(second, constraints=[*cons, hold], integrality=integ, bounds=bounds,
-                    options={"time_limit": left, "mip_rel_gap": 1e-3})
+                    options={"node_limit": effort.tie_nodes, "time_limit": stop.left(), "mip_rel_gap": 1e-3})
+        stop.hit |= stop.left() <= 0
         if res2.x is not None:
             best = res2.x
+    else:
+        stop.hit = True
     x = np.round(best[:base.n_x + len(base.y_index)]).astype(int)
     chosen = {j: int(x[j]) for j in range(base.n_x) if x[j] > 0}
     lay: dict[int, list[LayoutOption]] = {}
     for yi, (ci, lo_) in enumerate(base.y_index):
         lay.setdefault(ci, []).extend([lo_] * int(x[base.n_x + yi]))
-    return chosen, lay, proven, acc_bound
+    return chosen, lay, proven, acc_bound, stop.hit
 
 
 def _unplannable(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventory, opts: Options,
@@ -358,8 +366,11 @@ def solve_accuracy(demands: Sequence[Demand], profiles: ProfileSet, inv: Invento
         gpus = greedy_accuracy(demands, profiles, inv, cands, opts)
     else:
         try:
-            chosen, lay, proven, acc_bound = _milp_accuracy(demands, profiles, inv, cands, opts, time_limit, clock)
+            chosen, lay, proven, acc_bound, stopped = _milp_accuracy(demands, profiles, inv, cands, opts,
+                                                                     time_limit - (clock() - t0), clock)
             gpus = pack(demands, inv, profiles, chosen, cands, lay)
+            if stopped:
+                label += "[time-limit]"  # the safety stop cut the search: another run may differ
         except MilpTimeout:
             gpus, label = greedy_accuracy(demands, profiles, inv, cands, opts), label + "->greedy"
     placed = Plan(gpus, tuple(demands), inv, profiles=profiles).capacities()

@@ -57,12 +57,13 @@ class Effort:
     master_nodes: int = 2000  # stage 1's integer master, each of its two runs
     program_nodes: int = 1000  # stage 1's program, when the master leaves a gap (or there is none)
     tie_nodes: int = 500  # stage 2, each run
+    accuracy_nodes: int = 1000  # stage 1 of an accuracy objective or floor (one program with the split)
 
 
 EFFORT = Effort()
 
 
-class _Stop:
+class SafetyStop:
     """The safety stop: ``seconds`` of ``clock`` from now. ``hit`` once it cut a phase short."""
 
     def __init__(self, clock: Callable[[], float], seconds: float) -> None:
@@ -97,7 +98,7 @@ def _vector(p: Program, start: Start) -> np.ndarray:
 
 
 def _run(c: np.ndarray, a, lo: np.ndarray, hi: np.ndarray, ub: np.ndarray, gap: float, start: np.ndarray | None,
-         nodes: int, stop: _Stop, n_int: int | None = None) -> tuple[np.ndarray | None, float, str]:
+         nodes: int, stop: SafetyStop, n_int: int | None = None) -> tuple[np.ndarray | None, float, str]:
     """(solution or None, proven dual bound, status) of one integer program, searched within
     ``nodes`` branch-and-bound nodes; columns past ``n_int`` (default: none) are continuous.
     Past the safety stop it does not run."""
@@ -187,7 +188,7 @@ class _Master:
         covers = [sum(program_cost[j] * k for j, k in counts.items()) for _, counts in self.columns]
         return np.r_[program_cost[self.p.n_x:self.p.n_x + self.ny], covers]
 
-    def solve(self, cost: np.ndarray, gap: float, nodes: int, stop: _Stop, spend: float | None = None,
+    def solve(self, cost: np.ndarray, gap: float, nodes: int, stop: SafetyStop, spend: float | None = None,
               restrict: bool = False) -> np.ndarray | None:
         """The master's optimum of ``cost`` from its start (within ``spend``, the plan's cost,
         if given) as program values, or None if HiGHS returns none. ``restrict``: over the
@@ -215,7 +216,7 @@ class _Master:
 
 
 def _support(c: np.ndarray, a, lo: np.ndarray, hi: np.ndarray, ub: np.ndarray, start: np.ndarray | None,
-             always: np.ndarray, stop: _Stop) -> tuple[np.ndarray, float | None]:
+             always: np.ndarray, stop: SafetyStop) -> tuple[np.ndarray, float | None]:
     """The columns the LP relaxation's optimum uses, the start's and those ``always`` kept, with
     the LP's optimum (a lower bound on the program's); every column and None if the LP has no
     optimum."""
@@ -236,7 +237,7 @@ def milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
     stop). Raises :class:`MilpTimeout` if the stop came before any integer plan was known (never
     when ``start`` is given). Models in ``slack`` (best-effort) may be placed in part;
     ``start_unplaced`` is the start's req/s left unplaced per model."""
-    stop = _Stop(clock, time_limit)
+    stop = SafetyStop(clock, time_limit)
     p = program(demands, inv, cands, opts, tie_break=False, cuts=True, uncut=frozenset(slack))
     n_int = len(p.c)
     x0 = _vector(p, start) if start is not None else None

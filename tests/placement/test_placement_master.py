@@ -13,7 +13,7 @@ from placement.problem import load
 from placement.solve.bound import bound_and_covers, program, rounded
 from placement.solve.candidates import DEFAULT, candidates
 from placement.solve.greedy import greedy_choice
-from placement.solve.milp import EFFORT, _Master, _Stop, _vector
+from placement.solve.milp import EFFORT, SafetyStop, _Master, _vector
 from placement.solve.solver import solve
 
 
@@ -34,7 +34,7 @@ def test_the_master_plan_meets_every_row_of_the_whole_program(fleet, restrict):
     x0 = _vector(p, start)
     master = _Master(p, inv, covers, cands, x0)
     assert len(master.columns) > len(demands)  # more than the start's own covers
-    x = master.solve(master.cost(p.c), 1e-6, EFFORT.master_nodes, _Stop(time.perf_counter, 30.0), restrict=restrict)
+    x = master.solve(master.cost(p.c), 1e-6, EFFORT.master_nodes, SafetyStop(time.perf_counter, 30.0), restrict=restrict)
     assert x is not None
     ax = p.a @ x
     assert np.all(ax >= p.lo - 1e-6) and np.all(ax <= p.hi + 1e-6)  # capacity, slices, pool, cuts
