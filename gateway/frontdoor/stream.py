@@ -1,7 +1,8 @@
 """Streamed answers of the front door's HTTP server (:mod:`gateway.frontdoor.httpserver`).
 
-A handler answers with a :class:`StreamResponse` (server-sent events): its head, then each
-chunk as its iterator yields it, ``Transfer-Encoding: chunked`` on a keep-alive connection,
+A handler answers with a :class:`StreamResponse` (server-sent events): its head with the
+first chunk its iterator yields (one write: the client has nothing to read before it), then
+each chunk as it is yielded, ``Transfer-Encoding: chunked`` on a keep-alive connection,
 else a body ended by closing the connection. A :class:`StreamWriter` writes it and tells the
 stream why it ended early: ``disconnect`` (its client went away), ``write_timeout`` (its
 client read nothing for the write timeout, its buffers full) or ``shutdown``; either way the
@@ -95,17 +96,20 @@ class StreamWriter:
             if t.is_closing():  # the client left before its answer began
                 self.abort("disconnect")
                 return
-            t.write(self.resp.head(self.chunked))
+            head = self.resp.head(self.chunked)
             async for data in chunks:
                 if not data:
                     continue
-                t.write(b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data)
+                data = b"%x\r\n%b\r\n" % (len(data), data) if self.chunked else data
+                if head:
+                    data, head = head + data, b""
+                t.write(data)
                 if self.paused_at and not await self._writable():
                     self.abort("write_timeout")
                     self.raw.abort()  # what it holds will never be read
                     return
-            if self.chunked:
-                t.write(b"0\r\n\r\n")
+            if self.chunked or head:
+                t.write(head + b"0\r\n\r\n" if self.chunked else head)
         except asyncio.CancelledError:
             self.abort("shutdown")  # (a lost connection has told it already)
             raise

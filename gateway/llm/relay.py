@@ -1,8 +1,8 @@
 """Generative requests to OpenAI-compatible engines and their answers back, as they come.
 
 :class:`LlmService` holds the generative models of a gateway's config and their engine
-replicas. A request goes to the replica :func:`~gateway.llm.picker.pick` chooses, over one
-pooled aiohttp session; a whole answer is relayed as the engine gave it, a streamed one event
+replicas. A request goes to the replica :func:`~gateway.llm.picker.pick` chooses, over a kept-alive
+connection of that engine's pool (:mod:`gateway.llm.upstream`); a whole answer is relayed as the engine gave it, a streamed one event
 by event as each arrives (nothing is held back to coalesce). Closing the engine's stream
 aborts the request there (vLLM and ``headrace engine`` abort a request whose connection
 closes), which is what happens when the client goes away, stops reading, or the replica is
@@ -33,11 +33,12 @@ from gateway.frontdoor.httpserver import HttpResponse
 from gateway.frontdoor.stream import StreamResponse
 from gateway.llm.api import LlmCall, OpenAiError, error_response, unknown_model
 from gateway.llm.picker import LlmReplica, parse_load, pick
+from gateway.llm.upstream import EngineConnection, Upstream
 from gateway.observe.metrics import GatewayMetrics
 from profiles.gateway_config import LlmModelConfig, LlmReplicaConfig
 
 log = logging.getLogger("headrace.gateway")
-_PATHS = {"completion": "/v1/completions", "chat": "/v1/chat/completions"}
+_PATHS = {"completion": b"/v1/completions", "chat": b"/v1/chat/completions"}
 _DONE = b"data: [DONE]"
 _USAGE = b'"usage":{'
 _NO_CHOICES = b'"choices":[]'
@@ -60,18 +61,18 @@ class LlmModel:
 class _Open:
     """One request open at an engine: its response, and why it was cut short (if it was)."""
 
-    __slots__ = ("response", "reason", "settled")
+    __slots__ = ("conn", "reason", "settled")
 
     def __init__(self) -> None:
-        self.response: aiohttp.ClientResponse | None = None
+        self.conn: EngineConnection | None = None
         self.reason: str | None = None
         self.settled = False
 
     def abort(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
-        if self.response is not None:
-            self.response.close()  # the engine sees its connection close and aborts the request
+        if self.conn is not None:
+            self.conn.close()  # the engine sees its connection close and aborts the request
 
 
 class _Relayed:
@@ -112,6 +113,7 @@ class LlmService:
         self.models: dict[str, LlmModel] = {}
         self.replicas: dict[str, list[LlmReplica]] = {}  # by model
         self._open: dict[str, set[_Open]] = {}  # by replica id
+        self._upstreams: dict[str, Upstream] = {}  # by replica id
         self._drained: dict[str, asyncio.Event] = {}  # by replica id, while it drains
         self._session: aiohttp.ClientSession | None = None
         self._scraper: asyncio.Task | None = None
@@ -130,6 +132,7 @@ class LlmService:
         rep = LlmReplica(model.replica_id(r), model.name, r.url, r.engine, r.model or model.name, r.max_inflight)
         self.replicas[model.name].append(rep)
         self._open[rep.id] = set()
+        self._upstreams[rep.id] = Upstream(rep.url)
         return rep
 
     def replica_ids(self) -> dict[str, list[str]]:
@@ -158,6 +161,7 @@ class LlmService:
             finally:
                 self._drained.pop(rep.id, None)
         self.replicas[rep.model].remove(rep)
+        self._upstreams.pop(rep.id).close()
         return drained
 
     def ready(self) -> bool:
@@ -199,6 +203,8 @@ class LlmService:
         for opens in self._open.values():
             for o in list(opens):
                 o.abort("shutdown")
+        for up in self._upstreams.values():
+            up.close()
         if self._session is not None:
             await self._session.close()
 
@@ -249,27 +255,25 @@ class LlmService:
         streaming = False
         try:
             try:
-                resp = await self._session.post(  # type: ignore[union-attr]
-                    rep.url + _PATHS[call.kind], data=body, headers={"Content-Type": "application/json"})
-            except (aiohttp.ClientError, OSError, TimeoutError) as e:
+                conn, status = await self._send(self._upstreams[rep.id], _PATHS[call.kind], body, opened)
+            except (OSError, ValueError) as e:
+                if opened.reason is not None:  # removed while connecting
+                    return _cut_short(call.model, opened.reason)
                 rep.reachable = False
                 return error_response(503, f"engine of model {call.model!r} is unreachable ({rep.id}): "
                                       f"{type(e).__name__}: {e}", None, (("Retry-After", "1"),))
-            opened.response = resp
-            if opened.reason is not None:  # removed while connecting
-                resp.close()
-                return _cut_short(call.model, opened.reason)
-            if resp.status != 200:
-                return await _relayed_error(resp, rep)
-            if not call.stream:
+            if status != 200 or not call.stream:
                 try:
-                    raw = await resp.read()
-                except (aiohttp.ClientError, OSError) as e:
+                    raw = await _whole(conn)
+                except (OSError, ValueError) as e:
                     return _cut_short(call.model, opened.reason or f"{type(e).__name__}: {e}")
+                kind = conn.headers.get(b"content-type", b"application/json").decode("latin-1")
+                if status != 200:
+                    return _relayed_error(status, raw, kind, rep)
                 raw = self._record_whole(rep, raw, arrival, ttft_slo)
-                return HttpResponse(200, raw, resp.headers.get("Content-Type", "application/json"))
+                return HttpResponse(200, raw, kind)
             streaming = True
-            events = self._relay(rep, resp, opened, call.include_usage, arrival, ttft_slo, tpot_slo)
+            events = self._relay(rep, conn, opened, call.include_usage, arrival, ttft_slo, tpot_slo)
             return StreamResponse(200, _Relayed(events, lambda: self._settle(rep, opened)), aborted=opened.abort)
         except asyncio.CancelledError:  # the client went away before its answer
             opened.abort("disconnect")
@@ -278,12 +282,31 @@ class LlmService:
             if not streaming:  # a stream settles when its relay ends
                 self._settle(rep, opened)
 
+    async def _send(self, up: Upstream, path: bytes, body: bytes, opened: _Open) -> tuple[EngineConnection, int]:
+        """The request sent on a kept-alive connection, and its answer's status. A reused
+        connection the engine closed meanwhile is retried once on a new one; a new one not
+        made within ``connect_timeout`` is a :class:`TimeoutError`."""
+        async with asyncio.timeout(self.connect_timeout):
+            conn, reused = await up.connect()
+        while True:
+            opened.conn = conn
+            if opened.reason is not None:
+                conn.close()
+                raise ConnectionError(opened.reason)
+            try:
+                return conn, await conn.start(path, body)
+            except ConnectionError:
+                if not reused or opened.reason is not None:
+                    raise
+                async with asyncio.timeout(self.connect_timeout):
+                    conn, reused = await up.connect(fresh=True)
+
     def _settle(self, rep: LlmReplica, opened: _Open) -> None:
         if opened.settled:
             return
         opened.settled = True
-        if opened.response is not None:
-            opened.response.close() if opened.reason is not None else opened.response.release()
+        if opened.conn is not None:
+            opened.conn.close() if opened.reason is not None else opened.conn.release()
         if opened.reason is not None and opened.reason != "shutdown":
             self.metrics.of(self.metrics.llm_aborted, rep.model, opened.reason).inc()
         rep.outstanding -= 1
@@ -293,7 +316,7 @@ class LlmService:
             if not opens and rep.id in self._drained:
                 self._drained[rep.id].set()
 
-    async def _relay(self, rep: LlmReplica, resp: aiohttp.ClientResponse, opened: _Open, include_usage: bool,
+    async def _relay(self, rep: LlmReplica, conn: EngineConnection, opened: _Open, include_usage: bool,
                      arrival: float, ttft_slo: float, tpot_slo: float) -> AsyncIterator[bytes]:
         """The engine's events, each read relayed at once; the usage chunk kept back unless the
         client asked for it."""
@@ -305,7 +328,7 @@ class LlmService:
         done = False
         rest = b""
         try:
-            async for data in resp.content.iter_any():
+            while (data := await conn.read()) is not None:
                 now = clock()
                 buf = rest + data if rest else data
                 cut = buf.rfind(b"\n\n") + 2
@@ -335,7 +358,7 @@ class LlmService:
                     yield out if renaming is None else out.replace(*renaming)
             if rest.strip():
                 yield rest
-        except (aiohttp.ClientError, OSError) as e:  # the engine broke off (or the replica was removed)
+        except (OSError, ValueError) as e:  # the engine broke off (or the replica was removed)
             if opened.reason is None:
                 log.warning("engine stream of %s broke off: %s: %s", rep.id, type(e).__name__, e)
             err = {"error": {"message": f"the engine's stream broke off ({opened.reason or type(e).__name__})",
@@ -426,16 +449,19 @@ def _has_token(ev: bytes) -> bool:
     return False
 
 
-async def _relayed_error(resp: aiohttp.ClientResponse, rep: LlmReplica) -> HttpResponse:
+async def _whole(conn: EngineConnection) -> bytes:
+    parts = []
+    while (data := await conn.read()) is not None:
+        parts.append(data)
+    return b"".join(parts)
+
+
+def _relayed_error(status: int, raw: bytes, kind: str, rep: LlmReplica) -> HttpResponse:
     """The engine's own answer when it is a 4xx; a 5xx is a 502 naming it (a gateway never
     answers 500 for an engine)."""
-    try:
-        raw = await resp.read()
-    except (aiohttp.ClientError, OSError) as e:
-        return error_response(502, f"engine {rep.id} answered {resp.status} and broke off: {type(e).__name__}")
-    if resp.status < 500:
-        return HttpResponse(resp.status, raw, resp.headers.get("Content-Type", "application/json"))
-    return error_response(502, f"engine {rep.id} answered {resp.status}: {raw[:500].decode('utf-8', 'replace')}")
+    if status < 500:
+        return HttpResponse(status, raw, kind)
+    return error_response(502, f"engine {rep.id} answered {status}: {raw[:500].decode('utf-8', 'replace')}")
 
 
 def _cut_short(model: str, why: str) -> HttpResponse:
