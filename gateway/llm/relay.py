@@ -424,6 +424,9 @@ def _outgoing(call: LlmCall, served: str) -> bytes:
     ask_usage = call.stream and not call.include_usage
     if not rename and not ask_usage:
         return call.raw
+    if not rename and "stream_options" not in call.body:  # one field put first: no key repeated
+        start = call.raw.index(b"{") + 1
+        return b'{"stream_options":{"include_usage":true},' + call.raw[start:]
     body = dict(call.body, model=served)
     if ask_usage:
         body["stream_options"] = {**(call.body.get("stream_options") or {}), "include_usage": True}
