@@ -18,7 +18,7 @@ from typing import Literal
 
 from placement.plan import Demand, GpuClass, GpuPlan, Inventory, Plan, Replica, SlicePlan
 from placement.solve.capacity import replica_capacity
-from placement.solve.solver import DEFAULT, Options, SolverError, solve
+from placement.solve.solver import DEFAULT, TIME_LIMIT, Options, SolverError, solve
 from profiles.catalogue import gpu_model
 from profiles.profile import ProfileSet
 
@@ -185,7 +185,7 @@ def _with_slo(plan: Plan, demands: dict[str, Demand], profiles: ProfileSet) -> l
 
 
 def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
-           method: str = "greedy", *, time_limit: float = 10.0, options: Options = DEFAULT) -> tuple[Plan, PlanDiff]:
+           method: str = "greedy", *, time_limit: float = TIME_LIMIT, options: Options = DEFAULT) -> tuple[Plan, PlanDiff]:
     """A plan for the new ``demands`` close to ``old``, and the diff from old to new."""
     dm = {d.model: d for d in demands}
     kept = _with_slo(old, dm, profiles)

@@ -47,17 +47,20 @@ from placement.solve.packing import pack
 from placement.solve.shortfall import capacities, shortfalls
 from profiles.profile import ProfileSet
 
-__all__ = ["DEFAULT", "METHODS", "Candidate", "LayoutOption", "MilpTimeout", "Options", "SolverError",
+__all__ = ["DEFAULT", "METHODS", "TIME_LIMIT", "Candidate", "LayoutOption", "MilpTimeout", "Options", "SolverError",
            "candidates", "layout_options", "lower_bound", "solve"]
 
 METHODS = ("greedy", "milp")
+# seconds: the MILP's safety stop. Its work budget (Effort) ends the search first: the 1,000-model
+# fleet's plan, whole, takes about a fifth of this on a 2-core host (docs/placement.md)
+TIME_LIMIT = 60.0
 
 
 # --------------------------------------------------------------------------- entry point
 
 
 def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory, method: str = "greedy",
-          *, time_limit: float = 10.0, options: Options = DEFAULT, bound: bool = True,
+          *, time_limit: float = TIME_LIMIT, options: Options = DEFAULT, bound: bool = True,
           clock: Callable[[], float] = time.perf_counter) -> Plan:
     """Plan ``demands`` on ``inventory`` from ``profiles``. No I/O, and deterministic: the MILP
     searches within a budget of work (:class:`placement.solve.milp.Effort`); ``time_limit``
