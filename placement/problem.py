@@ -8,9 +8,18 @@ import argparse
 
 from pydantic import ValidationError
 
+from placement.llm import choose, llm_profiles, place
 from placement.plan import Demand, Inventory
 from placement.solve.solver import METHODS
-from placement.spec import SpecError, check_profiles, demand, inventory, profiles_for, single_pool
+from placement.spec import (
+    SpecError,
+    check_profiles,
+    classic,
+    demand,
+    inventory,
+    profiles_for,
+    single_pool,
+)
 from profiles.derive import with_derived
 from profiles.digits.family import MEASURED_DIR
 from profiles.profile import ProfileSet, Provenance
@@ -98,5 +107,5 @@ def load(files: list[str], extra_profiles: list[str], args: argparse.Namespace |
     pool = with_overrides(single_pool(docs, files), args)
     profiles = profiles_for(docs, load_profile_set(extra_profiles + [str(MEASURED_DIR)], derive=False))
     check_profiles(docs, profiles)
-    inv = inventory(pool)
-    return inv, [demand(d) for d in docs.deployments], derive_for(docs, inv, profiles)
+    inv = place(choose(docs.deployments, docs.origin, inventory(pool), llm_profiles(docs)), inventory(pool))[1]
+    return inv, [demand(d) for d in classic(docs)], derive_for(docs, inv, profiles)

@@ -116,7 +116,7 @@ def load_problem(*paths: str | Path) -> tuple[Inventory, list[Demand], bool]:
 
 def classic(docs: Documents) -> list[ModelDeployment]:
     """The deployments the planner places (a generative one, ``spec.llm``, takes whole GPUs
-    before it: :mod:`deploy.operator.llm_plan`)."""
+    before it: :mod:`placement.llm`)."""
     return [md for md in docs.deployments if md.spec.llm is None]
 
 

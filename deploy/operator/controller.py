@@ -19,14 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deploy.operator.desired import Desired, prepare
-from deploy.operator.llm_plan import (
-    LlmPlan,
-    LlmReplica,
-    llm_models,
-    model_config,
-    place,
-    replica_config,
-)
 from deploy.operator.llm_runtime import LlmEngines
 from deploy.operator.observe import Observer
 from deploy.operator.runtime import LocalRuntime, ProcessRuntime
@@ -37,6 +29,14 @@ from gateway.config import resolve
 from placement import autoscale
 from placement.apply.render import Endpoint, gateway_config
 from placement.diff import PlanDiff, diff, replan
+from placement.llm import (
+    LlmPlan,
+    LlmReplica,
+    llm_models,
+    model_config,
+    place,
+    replica_config,
+)
 from placement.plan import Plan
 from placement.solve.solver import solve
 from placement.spec import inventory, single_pool

@@ -5,24 +5,21 @@ operator's limits (:class:`Desired`), and the documents read from files for a co
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deploy.operator.client import CliError
 from deploy.operator.documents import resolve_documents, stream
-from deploy.operator.llm_plan import LlmChoice, choose
 from gateway.config import scheduler_config
 from gateway.errors import ConfigError
+from placement.llm import LlmChoice, choose, llm_profiles
 from placement.plan import Demand
 from placement.spec import check_profiles, classic, demand, inventory, profiles_for, single_pool
 from profiles.catalogue import HOST
-from profiles.llm.profile import LlmProfile, load_llm_profiles
 from profiles.profile import ProfileError, ProfileSet
 from profiles.schema import (
     Documents,
     GatewaySpec,
     SpecError,
-    absolute_path,
     load_documents,
     parse_documents,
 )
@@ -94,23 +91,6 @@ def desired(docs: Documents, base: ProfileSet, names: list[str], text: str | Non
     except ConfigError as e:
         raise SpecError(str(e)) from None
     return Desired(stream(docs) if text is None else text, docs, profiles, sources, settings, llm)
-
-
-def llm_profiles(docs: Documents) -> list[LlmProfile]:
-    """The reference LLM profiles, plus the LlmProfile files generative deployments' variants
-    name (``profile``), which come first."""
-    mine = [md for md in docs.deployments if md.spec.llm is not None]
-    own: list[LlmProfile] = []
-    for md in mine:
-        root = docs.base_dir.get(id(md), Path.cwd())
-        for i, v in enumerate(md.spec.variant_specs()):
-            if v.profile is not None:
-                try:
-                    found = load_llm_profiles(absolute_path(v.profile, root))
-                except (OSError, ProfileError) as e:
-                    raise SpecError(f"{docs.origin(md)}: spec.variants.{i}.profile: {e} (got {v.profile!r})") from None
-                own += [p for p in found if p.variant == v.name] or found
-    return own + load_llm_profiles() if mine else []
 
 
 def base_profiles() -> ProfileSet:

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import yaml
 
-from deploy.operator.llm_plan import GPU_MEMORY_UTILIZATION, LlmReplica
 from deploy.operator.state import start_time
 from placement.apply.executors import ExecutorError
 from placement.apply.render import file_name
+from placement.llm import GPU_MEMORY_UTILIZATION, LlmReplica
 from profiles.llm.profile import llm_profile_to_dict
 from profiles.triton.process import stop_group
 from profiles.triton.server import free_port

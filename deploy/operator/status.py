@@ -16,11 +16,11 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from deploy.operator.desired import Desired
-    from deploy.operator.llm_plan import LlmPlan
     from deploy.operator.llm_runtime import LlmEngines
     from deploy.operator.observe import Observer
     from deploy.operator.runtime import ProcessRuntime
     from gateway.app import Gateway
+    from placement.llm import LlmPlan
     from placement.plan import Plan
     from profiles.schema import ModelDeployment
 

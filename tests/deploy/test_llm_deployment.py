@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from deploy.cli import main
-from deploy.operator.llm_plan import LlmPlan, LlmReplica, choose, place, size
+from placement.llm import LlmPlan, LlmReplica, choose, place, size
 from placement.plan import GpuClass, Inventory
 from profiles.llm.profile import load_llm_profiles
 from profiles.schema import Documents, LlmSpec, SpecError, parse_documents

@@ -1,8 +1,9 @@
 """Generative deployments (``ModelDeployment.spec.llm``) sized and placed: each replica is one
 engine serving one variant on one whole GPU of the pool, taken out of the inventory before the
-classic planner places the rest.
+classic planner places the rest (``headrace up`` and ``apply``, and ``headrace plan`` and ``sim``
+on the same documents, so they plan the classic deployments on the same GPUs).
 
-Two steps, both sans-IO:
+Two steps, both sans-IO (:func:`llm_profiles` reads the profiles they take):
 
 - :func:`choose` (when the documents are validated): per deployment, the variant and GPU model,
   and how many replicas. The count is the deployment's ``llm.replicas``, else the fewest that keep
@@ -19,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -26,8 +28,16 @@ from placement.plan import GpuClass, Inventory
 from profiles.gateway_config import LlmModelConfig, LlmReplicaConfig
 from profiles.llm.engine import Engine, LlmRequest
 from profiles.llm.loop import EngineLoop
-from profiles.llm.profile import LlmProfile
-from profiles.schema import LlmSpec, ModelDeployment, SpecError, TokenLengths
+from profiles.llm.profile import LlmProfile, load_llm_profiles
+from profiles.profile import ProfileError
+from profiles.schema import (
+    Documents,
+    LlmSpec,
+    ModelDeployment,
+    SpecError,
+    TokenLengths,
+    absolute_path,
+)
 
 GPU_MEMORY_UTILIZATION = 0.9  # the engines' --gpu-memory-utilization, and the KV cache sizing assumes
 TARGET = 0.9  # the share of requests that must meet both SLOs
@@ -102,6 +112,23 @@ def size(profile: LlmProfile, llm: LlmSpec, rate: float, slo_ttft_s: float, limi
 
 
 # --------------------------------------------------------------------------- choosing
+def llm_profiles(docs: Documents) -> list[LlmProfile]:
+    """The reference LLM profiles, plus the LlmProfile files generative deployments' variants
+    name (``profile``), which come first."""
+    mine = [md for md in docs.deployments if md.spec.llm is not None]
+    own: list[LlmProfile] = []
+    for md in mine:
+        root = docs.base_dir.get(id(md), Path.cwd())
+        for i, v in enumerate(md.spec.variant_specs()):
+            if v.profile is not None:
+                try:
+                    found = load_llm_profiles(absolute_path(v.profile, root))
+                except (OSError, ProfileError) as e:
+                    raise SpecError(f"{docs.origin(md)}: spec.variants.{i}.profile: {e} (got {v.profile!r})") from None
+                own += [p for p in found if p.variant == v.name] or found
+    return own + load_llm_profiles() if mine else []
+
+
 
 
 @dataclass(frozen=True)
@@ -126,7 +153,7 @@ def _order(inv: Inventory) -> list[tuple[str, GpuClass]]:
 
 
 def _candidates(md: ModelDeployment, profiles: Sequence[LlmProfile], where: str) -> list[LlmProfile]:
-    """The deployment's whole-GPU profiles, most accurate variant first (unknown accuracy last)."""
+    """The deployment's whole-GPU profiles: its variants' (else its model's), as accurate as its floor."""
     s = md.spec
     mine = [p for p in profiles if p.tp == 1 and p.slice == "gpu"]
     names = s.variant_names()
@@ -148,7 +175,7 @@ def _candidates(md: ModelDeployment, profiles: Sequence[LlmProfile], where: str)
         if not mine:
             raise SpecError(f"{where}: spec.accuracy_floor: no variant is at least {s.accuracy_floor:g} accurate "
                             f"(got {s.accuracy_floor:g})")
-    return sorted(mine, key=lambda p: -(p.accuracy if p.accuracy is not None else -1.0))
+    return mine
 
 
 def choose(deployments: Sequence[ModelDeployment], origin: Callable[[object], str], inv: Inventory,
@@ -158,6 +185,9 @@ def choose(deployments: Sequence[ModelDeployment], origin: Callable[[object], st
     free: dict[str, int] = {}
     for c in inv.classes:
         free[c.gpu] = free.get(c.gpu, 0) + len(c.ids)
+    rank = {}  # GPU model -> the place of its first GPU in the order replicas take them
+    for _, c in _order(inv):
+        rank.setdefault(c.gpu, len(rank))
     out = []
     for md in deployments:
         s, llm, where = md.spec, md.spec.llm, origin(md)
@@ -168,7 +198,9 @@ def choose(deployments: Sequence[ModelDeployment], origin: Callable[[object], st
                             f"{llm.engine} engine is served by headrace serve's llm_models (got {llm.engine!r})")
         rate = s.rate * s.headroom
         tried = []
-        for p in _candidates(md, profiles, where):
+        mine = _candidates(md, profiles, where)  # most accurate first (unknown last), then the GPUs taken first
+        for p in sorted(mine, key=lambda p: (-(p.accuracy if p.accuracy is not None else -1.0),
+                                             rank.get(p.gpu, len(rank)))):
             have = free.get(p.gpu, 0)
             if have == 0:
                 continue
