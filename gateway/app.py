@@ -38,7 +38,7 @@ from gateway.observe.request import Observer
 from gateway.observe.tracing import Tracing, make_tracing
 from gateway.policy.scheduler import EdfScheduler
 from gateway.policy.types import SchedulerCore
-from profiles.gateway_config import GatewayConfig
+from profiles.gateway_config import GatewayConfig, LlmModelConfig, LlmReplicaConfig
 from profiles.schema import LimitsSpec
 
 log = logging.getLogger("headrace.gateway")
@@ -180,6 +180,11 @@ class Gateway:
         model shows in the repository index and statistics."""
         await self.driver.add_replica(model, replica)
         self._sync_models()
+
+    def add_llm_replica(self, model: LlmModelConfig, replica: LlmReplicaConfig) -> str:
+        """Serve generative ``model`` on engine ``replica`` from now on (a new model is
+        addressable at once); its replica id."""
+        return self.llm.add_replica(model, replica).id
 
     async def remove_replica(self, replica_id: str, timeout: float = 30.0, keep_model: bool = False) -> bool:
         """Drain and remove a replica (see :meth:`Driver.remove_replica`); a model left

@@ -192,8 +192,7 @@ class LlmService:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout)
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout,
                                               auto_decompress=False)
-        if any(self.replicas.values()):
-            self._scraper = asyncio.get_running_loop().create_task(self._scrape_loop())
+        self._scraper = asyncio.get_running_loop().create_task(self._scrape_loop())
 
     async def stop(self) -> None:
         if self._scraper is not None:

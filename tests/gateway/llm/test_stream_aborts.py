@@ -115,3 +115,19 @@ def test_a_stream_past_the_drain_bound_is_aborted_at_the_engine(engine: Engine) 
         assert len(out) == 1 and isinstance(out[0], openai.APIError), out
         engine.wait_idle(kv_idle)
         assert _aborted(gw, "removed") == 1
+
+
+def test_a_replica_added_while_serving_takes_requests(engine: Engine) -> None:
+    from profiles.gateway_config import LlmModelConfig, LlmReplicaConfig
+
+    thread = GatewayThread(gateway_config(engine.url))
+    with thread as gw:
+        model = LlmModelConfig(name="llama-too", replicas=[])
+        rid = thread.call(_add(gw, model, LlmReplicaConfig(url=engine.url, engine="emulated", model="tiny")))
+        assert gw.replica_ids()["llama-too"] == [rid]
+        out = client(gw).completions.create(model="llama-too", prompt="hi", max_tokens=2)
+        assert out.model == "llama-too" and out.usage.completion_tokens == 2
+
+
+async def _add(gw: Gateway, model, replica) -> str:  # noqa: ANN001  (runs on the gateway's loop)
+    return gw.add_llm_replica(model, replica)
