@@ -46,6 +46,7 @@ from gateway.llm.api import TPOT_HEADER, TTFT_HEADER, OpenAiError, read_call, sl
 from gateway.llm.api import error_response as openai_error
 from gateway.llm.relay import LlmService
 from gateway.observe.request import Observer, Seen
+from gateway.policy.types import Priority
 from profiles.schema import UNAUTHENTICATED
 
 HEADER_LEN = "inference-header-content-length"
@@ -219,7 +220,9 @@ class HttpFrontDoor:
                 headers = (("Retry-After", str(max(1, math.ceil(e.retry_after)))), (REASON_HEADER, e.reason))
             return openai_error(e.http_status, str(e), None, headers)
         arrival = req.received if req.received is not None else self.driver.clock()
-        return Later(asyncio.ensure_future(llm.call(call, ttft, tpot, arrival)), asyncio.Future.result)
+        priority = None if tenant is None or tenant.priority is None else (
+            "best-effort" if tenant.priority == Priority.BEST_EFFORT else "guaranteed")
+        return Later(asyncio.ensure_future(llm.call(call, ttft, tpot, arrival, priority)), asyncio.Future.result)
 
     # ---- handlers
     def _live(self, req: HttpRequest) -> HttpResponse:

@@ -5,7 +5,8 @@ replica with the fewest requests the gateway has open at it takes the next one; 
 the one whose engine reports the least load (``vllm:num_requests_waiting``, then
 ``vllm:num_requests_running``, then ``vllm:kv_cache_usage_perc``, read from its ``/metrics``).
 A replica being drained or at its ``max_inflight`` takes none; one whose metrics could not be
-read lately is chosen only when no other can be.
+read lately is chosen only when no other can be. A best-effort request only fills spare
+capacity: it goes to a replica whose engine has nothing waiting, else to none (it is shed).
 """
 
 from __future__ import annotations
@@ -44,11 +45,11 @@ class LlmReplica:
     draining: bool = False
 
 
-def pick(replicas: Iterable[LlmReplica]) -> LlmReplica | None:
+def pick(replicas: Iterable[LlmReplica], best_effort: bool = False) -> LlmReplica | None:
     """The replica to send the next request to; None when none can take one."""
     best, best_key = None, None
     for r in replicas:
-        if r.draining or r.outstanding >= r.max_inflight:
+        if r.draining or r.outstanding >= r.max_inflight or (best_effort and r.load.waiting > 0):
             continue
         key = (not r.reachable, r.outstanding, r.load.waiting, r.load.running, r.load.kv_usage)
         if best_key is None or key < best_key:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from gateway.errors import REASON_HEADER
 from gateway.frontdoor.httpserver import HttpResponse
 from gateway.frontdoor.stream import StreamResponse
 from gateway.llm.api import LlmCall, OpenAiError, error_response, unknown_model
@@ -237,12 +238,18 @@ class LlmService:
             raise unknown_model(call.model)
         return model
 
-    async def call(self, call: LlmCall, ttft_slo: float, tpot_slo: float,
-                   arrival: float) -> HttpResponse | StreamResponse:
-        """The engine's answer to ``call``: whole, or a stream relayed as it comes."""
+    async def call(self, call: LlmCall, ttft_slo: float, tpot_slo: float, arrival: float,
+                   priority: str | None = None) -> HttpResponse | StreamResponse:
+        """The engine's answer to ``call``: whole, or a stream relayed as it comes.
+        ``priority``: the request's class (None: its model's); a best-effort one is shed
+        (429, reason ``shed``) when every engine has requests waiting."""
         reps = self.replicas.get(call.model, [])
-        rep = pick(reps)
+        best_effort = (priority or self.models[call.model].priority) == "best-effort"
+        rep = pick(reps, best_effort)
         if rep is None:
+            if best_effort and pick(reps) is not None:
+                return error_response(429, f"best-effort request to model {call.model!r} shed: every engine has "
+                                      "requests waiting", None, (("Retry-After", "1"), (REASON_HEADER, "shed")))
             if any(not r.draining for r in reps):
                 return error_response(429, f"every replica of model {call.model!r} is at its max_inflight",
                                       None, (("Retry-After", "1"),))

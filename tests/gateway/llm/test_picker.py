@@ -39,3 +39,11 @@ vllm:prompt_tokens_total{engine="0",model_name="m"} 99.0
 """
     assert parse_load(text) == EngineLoad(waiting=3.0, running=3.0, kv_usage=0.25)
     assert parse_load("") == EngineLoad()
+
+
+def test_best_effort_only_fills_spare_capacity() -> None:
+    busy, spare = replica("busy", 0, waiting=2), replica("spare", 3)
+    # NOTE: a guaranteed request goes where fewest are open; a best-effort one never joins a queue
+    assert pick([busy, spare]).id == "busy"  # type: ignore[union-attr]
+    assert pick([busy, spare], best_effort=True).id == "spare"  # type: ignore[union-attr]
+    assert pick([busy], best_effort=True) is None
