@@ -269,8 +269,68 @@ def profile_to_dict(p: Profile) -> dict:
     return {"apiVersion": API_VERSION, "kind": "Profile", "metadata": {"name": p.name}, "spec": spec}
 
 
-# libyaml's C loader when PyYAML was built with it: a fleet's profile files parse ~10x faster
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_STR, _MAP, _SEQ = "tag:yaml.org,2002:str", "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
+_MERGE = "tag:yaml.org,2002:merge"
+# constructors that build containers (a scalar node under these tags is an error PyYAML reports)
+_NOT_SCALAR = {_MAP, _SEQ, "tag:yaml.org,2002:omap", "tag:yaml.org,2002:pairs", "tag:yaml.org,2002:set"}
+
+
+class _YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """libyaml's C loader when PyYAML was built with it (a fleet's profile files parse ~10x
+    faster), and two shortcuts that halve the rest of the time on a fleet's megabytes of
+    repeated profiles: each distinct plain scalar's tag is resolved once, and plain mappings,
+    lists and strings are built in one pass. Any other node (merge keys, explicit tags, keys
+    that are not scalars) is built the generic way, so the result is PyYAML's."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._tags: dict[tuple[str, tuple[bool, bool]], str] = {}
+        self._built: dict[int, object] = {}
+
+    def resolve(self, kind, value, implicit):  # noqa: ANN001, ANN201  (PyYAML's resolver hook)
+        if kind is not yaml.ScalarNode:
+            return super().resolve(kind, value, implicit)
+        key = (value, implicit)
+        tag = self._tags.get(key)
+        if tag is None:
+            tag = self._tags[key] = super().resolve(kind, value, implicit)
+        return tag
+
+    def construct_document(self, node: yaml.Node) -> object:
+        try:
+            return self._build(node)
+        finally:
+            self._built.clear()
+            self.constructed_objects, self.recursive_objects, self.deep_construct = {}, {}, False
+
+    def _build(self, node: yaml.Node) -> object:
+        tag = node.tag
+        if type(node) is yaml.ScalarNode:
+            if tag == _STR:
+                return node.value
+            scalar = self.yaml_constructors.get(tag)
+            if scalar is not None and tag not in _NOT_SCALAR:
+                return scalar(self, node)
+        done = self._built.get(id(node), self)
+        if done is not self:
+            return done  # an alias
+        if tag == _SEQ and type(node) is yaml.SequenceNode:
+            out: object = []
+            self._built[id(node)] = out
+            out.extend([self._build(v) for v in node.value])  # type: ignore[attr-defined]
+        elif tag == _MAP and type(node) is yaml.MappingNode and all(
+                type(k) is yaml.ScalarNode and k.tag != _MERGE for k, _ in node.value):
+            out = {}
+            self._built[id(node)] = out
+            for k, v in node.value:
+                out[self._build(k)] = self._build(v)  # type: ignore[index]
+        else:
+            out = self.construct_object(node, deep=True)
+            self._built[id(node)] = out
+        return out
+
+
+_YAML_LOADER = _YamlLoader
 
 
 class ProfileSet:
