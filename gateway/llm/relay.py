@@ -339,12 +339,14 @@ class LlmService:
                 buf = rest + data if rest else data
                 cut = buf.rfind(b"\n\n") + 2
                 if cut < 2:
-                    rest = buf
-                    continue
+                    cut = buf.rfind(b"\r\n\r\n") + 4  # events may end in CRLF CRLF too
+                    if cut < 4:
+                        rest = buf
+                        continue
                 rest = buf[cut:]
                 whole = buf[:cut]
                 out = whole
-                for ev in whole.split(b"\n\n")[:-1]:
+                for ev in (whole if b"\r" not in whole else whole.replace(b"\r\n", b"\n")).split(b"\n\n")[:-1]:
                     ev = ev.strip()
                     if not ev.startswith(b"data:"):
                         continue
@@ -366,6 +368,7 @@ class LlmService:
                 yield rest
         except (OSError, ValueError) as e:  # the engine broke off (or the replica was removed)
             if opened.reason is None:
+                opened.reason = "engine"
                 log.warning("engine stream of %s broke off: %s: %s", rep.id, type(e).__name__, e)
             err = {"error": {"message": f"the engine's stream broke off ({opened.reason or type(e).__name__})",
                              "type": "ServiceUnavailableError", "param": None, "code": 503}}

@@ -118,7 +118,8 @@ class GatewayMetrics:
             ["model", "variant", "kind"], registry=r)
         self.llm_aborted = Counter(
             "headrace_llm_aborted", "Generative requests aborted at the engine before their end: the client "
-            "went away (reason=disconnect), stopped reading (write_timeout) or the replica left (removed)",
+            "went away (reason=disconnect), stopped reading (write_timeout), the replica left (removed) or the "
+            "engine broke off (engine)",
             ["model", "reason"], registry=r)
 
     def of(self, metric: Any, *labels: str) -> Any:

@@ -131,3 +131,21 @@ def test_a_replica_added_while_serving_takes_requests(engine: Engine) -> None:
 
 async def _add(gw: Gateway, model, replica) -> str:  # noqa: ANN001  (runs on the gateway's loop)
     return gw.add_llm_replica(model, replica)
+
+
+def test_an_engine_dying_mid_stream_ends_the_stream_with_an_error_event() -> None:
+    dying = Engine()
+    try:
+        with GatewayThread(gateway_config(dying.url)) as gw:
+            stream = iter(client(gw).completions.create(model="llama", prompt="x", max_tokens=LONG, stream=True))
+            next(stream)
+            dying.proc.kill()
+            with pytest.raises(openai.APIError, match="broke off"):
+                for _ in stream:
+                    pass
+            _wait(lambda: _aborted(gw, "engine") == 1)
+            with pytest.raises(openai.APIStatusError) as e:  # and the next request is a 503, not a 500
+                client(gw).completions.create(model="llama", prompt="x", max_tokens=1)
+            assert e.value.status_code == 503
+    finally:
+        dying.close()
