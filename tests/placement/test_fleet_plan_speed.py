@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from bench.fleet import generate
 from placement.problem import load
@@ -117,3 +118,14 @@ def test_a_fleet_plans_the_same_from_json_profiles(tmp_path):
     assert plans[0].gpus == plans[1].gpus and plans[0].lower_bound == plans[1].lower_bound
     with pytest.raises(ValueError, match="unknown profile format 'toml'; known: yaml, json"):
         fleet.write(tmp_path / "x", "toml")
+
+
+def test_yaml_anchors_merge_keys_and_tags_read_as_their_expansion():
+    p = profile_to_dict(next(iter(REFERENCE)))
+    plain = yaml.safe_dump([p, p], sort_keys=False)
+    first = yaml.safe_dump(p, sort_keys=False).replace("\nspec:", "\nspec: &s").replace("\n", "\n  ")
+    # the second takes the first's spec by a merge key, its max_batch and apiVersion by explicit tags
+    anchored = (f"- {first}\n- apiVersion: !!str {p['apiVersion']}\n  kind: Profile\n"
+                f"  metadata: {{name: {p['metadata']['name']}}}\n"
+                f"  spec:\n    <<: *s\n    max_batch: !!int {p['spec']['max_batch']}\n")
+    assert load_profiles_text(anchored, "a.yaml") == load_profiles_text(plain, "p.yaml")
