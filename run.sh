@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # headrace developer entry point: `./run.sh demo` (the main job) or `./run.sh test` (the tests).
 # Each creates .venv on first use and installs headrace with what that command needs: the demo
-# the package and Cython (no Ray, no test tools), the tests everything else too.
+# the package, Cython and the openai client (no Ray, no test tools), the tests everything else too.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 cmd=${1:-demo}
 shift || true
 case "$cmd" in
-  demo) extras=(compiled) ;;
+  demo) extras=(compiled openai) ;;
   test) extras=(compiled test tracing) ;;
   *) echo "usage: ./run.sh demo|test [args...]" >&2; exit 2 ;;
 esac

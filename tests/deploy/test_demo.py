@@ -38,6 +38,11 @@ def test_demo_plans_serves_and_reports():
     assert d and int(d[-1][1]) == 0, out[-3000:]
     # the report breaks answers down by the variant that served them
     assert re.search(r"digits ?/ ?digits-(medium|large)", flat), out[-3000:]  # accuracy floor 0.97
+    # the generative phase: the openai client streamed from the emulated LLM through the gateway
+    assert "llama-8b: 20 streams through the gateway" in flat, out[-3000:]
+    row = r"[^\w%]+([\d.]+)[^\w%]+([\d.]+)[^\w%]+{}[^\w%]+(\d+)%"  # p50, p90, SLO, within SLO
+    assert re.search("TTFT" + row.format(500), flat) and re.search("TPOT" + row.format(50), flat), out[-3000:]
+    assert re.search(r"attainment \(both SLOs\): \d+% of 20 requests", flat), out[-3000:]
     assert flat.rstrip().endswith("stopped"), out[-3000:]
     # NOTE: nothing the demo started outlives it (its state and repositories sit in headrace-demo-*)
     left = subprocess.run(["pgrep", "-f", "headrace-demo-"], capture_output=True, text=True).stdout.split()
