@@ -27,7 +27,7 @@ import grpc
 from gateway.config import ServedModel, ServedReplica, resolve, scheduler_config
 from gateway.driver import Driver
 from gateway.frontdoor.grpc import create_server
-from gateway.frontdoor.http import HttpFrontDoor, metrics_door
+from gateway.frontdoor.http import HttpFrontDoor, metrics_door, openai_refusal
 from gateway.frontdoor.httpserver import HttpServer
 from gateway.frontdoor.security import load_security
 from gateway.frontdoor.stats import ServerInfo
@@ -115,6 +115,8 @@ class Gateway:
                                 stream_write_timeout_s=cfg.write_timeout_s)
         if self.observer is not None:
             self._http.on_refusal = self.observer.http_refused
+        if cfg.llm_models:
+            self._http.refusal_shape = openai_refusal
         self._metrics = None if cfg.metrics_listen is None else HttpServer(
             metrics_door(self.driver), _METRICS_MAX_BODY, clock, limits=_METRICS_LIMITS)
         self._grpc: grpc.aio.Server | None = None

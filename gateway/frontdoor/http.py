@@ -340,6 +340,18 @@ _MODEL_ROUTES: dict[str, Callable[[HttpFrontDoor, str, str], HttpResponse]] = {
 }
 
 
+def openai_refusal(path: str, resp: HttpResponse) -> HttpResponse:
+    """A refusal the HTTP server made (a limit, malformed HTTP) in OpenAI's error shape when
+    its path is an OpenAI route; as it was otherwise."""
+    if not path.startswith("/v1/"):
+        return resp
+    try:
+        message = json.loads(resp.body)["error"]
+    except (ValueError, KeyError, TypeError):
+        return resp
+    return openai_error(resp.status, str(message), None, resp.headers)
+
+
 def metrics_door(driver: Driver) -> Handler:
     """The metrics listener's handler: ``GET /metrics`` and the health probes, no key asked."""
 

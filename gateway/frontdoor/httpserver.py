@@ -478,9 +478,12 @@ class _Connection(asyncio.Protocol):
         self._release(self.msg)
         self.msg.body = []
         self.phase = _NONE
-        if self.server.on_refusal is not None:
-            m = self.msg
-            self.server.on_refusal(bytes(m.url).split(b"?", 1)[0].decode("latin-1"), m.headers, m.received, resp)
+        server, m = self.server, self.msg
+        path = bytes(m.url).split(b"?", 1)[0].decode("latin-1")
+        if server.refusal_shape is not None:
+            resp = server.refusal_shape(path, resp)
+        if server.on_refusal is not None:
+            server.on_refusal(path, m.headers, m.received, resp)
         self.queue.append(_Pending(None, False, resp))
         self.transport.pause_reading()  # type: ignore[union-attr]
         if not self.busy:
@@ -537,6 +540,7 @@ class HttpServer:
         # told of each request refused here, before a handler saw it (a limit, malformed HTTP):
         # its path and headers as far as they were read, when it was read, the answer
         self.on_refusal: Callable[[str, dict[str, str], float, HttpResponse], None] | None = None
+        self.refusal_shape: Callable[[str, HttpResponse], HttpResponse] | None = None  # (path, refusal) -> as its route answers
 
     async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
         """Listen on ``host:port`` (0: any free); ``reuse_port``: share it with other processes

@@ -177,3 +177,11 @@ def test_a_gateway_of_generative_models_is_ready_while_an_engine_is(gateway: Gat
     conn.request("GET", "/v2/health/ready")
     assert conn.getresponse().status == 200
     conn.close()
+
+
+def test_limits_refuse_in_openai_shape(engine: Engine) -> None:
+    with GatewayThread(gateway_config(engine.url, max_message_bytes=4096)) as gw:
+        status, doc = _post(gw, "/v1/completions", {**CMPL, "prompt": "word " * 2000})
+        assert status == 413 and doc["error"]["code"] == 413 and doc["error"]["type"] == "BadRequestError"
+        status, doc = _post(gw, "/v2/health/live", b"x" * 5000)  # the KServe routes keep their shape
+        assert status == 413 and isinstance(doc["error"], str)
