@@ -77,3 +77,38 @@ def test_headrace_serve_relays_the_openai_api(tmp_path: Path, engine) -> None:  
     finally:
         proc.terminate()
         assert proc.wait(15) == 0
+
+
+def test_sigterm_lets_open_streams_finish(tmp_path: Path, engine) -> None:  # noqa: ANN001  (the engine fixture)
+    import re
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    import openai
+
+    from tests.gateway.llm.conftest import ROOT, SERVED
+
+    doc = {"listen": {"host": "127.0.0.1", "http_port": 0, "grpc_port": 0}, "drain_timeout_s": 20,
+           "llm_models": [{"name": "llama", "replicas": [{"url": engine.url, "engine": "emulated", "model": SERVED}]}]}
+    (tmp_path / "gw.yaml").write_text(yaml.safe_dump(doc))
+    proc = subprocess.Popen([sys.executable, "-m", "deploy.cli", "serve", "--config", str(tmp_path / "gw.yaml")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        found = re.search(r"http (\S+)", proc.stdout.readline())  # type: ignore[union-attr]
+        assert found
+        c = openai.OpenAI(base_url=f"http://{found.group(1)}/v1", api_key="none", max_retries=0)
+        stream = iter(c.completions.create(model="llama", prompt="drain", max_tokens=150, stream=True))
+        got = [next(stream)]
+        proc.send_signal(signal.SIGTERM)
+        reader = threading.Thread(target=lambda: got.extend(stream))
+        reader.start()
+        reader.join(20)
+        # NOTE: the stream that was open when the gateway was told to stop ran to its end
+        assert len(got) == 150
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
