@@ -253,10 +253,12 @@ class LlmPlan:
         return [r for r in self.replicas if r.model == model]
 
 
-def place(choices: Sequence[LlmChoice], inv: Inventory, keep: LlmPlan | None = None) -> tuple[LlmPlan, Inventory]:
+def place(choices: Sequence[LlmChoice], inv: Inventory, keep: LlmPlan | None = None,
+          busy: frozenset[str] = frozenset()) -> tuple[LlmPlan, Inventory]:
     """The chosen replicas on GPU ids (``keep``: the running plan, whose matching replicas stay
-    where they are), and the inventory left for the classic planner."""
-    order = [gid for gid, _ in _order(inv)]
+    where they are; ``busy``: GPUs the running classic plan uses, taken last), and the
+    inventory left for the classic planner."""
+    order = sorted((gid for gid, _ in _order(inv)), key=lambda g: g in busy)
     model_of = {gid: c.gpu for gid, c in _order(inv)}
     taken: set[str] = set()
     out = []

@@ -260,12 +260,13 @@ class Controller:
     def _solve_diff(self, want: Desired) -> tuple[Plan, PlanDiff, LlmPlan]:
         """A verified plan for ``want``, the steps from the running plan (none: from nothing), and
         the LLM engines, placed first on whole GPUs the classic plan then does without."""
-        llm, inv = place(want.llm, inventory(single_pool(want.docs, ["apply"])), self.llm_plan)
+        busy = frozenset(g.id for g in self.plan.used()) if self.plan else frozenset()
+        llm, inv = place(want.llm, inventory(single_pool(want.docs, ["apply"])), self.llm_plan, busy)
         demands = want.demands(self.rates)
-        if self.plan is None:
+        if self.plan is None or llm.gpus & busy:  # an LLM took a GPU of the running plan: plan afresh
             new = solve(demands, want.profiles, inv, self.method)
             new.verify()
-            return new, diff(None, new), llm
+            return new, diff(self.plan, new), llm
         new, d = replan(self.plan, demands, want.profiles, inv, self.method)
         new.verify()
         return new, d, llm

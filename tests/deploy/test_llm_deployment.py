@@ -122,6 +122,9 @@ def test_replicas_take_gpus_without_mig_first_keep_theirs_and_leave_the_rest_to_
                                                               FP8_H100, "n/gpu0")))
     again, _ = place(choices, pool, kept)
     assert {r.gpu for r in again.replicas} == {"n/gpu2", "n/gpu0"}
+    # a GPU the running classic plan uses is taken last
+    spared, _ = place(choices, pool, busy=frozenset({"n/gpu2"}))
+    assert [r.gpu for r in spared.replicas] == ["n/gpu1", "n/gpu0"]
 
 
 # --------------------------------------------------------------------------- up and down
@@ -149,6 +152,16 @@ def test_up_serves_an_llm_on_an_emulated_engine_and_down_stops_it(tmp_path: Path
         assert [(x["variant"], x["gpu_model"], x["process"], x["serving"]) for x in d["replicas"]] == [
             ("llama-3.1-8b-instruct-fp8", "H100-80GB", "running", True)]
         assert d["llm"]["slo_ttft_ms"] == 1000 and d["llm"]["slo_tpot_ms"] == 50
+        # another variant: its engine starts and serves, then the old one drains and stops
+        v2 = write_docs(tmp_path / "v2.yaml", gpu_pool(H100), GATEWAY,
+                        llm("chat", replicas=1, variants=["llama-3.1-8b-instruct-int4"]))
+        out = op.apply(v2)
+        assert out["steps"] == ["start LLM engine chat/llama-3.1-8b-instruct-int4@n/gpu0 "
+                                "(llama-3.1-8b-instruct-int4@H100-80GB/gpu)",
+                                "stop LLM engine chat/llama-3.1-8b-instruct-fp8@n/gpu0"]
+        (old,) = engines.values()
+        assert gone(old)
+        (new,) = [v["pid"] for k, v in op.state()["processes"].items() if k.startswith("engine:")]
+        assert [x["variant"] for x in op.deployment("chat")["replicas"]] == ["llama-3.1-8b-instruct-int4"]
         assert main(["down", "--state-dir", str(tmp_path / "state")]) == 0
-        (pid,) = engines.values()
-        assert gone(pid)
+        assert gone(new)
