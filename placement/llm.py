@@ -112,6 +112,8 @@ def size(profile: LlmProfile, llm: LlmSpec, rate: float, slo_ttft_s: float, limi
 
 
 # --------------------------------------------------------------------------- choosing
+
+
 def llm_profiles(docs: Documents) -> list[LlmProfile]:
     """The reference LLM profiles, plus the LlmProfile files generative deployments' variants
     name (``profile``), which come first."""
@@ -127,8 +129,6 @@ def llm_profiles(docs: Documents) -> list[LlmProfile]:
                     raise SpecError(f"{docs.origin(md)}: spec.variants.{i}.profile: {e} (got {v.profile!r})") from None
                 own += [p for p in found if p.variant == v.name] or found
     return own + load_llm_profiles() if mine else []
-
-
 
 
 @dataclass(frozen=True)
