@@ -42,7 +42,7 @@ from gateway.frontdoor.httpserver import Handler, HttpRequest, HttpResponse, Lat
 from gateway.frontdoor.security import OPEN_HTTP_PATHS, Tenant, Tenants, bearer_key
 from gateway.frontdoor.stats import ServerInfo, model_config_dict, model_metadata_dict
 from gateway.frontdoor.stream import StreamResponse
-from gateway.llm.api import TPOT_HEADER, TTFT_HEADER, OpenAiError, read_call, slo_ms
+from gateway.llm.api import TPOT_HEADER, TTFT_HEADER, LlmCall, OpenAiError, read_call, slo_ms
 from gateway.llm.api import error_response as openai_error
 from gateway.llm.relay import LlmService
 from gateway.observe.request import Observer, Seen
@@ -196,7 +196,40 @@ class HttpFrontDoor:
 
     def _openai(self, req: HttpRequest, parts: list[str], llm: LlmService,
                 tenant: Tenant | None) -> HttpResponse | Later:
-        """The OpenAI routes; every error in OpenAI's shape."""
+        """The OpenAI routes; every error in OpenAI's shape. With an access log or tracing on,
+        every completion is seen from arrival to its answer's end (a stream's last event)."""
+        checked = self._openai_checked(req, parts, llm, tenant)
+        seen = None
+        if self.observer is not None and parts[-1] == "completions":
+            model = None if isinstance(checked, HttpResponse) else checked[0].model
+            seen = self.observer.request("http", model, "", req.headers, req.received)
+            seen.tenant = None if tenant is None else tenant.name
+        if isinstance(checked, HttpResponse):
+            if seen is not None:
+                seen.http_answered(checked)
+            return checked
+        call, ttft, tpot = checked
+        arrival = req.received if req.received is not None else self.driver.clock()
+        priority = None if tenant is None or tenant.priority is None else (
+            "best-effort" if tenant.priority == Priority.BEST_EFFORT else "guaranteed")
+        ended = None if seen is None else seen.stream_ended
+        task = asyncio.ensure_future(llm.call(call, ttft, tpot, arrival, priority, ended))
+        if seen is None:
+            return Later(task, asyncio.Future.result)
+        task.add_done_callback(lambda f: f.cancelled() and seen.cancelled())
+
+        def made(f: asyncio.Future) -> HttpResponse | StreamResponse:
+            resp = f.result()
+            if isinstance(resp, HttpResponse):
+                seen.http_answered(resp)
+            return resp
+
+        return Later(task, made)
+
+    def _openai_checked(self, req: HttpRequest, parts: list[str], llm: LlmService,
+                        tenant: Tenant | None) -> HttpResponse | tuple[LlmCall, float, float]:
+        """The answer now (the model list, or a refusal), or the request checked with its TTFT
+        and TPOT SLOs (seconds)."""
         try:
             route = _OPENAI_ROUTES.get(tuple(parts))
             if route is None:
@@ -212,6 +245,7 @@ class HttpFrontDoor:
             tpot = slo_ms(req.headers, TPOT_HEADER, model.tpot_slo * 1e3)
             if tenant is not None:
                 self.tenants.admit(tenant)  # type: ignore[union-attr]  (over quota: 429)
+            return call, ttft, tpot
         except OpenAiError as e:
             return e.response()
         except GatewayError as e:
@@ -219,10 +253,6 @@ class HttpFrontDoor:
             if isinstance(e, Rejected):
                 headers = (("Retry-After", str(max(1, math.ceil(e.retry_after)))), (REASON_HEADER, e.reason))
             return openai_error(e.http_status, str(e), None, headers)
-        arrival = req.received if req.received is not None else self.driver.clock()
-        priority = None if tenant is None or tenant.priority is None else (
-            "best-effort" if tenant.priority == Priority.BEST_EFFORT else "guaranteed")
-        return Later(asyncio.ensure_future(llm.call(call, ttft, tpot, arrival, priority)), asyncio.Future.result)
 
     # ---- handlers
     def _live(self, req: HttpRequest) -> HttpResponse:

@@ -62,12 +62,13 @@ class LlmModel:
 class _Open:
     """One request open at an engine: its response, and why it was cut short (if it was)."""
 
-    __slots__ = ("conn", "reason", "settled")
+    __slots__ = ("conn", "reason", "settled", "ended")
 
     def __init__(self) -> None:
         self.conn: EngineConnection | None = None
         self.reason: str | None = None
         self.settled = False
+        self.ended: Callable[[str | None], None] | None = None  # told how a stream ended
 
     def abort(self, reason: str) -> None:
         if self.reason is None:
@@ -239,10 +240,12 @@ class LlmService:
         return model
 
     async def call(self, call: LlmCall, ttft_slo: float, tpot_slo: float, arrival: float,
-                   priority: str | None = None) -> HttpResponse | StreamResponse:
+                   priority: str | None = None,
+                   ended: Callable[[str | None], None] | None = None) -> HttpResponse | StreamResponse:
         """The engine's answer to ``call``: whole, or a stream relayed as it comes.
         ``priority``: the request's class (None: its model's); a best-effort one is shed
-        (429, reason ``shed``) when every engine has requests waiting."""
+        (429, reason ``shed``) when every engine has requests waiting. ``ended``: told, when a
+        streamed answer ends, why it was cut short (None: it was not)."""
         reps = self.replicas.get(call.model, [])
         best_effort = (priority or self.models[call.model].priority) == "best-effort"
         rep = pick(reps, best_effort)
@@ -279,6 +282,7 @@ class LlmService:
                 raw = self._record_whole(rep, raw, arrival, ttft_slo)
                 return HttpResponse(200, raw, kind)
             streaming = True
+            opened.ended = ended
             events = self._relay(rep, conn, opened, call.include_usage, arrival, ttft_slo, tpot_slo)
             return StreamResponse(200, _Relayed(events, lambda: self._settle(rep, opened)), aborted=opened.abort)
         except asyncio.CancelledError:  # the client went away before its answer
@@ -316,6 +320,8 @@ class LlmService:
         if opened.reason is not None and opened.reason != "shutdown":
             self.metrics.of(self.metrics.llm_aborted, rep.model, opened.reason).inc()
         rep.outstanding -= 1
+        if opened.ended is not None:
+            opened.ended(opened.reason)
         opens = self._open.get(rep.id)
         if opens is not None:
             opens.discard(opened)

@@ -135,6 +135,15 @@ class Seen:
         else:
             self.answered(resp.status, reason=None if resp.status == 200 else http_reason(resp))
 
+    def stream_ended(self, reason: str | None) -> None:
+        """Its streamed answer ended: whole (``reason`` None), or cut short: its client went away
+        or stopped reading (499), else the engine or replica failed it (503)."""
+        if reason is None:
+            self.answered(200)
+        else:
+            client = reason in ("disconnect", "write_timeout")
+            self.answered(CANCELLED_HTTP if client else 503, reason=f"stream aborted: {reason}")
+
     def cancelled(self) -> None:
         """Its client gave up before the answer."""
         self.answered(CANCELLED_HTTP if self.protocol == "http" else "CANCELLED", reason="cancelled by the client")

@@ -185,3 +185,20 @@ def test_limits_refuse_in_openai_shape(engine: Engine) -> None:
         assert status == 413 and doc["error"]["code"] == 413 and doc["error"]["type"] == "BadRequestError"
         status, doc = _post(gw, "/v2/health/live", b"x" * 5000)  # the KServe routes keep their shape
         assert status == 413 and isinstance(doc["error"], str)
+
+
+def test_the_access_log_sees_completions_to_their_end(engine: Engine, tmp_path) -> None:  # noqa: ANN001
+    log = tmp_path / "access.jsonl"
+    with GatewayThread(gateway_config(engine.url, access_log={"enabled": True, "path": str(log)})) as gw:
+        c = client(gw)
+        assert len(list(c.completions.create(**CMPL, stream=True))) == 3
+        c.chat.completions.create(model="llama", messages=CHAT, max_tokens=2)
+        stream = c.completions.create(**{**CMPL, "max_tokens": 1500}, stream=True)
+        next(iter(stream))
+        stream.close()
+        _post(gw, "/v1/completions", {**CMPL, "model": "gpt-9"})
+        _post(gw, "/v1/models", b"", method="GET")  # not a completion: not logged
+        engine.wait_idle(engine.gauge("vllm:kv_cache_usage_perc"))
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [(x["model"], x["status"]) for x in lines] == [("llama", 200), ("llama", 200), ("llama", 499), (None, 404)]
+    assert lines[2]["reason"] == "stream aborted: disconnect"
