@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from placement.llm import choose, llm_profiles, place
 from placement.plan import Demand, Inventory
-from placement.solve.solver import METHODS
+from placement.solve.solver import METHODS, TIME_LIMIT
 from placement.spec import (
     SpecError,
     check_profiles,
@@ -32,7 +32,9 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--file", action="append", required=True, metavar="YAML",
                    help="GpuPool / ModelDeployment YAML (repeatable)")
     p.add_argument("--method", choices=METHODS, default="greedy", help="solver (default greedy)")
-    p.add_argument("--time-limit", type=float, default=10.0, help="MILP time limit, seconds")
+    p.add_argument("--time-limit", type=float, default=TIME_LIMIT,
+                   help=f"MILP safety stop, seconds (default {TIME_LIMIT:g}; a work budget ends its search, "
+                        "so the same input gives the same plan on any host)")
     p.add_argument("--profiles", action="append", default=[], metavar="PATH",
                    help="extra profile YAML files or folders (added to the reference set)")
 
