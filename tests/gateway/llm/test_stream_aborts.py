@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import threading
 import time
 
@@ -149,3 +150,28 @@ def test_an_engine_dying_mid_stream_ends_the_stream_with_an_error_event() -> Non
             assert e.value.status_code == 503
     finally:
         dying.close()
+
+
+def test_streams_over_tls_and_a_disconnect_there_aborts_too(engine: Engine, tmp_path) -> None:  # noqa: ANN001
+    from tests.pki import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    kv_idle = engine.gauge("vllm:kv_cache_usage_perc")
+    tls = {"cert_file": str(pki.server_cert), "key_file": str(pki.server_key)}
+    with GatewayThread(gateway_config(engine.url, tls=tls)) as gw:
+        c = openai.OpenAI(base_url=f"https://localhost:{gw.http_port}/v1", api_key="none", max_retries=0,
+                          http_client=openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=str(pki.ca))))
+        assert len(list(c.completions.create(model="llama", prompt="hi", max_tokens=4, stream=True))) == 4
+        stream = c.completions.create(model="llama", prompt="tls", max_tokens=LONG, stream=True)
+        next(iter(stream))
+        stream.close()
+        engine.wait_idle(kv_idle)
+        _wait(lambda: _aborted_tls(gw) == 1)
+
+
+def _aborted_tls(gw: Gateway) -> float:
+    """Streams aborted by a disconnect, read in-process (/metrics over TLS needs the CA too)."""
+    text = gw.driver.render_metrics().decode()
+    line = next((x for x in text.splitlines() if x.startswith('headrace_llm_aborted_total{model="llama",'
+                                                               'reason="disconnect"}')), None)
+    return 0.0 if line is None else float(line.rsplit(" ", 1)[1])
