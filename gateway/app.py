@@ -118,7 +118,7 @@ class Gateway:
         if cfg.llm_models:
             self._http.refusal_shape = openai_refusal
         self._metrics = None if cfg.metrics_listen is None else HttpServer(
-            metrics_door(self.driver), _METRICS_MAX_BODY, clock, limits=_METRICS_LIMITS)
+            metrics_door(self.driver, self.llm), _METRICS_MAX_BODY, clock, limits=_METRICS_LIMITS)
         self._grpc: grpc.aio.Server | None = None
         self.http_port = 0
         self.grpc_port = 0

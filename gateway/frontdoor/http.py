@@ -382,8 +382,9 @@ def openai_refusal(path: str, resp: HttpResponse) -> HttpResponse:
     return openai_error(resp.status, str(message), None, resp.headers)
 
 
-def metrics_door(driver: Driver) -> Handler:
-    """The metrics listener's handler: ``GET /metrics`` and the health probes, no key asked."""
+def metrics_door(driver: Driver, llm: LlmService | None = None) -> Handler:
+    """The metrics listener's handler: ``GET /metrics`` and the health probes, no key asked
+    (ready while the driver or ``llm``, the generative models, has a replica ready)."""
 
     def door(req: HttpRequest) -> HttpResponse:
         if req.method != "GET":
@@ -393,7 +394,7 @@ def metrics_door(driver: Driver) -> Handler:
         if req.path == "/v2/health/live":
             return _OK
         if req.path == "/v2/health/ready":
-            return HttpResponse(200 if driver.ready() else 503)
+            return HttpResponse(200 if driver.ready() or (llm is not None and llm.ready()) else 503)
         return error_response(404, f"no route for {req.method} {req.path} (this listener serves /metrics)")
 
     return door

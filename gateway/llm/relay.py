@@ -1,9 +1,10 @@
 """Generative requests to OpenAI-compatible engines and their answers back, as they come.
 
 :class:`LlmService` holds the generative models of a gateway's config and their engine
-replicas. A request goes to the replica :func:`~gateway.llm.picker.pick` chooses, over a kept-alive
-connection of that engine's pool (:mod:`gateway.llm.upstream`); a whole answer is relayed as the engine gave it, a streamed one event
-by event as each arrives (nothing is held back to coalesce). Closing the engine's stream
+replicas. A request goes to the replica :func:`~gateway.llm.picker.pick` chooses, over a
+kept-alive connection of that engine's pool (:mod:`gateway.llm.upstream`); a whole answer is
+relayed as the engine gave it, a streamed one event by event as each arrives (nothing is held
+back to coalesce). Closing the engine's stream
 aborts the request there (vLLM and ``headrace engine`` abort a request whose connection
 closes), which is what happens when the client goes away, stops reading, or the replica is
 removed before its streams end.
@@ -32,7 +33,7 @@ import aiohttp
 from gateway.errors import REASON_HEADER
 from gateway.frontdoor.httpserver import HttpResponse
 from gateway.frontdoor.stream import StreamResponse
-from gateway.llm.api import LlmCall, OpenAiError, error_response, unknown_model
+from gateway.llm.api import LlmCall, error_response, unknown_model
 from gateway.llm.picker import LlmReplica, parse_load, pick
 from gateway.llm.upstream import EngineConnection, Upstream
 from gateway.observe.metrics import GatewayMetrics
@@ -164,6 +165,7 @@ class LlmService:
                 self._drained.pop(rep.id, None)
         self.replicas[rep.model].remove(rep)
         self._upstreams.pop(rep.id).close()
+        self._open.pop(rep.id, None)  # streams cut short settle without it
         return drained
 
     def ready(self) -> bool:
@@ -485,5 +487,3 @@ def _relayed_error(status: int, raw: bytes, kind: str, rep: LlmReplica) -> HttpR
 def _cut_short(model: str, why: str) -> HttpResponse:
     return error_response(503, f"the request to model {model!r} was cut short: {why}", None, (("Retry-After", "1"),))
 
-
-__all__ = ["LlmModel", "LlmService", "OpenAiError"]

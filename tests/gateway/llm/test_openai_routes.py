@@ -202,3 +202,15 @@ def test_the_access_log_sees_completions_to_their_end(engine: Engine, tmp_path) 
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     assert [(x["model"], x["status"]) for x in lines] == [("llama", 200), ("llama", 200), ("llama", 499), (None, 404)]
     assert lines[2]["reason"] == "stream aborted: disconnect"
+
+
+def test_a_separate_metrics_listener_serves_the_llm_series_and_readiness(engine: Engine) -> None:
+    with GatewayThread(gateway_config(engine.url, metrics_listen={"host": "127.0.0.1", "port": 0})) as gw:
+        client(gw).completions.create(**CMPL)
+        host, port = gw.metrics_url.split(":")  # type: ignore[union-attr]
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("GET", "/v2/health/ready")
+        assert conn.getresponse().status == 200
+        conn.close()
+        got = samples(f"http://{gw.metrics_url}/metrics")
+        assert got['headrace_llm_requests_total{model="llama",variant="tiny"}'] == 1
