@@ -278,14 +278,15 @@ _NOT_SCALAR = {_MAP, _SEQ, "tag:yaml.org,2002:omap", "tag:yaml.org,2002:pairs", 
 class _YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """libyaml's C loader when PyYAML was built with it (a fleet's profile files parse ~10x
     faster), and two shortcuts that halve the rest of the time on a fleet's megabytes of
-    repeated profiles: each distinct plain scalar's tag is resolved once, and plain mappings,
-    lists and strings are built in one pass. Any other node (merge keys, explicit tags, keys
+    repeated profiles: each distinct plain scalar's tag is resolved, and its value built, once,
+    and plain mappings, lists and strings are built in one pass. Any other node (merge keys, explicit tags, keys
     that are not scalars) is built the generic way, so the result is PyYAML's."""
 
     def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self._tags: dict[tuple[str, tuple[bool, bool]], str] = {}
         self._built: dict[int, object] = {}
+        self._scalars: dict[tuple[str, str], object] = {}
 
     def resolve(self, kind, value, implicit):  # noqa: ANN001, ANN201  (PyYAML's resolver hook)
         if kind is not yaml.ScalarNode:
@@ -308,9 +309,14 @@ class _YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignor
         if type(node) is yaml.ScalarNode:
             if tag == _STR:
                 return node.value
+            key = (tag, node.value)
+            value = self._scalars.get(key, self)
+            if value is not self:
+                return value
             scalar = self.yaml_constructors.get(tag)
             if scalar is not None and tag not in _NOT_SCALAR:
-                return scalar(self, node)
+                value = self._scalars[key] = scalar(self, node)  # numbers, dates, bytes: immutable
+                return value
         done = self._built.get(id(node), self)
         if done is not self:
             return done  # an alias
