@@ -120,6 +120,7 @@ class LlmService:
         self._drained: dict[str, asyncio.Event] = {}  # by replica id, while it drains
         self._session: aiohttp.ClientSession | None = None
         self._scraper: asyncio.Task | None = None
+        self._started = False
         for m in models:
             self.models[m.name] = LlmModel.of(m)
             self.replicas[m.name] = []
@@ -136,6 +137,8 @@ class LlmService:
         self.replicas[model.name].append(rep)
         self._open[rep.id] = set()
         self._upstreams[rep.id] = Upstream(rep.url)
+        if self._started:
+            self._read_loads()
         return rep
 
     def replica_ids(self) -> dict[str, list[str]]:
@@ -193,10 +196,16 @@ class LlmService:
 
     # ---- lifecycle
     async def start(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout)
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout,
-                                              auto_decompress=False)
-        self._scraper = asyncio.get_running_loop().create_task(self._scrape_loop())
+        """Read the engines' loads from now on (nothing runs while no engine is served)."""
+        self._started = True
+        if any(self.replicas.values()):
+            self._read_loads()
+
+    def _read_loads(self) -> None:
+        if self._scraper is None:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout)
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout)
+            self._scraper = asyncio.get_running_loop().create_task(self._scrape_loop())
 
     async def stop(self) -> None:
         if self._scraper is not None:
