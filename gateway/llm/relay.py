@@ -28,8 +28,6 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-import aiohttp
-
 from gateway.errors import REASON_HEADER
 from gateway.frontdoor.httpserver import HttpResponse
 from gateway.frontdoor.stream import StreamResponse
@@ -118,7 +116,6 @@ class LlmService:
         self._open: dict[str, set[_Open]] = {}  # by replica id
         self._upstreams: dict[str, Upstream] = {}  # by replica id
         self._drained: dict[str, asyncio.Event] = {}  # by replica id, while it drains
-        self._session: aiohttp.ClientSession | None = None
         self._scraper: asyncio.Task | None = None
         self._started = False
         for m in models:
@@ -203,8 +200,6 @@ class LlmService:
 
     def _read_loads(self) -> None:
         if self._scraper is None:
-            timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout)
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout)
             self._scraper = asyncio.get_running_loop().create_task(self._scrape_loop())
 
     async def stop(self) -> None:
@@ -217,8 +212,6 @@ class LlmService:
                 o.abort("shutdown")
         for up in self._upstreams.values():
             up.close()
-        if self._session is not None:
-            await self._session.close()
 
     async def _scrape_loop(self) -> None:
         while True:
@@ -227,16 +220,23 @@ class LlmService:
             await asyncio.sleep(self.scrape_interval)
 
     async def _scrape(self, rep: LlmReplica) -> None:
-        try:
-            async with self._session.get(rep.url + "/metrics",  # type: ignore[union-attr]
-                                         timeout=aiohttp.ClientTimeout(total=max(1.0, self.scrape_interval))) as r:
-                text = await r.text()
-                ok = r.status == 200
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            rep.reachable = False
+        up = self._upstreams.get(rep.id)
+        if up is None:
             return
-        rep.reachable = ok
-        if ok:
+        conn = None
+        try:
+            async with asyncio.timeout(max(1.0, self.scrape_interval)):
+                conn, _ = await up.connect()
+                status = await conn.start(b"/metrics", None)
+                text = (await conn.whole()).decode("utf-8", "replace")
+        except (OSError, ValueError):
+            rep.reachable = False
+            if conn is not None:
+                conn.close()
+            return
+        conn.release()
+        rep.reachable = status == 200
+        if rep.reachable:
             rep.load = parse_load(text)
 
     # ---- requests
@@ -284,7 +284,7 @@ class LlmService:
                                       f"{type(e).__name__}: {e}", None, (("Retry-After", "1"),))
             if status != 200 or not call.stream:
                 try:
-                    raw = await _whole(conn)
+                    raw = await conn.whole()
                 except (OSError, ValueError) as e:
                     return _cut_short(call.model, opened.reason or f"{type(e).__name__}: {e}")
                 kind = conn.headers.get(b"content-type", b"application/json").decode("latin-1")
@@ -476,13 +476,6 @@ def _has_token(ev: bytes) -> bool:
         if c.get("text") or (isinstance(delta, dict) and (delta.get("content") or delta.get("tool_calls"))):
             return True
     return False
-
-
-async def _whole(conn: EngineConnection) -> bytes:
-    parts = []
-    while (data := await conn.read()) is not None:
-        parts.append(data)
-    return b"".join(parts)
 
 
 def _relayed_error(status: int, raw: bytes, kind: str, rep: LlmReplica) -> HttpResponse:

@@ -35,13 +35,24 @@ class EngineConnection(Connection):
         self.done = False
         self.error: Exception | None = None
 
-    def start(self, path: bytes, body: bytes) -> asyncio.Future[int]:
-        """Send ``POST path`` with the JSON ``body``; the future is the answer's status."""
+    def start(self, path: bytes, body: bytes | None) -> asyncio.Future[int]:
+        """Send ``POST path`` with the JSON ``body`` (None: ``GET path``); the future is the
+        answer's status."""
         self.head = asyncio.get_running_loop().create_future()
         self.chunks.clear()
         self.done, self.error = False, None
-        self.send((request_head(b"POST", path, self.upstream.host_header, len(body), _JSON), body))
+        if body is None:
+            self.send((request_head(b"GET", path, self.upstream.host_header, 0),))
+        else:
+            self.send((request_head(b"POST", path, self.upstream.host_header, len(body), _JSON), body))
         return self.head
+
+    async def whole(self) -> bytes:
+        """The rest of the answer's body."""
+        parts = []
+        while (data := await self.read()) is not None:
+            parts.append(data)
+        return b"".join(parts)
 
     async def read(self) -> bytes | None:
         """What arrived of the body since the last read (waiting for some), None at its end."""

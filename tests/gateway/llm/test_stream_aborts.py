@@ -175,3 +175,14 @@ def _aborted_tls(gw: Gateway) -> float:
     line = next((x for x in text.splitlines() if x.startswith('headrace_llm_aborted_total{model="llama",'
                                                                'reason="disconnect"}')), None)
     return 0.0 if line is None else float(line.rsplit(" ", 1)[1])
+
+
+def test_the_engines_load_is_read_from_its_metrics(engine: Engine) -> None:
+    with GatewayThread(gateway_config(engine.url)) as gw:
+        rep = gw.llm.find(gw.replica_ids()["llama"][0])
+        stream = client(gw).completions.create(model="llama", prompt="load", max_tokens=LONG, stream=True)
+        next(iter(stream))
+        _wait(lambda: rep.load.running == 1 and rep.load.kv_usage > 0)  # type: ignore[union-attr]
+        assert rep.reachable and rep.outstanding == 1  # type: ignore[union-attr]
+        stream.close()
+        _wait(lambda: rep.load.running == 0 and rep.outstanding == 0)  # type: ignore[union-attr]
