@@ -205,7 +205,7 @@ def _milp_accuracy(demands: Sequence[Demand], profiles: ProfileSet, inv: Invento
         if not maximise:
             second[base.n_x:base.n_x + len(base.y_index)] = 0.0  # spend is held; only the tie-break is left
         res2 = milp(second, constraints=[*cons, hold], integrality=integ, bounds=bounds,
-                    options={"node_limit": effort.tie_nodes, "time_limit": stop.left(), "mip_rel_gap": 1e-3})
+                    options={"node_limit": effort.accuracy_nodes, "time_limit": stop.left(), "mip_rel_gap": 1e-3})
         stop.hit |= stop.left() <= 0
         if res2.x is not None:
             best = res2.x
