@@ -5,7 +5,8 @@ Dantzig-Wolfe pricing ("price and branch"): each model takes one of the whole-re
 that pricing went through (the greedy's own among them) and GPUs take layouts whose slices hold
 the covers' shares. That program is small, and on a fleet of many small models its optimum is
 usually the bound itself, which proves it. Only where it leaves a gap to the bound does HiGHS go
-on with the whole program under the rounding cuts, started from the master's plan. Either way
+on with the program under the rounding cuts, started from the master's plan: first over the
+columns its LP relaxation uses and the plan's (every layout kept), then over all. Either way
 the greedy's replica counts and layouts are the first incumbent: whatever the time limit, the
 answer is never worse than the greedy's (a 1,000-model fleet is one program, not a sequence of
 chunks). Stage 2 holds that spend and prefers the most accurate variants and the least share
@@ -16,8 +17,9 @@ On an overfull pool (the greedy left best-effort demand unplaced) each best-effo
 capacity row gets a continuous slack, the req/s left unplaced, priced above what any replica
 costs per req/s: the program places every guaranteed req/s, then as much best-effort as fits,
 then uses the fewest GPUs. The whole program of such a pool is too large for HiGHS's root node
-(its cut rounds run for minutes on a 1,000-model fleet), so HiGHS searches it over the columns
-its LP relaxation uses and the greedy's, every layout and every slack.
+(its presolve and cut rounds ran 72 s past a 45 s limit on a 1,000-model fleet), so with the
+greedy's plan to start from HiGHS searches only the columns its LP relaxation uses and the
+greedy's, every layout and every slack.
 
 Work, not time, ends every phase: HiGHS runs on one thread with a fixed seed, each search
 within its :class:`Effort` of branch-and-bound nodes, and no decision reads the clock, so a
@@ -270,8 +272,11 @@ def milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
         cols, lp = _support(p.c, p.a, p.lo, p.hi, p.ub, x0, np.arange(len(p.c)) >= p.n_x, stop)
         if lp is not None and not slack:
             proven = max(proven, rounded(inv, lp))
-        # the program over the LP's columns first; then, but on an overfull pool, all of it
-        for whole in (False, True) if not slack else (False,):
+        # the program over the LP's columns first; then all of it, unless on an overfull pool
+        # with a plan already (there the whole program's root alone outruns any budget)
+        for whole in (False, True):
+            if whole and slack and best is not None:
+                break
             use = np.arange(len(p.c)) if whole else cols
             x, dual, status = _run(p.c[use], p.a[:, use], p.lo, p.hi, p.ub[use], 1e-6,
                                    None if x0 is None else x0[use], effort.program_nodes, stop,
@@ -297,8 +302,8 @@ def milp_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate
     if master is not None:  # the master's covers, at the plan's spend: restricted, then all
         x2 = master.solve(master.cost(tie), 1e-3, effort.tie_nodes, stop, spend, restrict=True)
         if x2 is not None:
-            whole = master.solve(master.cost(tie), 1e-3, effort.tie_nodes, stop, spend)
-            x2 = x2 if whole is None else whole
+            x_all = master.solve(master.cost(tie), 1e-3, effort.tie_nodes, stop, spend)
+            x2 = x2 if x_all is None else x_all
     else:  # the columns stage 1 searched last
         a2 = vstack([p.a[:, cols], p.c[cols].reshape(1, -1)]).tocsc()
         x2, _, _ = _run(tie[cols], a2, np.r_[p.lo, -np.inf], np.r_[p.hi, spend + 1e-6], p.ub[cols], 1e-3,
