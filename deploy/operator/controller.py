@@ -115,6 +115,7 @@ class Controller:
                 cfg = self._render(plan, want, self.runtime.endpoints().values())
                 self.gateway = Gateway(cfg)
                 await self.gateway.start()
+                self.observer.sample(self.gateway.driver.metrics.registry, self.clock())  # the counts' zero
             finally:
                 self.applying = None
             self.desired, self.plan, self.observed_generation = want, plan, 1

@@ -1,5 +1,6 @@
 """What the controller reads of the gateway: per model, counters sampled over time, and from
-them the observed request rate and the attainment over a window (e.g. the last minute)."""
+them the observed request rate and the attainment over a window (e.g. the last minute). A
+generative model's answer is within its deadline when it meets both its TTFT and TPOT SLOs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from prometheus_client import CollectorRegistry
 
 COUNTERS = {"headrace_goodput_total": "good", "headrace_deadline_missed_total": "missed",
             "headrace_rejections_total": "rejected", "headrace_failures_total": "failed"}
+# a generative model's answers: those meeting both token SLOs are good, the rest missed
+LLM_ANSWERED, LLM_MET = "headrace_llm_requests_total", "headrace_llm_slo_met_total"
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,12 @@ def read_totals(registry: CollectorRegistry) -> dict[str, Totals]:
     for metric in registry.collect():
         for s in metric.samples:
             field = COUNTERS.get(s.name)
+            if s.name == LLM_ANSWERED:
+                field = "missed"
+            elif s.name == LLM_MET and s.labels.get("slo") == "both":
+                d = acc.setdefault(s.labels.get("model", ""), {})
+                d["missed"] = d.get("missed", 0.0) - s.value
+                field = "good"
             if field is not None:
                 d = acc.setdefault(s.labels.get("model", ""), {})
                 d[field] = d.get(field, 0.0) + s.value

@@ -153,17 +153,20 @@ def _conditions(c: Observed, model: str, reps: list[dict[str, Any]], short: Any)
     ]
 
 
-def _llm_deployment(c: Observed, md: ModelDeployment) -> dict[str, Any]:
+def _llm_deployment(c: Observed, md: ModelDeployment, now: float) -> dict[str, Any]:
     s, llm = md.spec, md.spec.llm
     assert llm is not None
     ch = next((x for x in c.llm_plan.choices if x.model == s.model), None)
     reps = _llm_replicas(c, s.model)
     served = llm_served(c, s.model)
+    rate = c.observer.window(s.model, RATE_WINDOW_S, now)
+    att = c.observer.window(s.model, ATTAINMENT_WINDOW_S, now)
     return {
         "name": md.metadata.name, "model": s.model, "rate": s.rate, "planned_rate": s.rate, "slo_ms": s.slo_ms,
         "capacity_rps": round(s.rate * s.headroom, 1) if ch and ch.predicted is not None else 0.0,
-        "observed_rps": 0.0, "attainment_1m": served["both_attainment"],
-        "answered_1m": served["requests"], "refused_1m": 0,
+        "observed_rps": round(rate.rate, 1),
+        "attainment_1m": None if att.attainment is None else round(att.attainment, 5),
+        "answered_1m": int(att.totals.answered), "refused_1m": int(att.totals.rejected),
         "conditions": _conditions(c, s.model, reps, None), "replicas": reps,
         "llm": {"variant": ch.profile.variant if ch else None, "slo_ttft_ms": s.slo_ms,
                 "slo_tpot_ms": llm.slo_tpot_ms, "predicted_attainment": ch.predicted if ch else None, **served},
@@ -175,7 +178,7 @@ def status(c: Observed) -> dict[str, Any]:
     deployments = []
     for md in c.desired.docs.deployments if c.desired else []:
         if md.spec.llm is not None:
-            deployments.append(_llm_deployment(c, md))
+            deployments.append(_llm_deployment(c, md, now))
             continue
         model = md.spec.model
         reps = _replicas(c, model)

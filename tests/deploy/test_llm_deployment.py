@@ -152,6 +152,16 @@ def test_up_serves_an_llm_on_an_emulated_engine_and_down_stops_it(tmp_path: Path
         assert [(x["variant"], x["gpu_model"], x["process"], x["serving"]) for x in d["replicas"]] == [
             ("llama-3.1-8b-instruct-fp8", "H100-80GB", "running", True)]
         assert d["llm"]["slo_ttft_ms"] == 1000 and d["llm"]["slo_tpot_ms"] == 50
+        for _ in range(3):
+            body = json.dumps({"model": "chat", "prompt": "hello", "max_tokens": 4}).encode()
+            req = urllib.request.Request(f"http://{op.http}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=10) as r:
+                assert json.load(r)["usage"]["completion_tokens"] == 4
+        # the gateway's counts reach status: answered and within both SLOs over the last minute
+        op.wait_for("3 answers in status", lambda: op.deployment("chat")["answered_1m"] == 3)
+        d = op.deployment("chat")
+        assert d["attainment_1m"] == 1.0 and d["llm"]["requests"] == 3 and d["llm"]["both_attainment"] == 1.0
         # another variant: its engine starts and serves, then the old one drains and stops
         v2 = write_docs(tmp_path / "v2.yaml", gpu_pool(H100), GATEWAY,
                         llm("chat", replicas=1, variants=["llama-3.1-8b-instruct-int4"]))
