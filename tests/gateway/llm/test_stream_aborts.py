@@ -186,3 +186,17 @@ def test_the_engines_load_is_read_from_its_metrics(engine: Engine) -> None:
         assert rep.reachable and rep.outstanding == 1  # type: ignore[union-attr]
         stream.close()
         _wait(lambda: rep.load.running == 0 and rep.outstanding == 0)  # type: ignore[union-attr]
+
+
+def test_past_max_inflight_on_every_replica_a_request_is_refused_at_once(engine: Engine) -> None:
+    cfg = gateway_config(engine.url)
+    cfg.llm_models[0].replicas[0].max_inflight = 1
+    with GatewayThread(cfg) as gw:
+        stream = client(gw).completions.create(model="llama", prompt="hold", max_tokens=LONG, stream=True)
+        next(iter(stream))
+        with pytest.raises(openai.RateLimitError) as e:
+            client(gw).completions.create(model="llama", prompt="x", max_tokens=1)
+        assert e.value.response.headers["retry-after"] == "1" and "max_inflight" in e.value.message
+        stream.close()
+        _wait(lambda: gw.llm.find(gw.replica_ids()["llama"][0]).outstanding == 0)  # type: ignore[union-attr]
+        assert client(gw).completions.create(model="llama", prompt="x", max_tokens=1).usage.completion_tokens == 1
