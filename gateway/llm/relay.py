@@ -307,8 +307,10 @@ class LlmService:
         """The request sent on a kept-alive connection, and its answer's status. A reused
         connection the engine closed meanwhile is retried once on a new one; a new one not
         made within ``connect_timeout`` is a :class:`TimeoutError`."""
-        async with asyncio.timeout(self.connect_timeout):
-            conn, reused = await up.connect()
+        conn, reused = up.reuse(), True
+        if conn is None:
+            async with asyncio.timeout(self.connect_timeout):
+                conn, reused = await up.connect(fresh=True)
         while True:
             opened.conn = conn
             if opened.reason is not None:

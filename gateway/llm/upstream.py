@@ -127,12 +127,19 @@ class Upstream:
         self.host_header = hostport.encode()
         self.idle: list[EngineConnection] = []
 
-    async def connect(self, fresh: bool = False) -> tuple[EngineConnection, bool]:
-        """A connection to the engine, and whether it was reused (``fresh``: a new one)."""
-        while self.idle and not fresh:
+    def reuse(self) -> EngineConnection | None:
+        """A kept-alive connection free now, if there is one."""
+        while self.idle:
             conn = self.idle.pop()
             if not conn.closed:
-                return conn, True
+                return conn
+        return None
+
+    async def connect(self, fresh: bool = False) -> tuple[EngineConnection, bool]:
+        """A connection to the engine, and whether it was reused (``fresh``: a new one)."""
+        conn = None if fresh else self.reuse()
+        if conn is not None:
+            return conn, True
         _, conn = await asyncio.get_running_loop().create_connection(lambda: EngineConnection(self), self.host,
                                                                      self.port)
         sock = conn.transport.get_extra_info("socket")  # type: ignore[union-attr]
