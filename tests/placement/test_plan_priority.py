@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from placement.apply.render import Endpoint, gateway_config
+from placement.llm import LlmPlan
 from placement.plan import Demand, GpuClass, Inventory, Plan, PlanError, Shortfall
 from placement.solve.capacity import replica_capacity
 from placement.solve.solver import SolverError, solve
@@ -129,16 +130,19 @@ def test_the_rendered_gateway_config_marks_best_effort_models(tmp_path):
 
 def test_status_reports_a_short_best_effort_model_as_degraded_by_an_overfull_pool():
     from deploy.operator.status import status
+    from placement.diff import replica_ids
 
     demands = [Demand("b", 5.5 * CAP, 0.1, priority="best-effort"), Demand("g", 2.5 * CAP, 0.1, headroom=1.1)]
     plan = solve(demands, PS, pool(1))
     window = SimpleNamespace(rate=0.0, attainment=None, totals=SimpleNamespace(answered=0, rejected=0))
     docs = [SimpleNamespace(metadata=SimpleNamespace(name=d.model),
-                            spec=SimpleNamespace(model=d.model, rate=d.rate, slo_ms=d.slo * 1e3)) for d in demands]
-    healthy = SimpleNamespace(get=lambda rid: SimpleNamespace(healthy=True))  # every replica serves
+                            spec=SimpleNamespace(model=d.model, rate=d.rate, slo_ms=d.slo * 1e3, llm=None))
+            for d in demands]
+    healthy = {rid: (0, True) for g in plan.used() for s in g.slices for rid in replica_ids(g, s)}  # all serve
     c = SimpleNamespace(clock=lambda: 0.0, wall=lambda: "now", desired=SimpleNamespace(docs=SimpleNamespace(deployments=docs)),
                         plan=plan, runtime=SimpleNamespace(endpoints=dict, alive=lambda rid: True),
-                        gateway=SimpleNamespace(driver=SimpleNamespace(replicas=healthy), http_url="h", grpc_url="g"),
+                        serving=lambda: healthy, llm_plan=LlmPlan(),
+                        gateway=SimpleNamespace(http_url="h", grpc_url="g"),
                         restarting=set(), transitions={}, observed_generation=1, generation=1, applying=None,
                         failure=None, observer=SimpleNamespace(window=lambda *a: window), rates={}, admin_url=None,
                         events=[])
