@@ -46,7 +46,7 @@ async def serve_config(cfg: GatewayConfig, reuse_port: bool = False, name: str =
     tls = " (TLS)" if gw.security.tls is not None else ""
     metrics = f"  metrics {gw.metrics_url}" if gw.metrics_url else ""
     print(f"headrace {name}: http {gw.http_url}  grpc {gw.grpc_url}{tls}{metrics}  models "
-          f"{', '.join(m.name for m in cfg.models)}", flush=True)
+          f"{', '.join([m.name for m in cfg.models] + [m.name for m in cfg.llm_models])}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
