@@ -9,10 +9,14 @@ plan is verified. Ratios are within one run, so a noisy machine changes solve ti
 counts. Other seeds of the 100-model fleet get a short check (bounds, greedy, MILP).
 
 Fleet: the issue's generated fleet (:mod:`bench.fleet`, 1,000 models on 500 mixed GPUs, seed 17),
-planned end to end by ``headrace plan`` in a child process (wall time and peak RSS from
-``wait4``), greedy and MILP, with the GPUs against the plan's lower bound. The floor of this
-machine is measured in the same run: the interpreter starting ``headrace`` (imports alone) and
-libyaml parsing the fleet's profile file.
+planned end to end by ``headrace plan`` in a child process (wall time, CPU time and peak RSS from
+``wait4``, the load average beside them), greedy and MILP, with the GPUs against the plan's lower
+bound. The MILP runs twice at its default limit, the second time beside a CPU-bound process this
+benchmark starts and stops, and both plans are compared: the search stops on work, not time, so
+they must be the same. Then the MILP plans the fleet on an overfull pool (cut to the GPUs the
+greedy gives the guaranteed models alone) within its default limit. The floor of this machine is
+measured in the same run: the interpreter starting ``headrace`` (imports alone) and libyaml
+parsing the fleet's profile file.
 
 Accuracy: fleets of copies of the imagenet family (ResNet-50 and ViT-B/16 on A100-80GB) planned
 for the highest mean accuracy within budgets from the fewest GPUs that serve them to the fewest
@@ -20,7 +24,7 @@ that answer everything with ViT, and for the fewest GPUs under a mean-accuracy f
 greedy, with solve times.
 
     .venv/bin/python -m bench.placement_solver [--sizes 10,100,1000] [--seed 1] [--other-seeds 2,3]
-        [--accuracy-sizes 10,50] [--fleet 1000/500] [--fleet-milp-limit 60]
+        [--accuracy-sizes 10,50] [--fleet 1000/500] [--fleet-milp-limit S] [--only-fleet]
 """
 
 from __future__ import annotations
@@ -34,17 +38,27 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
 import yaml
 
 from bench.fleet import SEED as FLEET_SEED
-from bench.fleet import generate
+from bench.fleet import Fleet, generate
 from bench.output import write_results
+from loadgen.record import headrace_version
 from placement.plan import Demand, GpuClass, Inventory, Plan
-from placement.solve.solver import DEFAULT, Options, SolverError, candidates, lower_bound, solve
+from placement.solve.milp import EFFORT
+from placement.solve.solver import (
+    DEFAULT,
+    TIME_LIMIT,
+    Options,
+    SolverError,
+    candidates,
+    lower_bound,
+    solve,
+)
 from profiles.derive import with_derived
 from profiles.profile import ProfileSet
 
@@ -151,8 +165,8 @@ FLEET_TARGET_S = 10.0
 FLEET_TARGET_MB = 1024.0
 
 
-def _child(cmd: list[str], out: Path) -> tuple[int, float, float]:
-    """Run ``cmd`` with stdout to ``out``: (exit code, wall seconds, peak RSS in MB)."""
+def _child(cmd: list[str], out: Path) -> tuple[int, float, float, float]:
+    """Run ``cmd`` with stdout to ``out``: (exit code, wall seconds, peak RSS in MB, CPU seconds)."""
     with out.open("wb") as f:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.PIPE)
@@ -162,40 +176,70 @@ def _child(cmd: list[str], out: Path) -> tuple[int, float, float]:
     err = proc.stderr.read().decode() if proc.stderr else ""
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {err.strip()[-500:]}")
-    return proc.returncode, wall, usage.ru_maxrss / 1024.0
+    return proc.returncode, wall, usage.ru_maxrss / 1024.0, usage.ru_utime + usage.ru_stime
 
 
-FLEET_RUNS = (("greedy", "yaml"), ("greedy", "json"), ("milp", "json"))  # (method, profile file format)
+# (method, profile file format, beside a CPU-bound process)
+FLEET_RUNS = (("greedy", "yaml", False), ("greedy", "json", False), ("milp", "json", False), ("milp", "json", True))
 
 
-def run_fleet(models: int, gpus: int, milp_limit: float) -> dict:
+class CpuHog:
+    """A CPU-bound child process for the span of a ``with`` block, stopped by its own pid."""
+
+    def __enter__(self) -> CpuHog:
+        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _decided(doc: dict) -> dict:
+    """A plan's YAML less its timings: what two runs of a deterministic solve must agree on."""
+    return {**doc, "status": {k: v for k, v in doc["status"].items() if k not in ("solve_seconds", "bound_seconds")}}
+
+
+def run_fleet(models: int, gpus: int, milp_limit: float | None) -> dict:
     """``headrace plan`` end to end on the generated fleet: greedy with the profiles as YAML
-    and as JSON, the MILP with them as JSON; with the floor (imports, reading each file)."""
+    and as JSON, the MILP with them as JSON twice (once beside a CPU-bound process); with the
+    floor (imports, reading each file); then the MILP on the overfull pool."""
+    limit_args = [] if milp_limit is None else ["--time-limit", f"{milp_limit:g}"]
     with tempfile.TemporaryDirectory(prefix="headrace-fleet-") as tmp:
         fleet_docs = generate(models, gpus, FLEET_SEED)
         paths = {fmt: fleet_docs.write(tmp, fmt) for fmt in ("yaml", "json")}
         py = [sys.executable, "-m"]
         floor: dict = {}
-        _, floor["import_s"], floor["import_mb"] = _child(py + ["deploy.cli", "--help"], Path(tmp) / "help.txt")
+        _, floor["import_s"], floor["import_mb"], _ = _child(py + ["deploy.cli", "--help"], Path(tmp) / "help.txt")
         for fmt in ("yaml", "json"):
             parse = f"from profiles.profile import load_profiles; load_profiles({str(paths[fmt]['profiles'])!r})"
-            _, floor[f"parse_{fmt}_s"], floor[f"parse_{fmt}_mb"] = _child([sys.executable, "-c", parse],
-                                                                           Path(tmp) / "parse.txt")
-        row: dict = {"models": models, "gpus": gpus, "seed": FLEET_SEED, "milp_time_limit_s": milp_limit,
+            _, floor[f"parse_{fmt}_s"], floor[f"parse_{fmt}_mb"], _ = _child([sys.executable, "-c", parse],
+                                                                              Path(tmp) / "parse.txt")
+        row: dict = {"models": models, "gpus": gpus, "seed": FLEET_SEED,
+                     "milp_time_limit_s": TIME_LIMIT if milp_limit is None else milp_limit,
+                     "milp_effort": asdict(EFFORT), "cpus": os.cpu_count(),
                      "floor": {k: round(v, 2) for k, v in floor.items()},
                      "profiles_mb": {fmt: round(paths[fmt]["profiles"].stat().st_size / 2**20, 1) for fmt in paths},
                      "plans": {}}
-        for method, fmt in FLEET_RUNS:
+        decided = {}
+        for method, fmt, hog in FLEET_RUNS:
             p = paths[fmt]
-            out = Path(tmp) / f"{method}-{fmt}.yaml"
+            out = Path(tmp) / f"{method}-{fmt}-{hog}.yaml"
             cmd = py + ["deploy.cli", "plan", "-f", str(p["pool"]), "-f", str(p["models"]), "--profiles",
-                        str(p["profiles"]), "--method", method, "--time-limit", f"{milp_limit:g}", "--output", "yaml"]
-            _, wall, rss = _child(cmd, out)
+                        str(p["profiles"]), "--method", method, *limit_args, "--output", "yaml"]
+            load = os.getloadavg()[0]
+            if hog:
+                with CpuHog():
+                    _, wall, rss, cpu = _child(cmd, out)
+            else:
+                _, wall, rss, cpu = _child(cmd, out)
             doc = yaml.load(out.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
             st = doc["status"]
             lb = st["lower_bound"]
-            key = f"{method} ({fmt} profiles)"
-            row["plans"][key] = {"method_run": method, "profiles": fmt, "wall_s": round(wall, 2),
+            key = f"{method} ({fmt} profiles{', beside a CPU-bound process' if hog else ''})"
+            decided[key] = _decided(doc)
+            row["plans"][key] = {"method_run": method, "profiles": fmt, "cpu_hog": hog, "wall_s": round(wall, 2),
+                                 "cpu_s": round(cpu, 2), "load_avg_1m": round(load, 2),
                                  "peak_rss_mb": round(rss, 1), "gpus": st["gpus"], "lower_bound": lb,
                                  "proven_bound": st["proven_bound"], "method": doc["metadata"]["method"],
                                  "solve_s": st["solve_seconds"], "bound_s": st["bound_seconds"],
@@ -203,12 +247,40 @@ def run_fleet(models: int, gpus: int, milp_limit: float) -> dict:
                                  "vs_bound": round(st["gpus"] / lb, 4) if lb else None,
                                  "partial": st.get("partial"), "short_models": len(st.get("shortfall") or [])}
             print(json.dumps({key: row["plans"][key]}), flush=True)
+        milps = [k for k in decided if k.startswith("milp")]
+        row["milp_runs_same_plan"] = all(decided[k] == decided[milps[0]] for k in milps)
+        row["overfull"] = run_overfull(fleet_docs, milp_limit)
     return row
+
+
+def run_overfull(fleet_docs: Fleet, milp_limit: float | None) -> dict:
+    """The MILP on the fleet's pool cut to the GPUs the greedy gives its guaranteed models alone
+    (in this process: the solve's own wall time against its limit)."""
+    from bench.placement_sharing import cut_pool, per_class  # noqa: PLC0415  (imports the simulator)
+
+    demands, ps, inv = fleet_docs.problem()
+    ps = with_derived(ps, gpus=tuple(sorted({c.gpu for c in inv.classes})))
+    pool = cut_pool(inv, per_class(solve([d for d in demands if d.guaranteed], ps, inv, "greedy", bound=False)))
+    limit = TIME_LIMIT if milp_limit is None else milp_limit
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    plan = solve(demands, ps, pool, "milp", time_limit=limit)
+    wall = time.perf_counter() - t0
+    plan.verify()
+    out = {"pool_gpus": sum(len(c.ids) for c in pool.classes), "time_limit_s": limit, "wall_s": round(wall, 2),
+           "load_avg_1m": round(load, 2), "method": plan.method, "gpus": plan.gpu_count,
+           "short_models": len(plan.shortfall), "unplaced_rps": round(sum(s.unplaced for s in plan.shortfall), 1),
+           "within_limit": wall <= limit}
+    print(json.dumps({"overfull": out}), flush=True)
+    return out
 
 
 def fleet_only_markdown(result: dict) -> str:
     """placement_solver_fleet.md: the generated fleet alone (``--only-fleet``)."""
-    return "\n".join(["# Placement solver benchmark: the generated fleet", *fleet_markdown(result["fleet"])]) + "\n"
+    head = [f"`{result['meta']['command']}` at commit {result['commit']} on {result['meta']['machine']}."] \
+        if result.get("commit") else []
+    return "\n".join(["# Placement solver benchmark: the generated fleet", "", *head,
+                      *fleet_markdown(result["fleet"])]) + "\n"
 
 
 def fleet_markdown(row: dict | None) -> list[str]:
@@ -224,16 +296,18 @@ def fleet_markdown(row: dict | None) -> list[str]:
              f"`json`; `headrace plan --profiles` takes either). Floor of this machine in the same run: starting "
              f"`headrace` (imports alone) {f['import_s']} s, {f['import_mb']:.0f} MB; reading and validating the "
              f"profile file: YAML {f['parse_yaml_s']} s ({f['parse_yaml_mb']:.0f} MB), JSON {f['parse_json_s']} s "
-             f"({f['parse_json_mb']:.0f} MB). The MILP runs with `--time-limit "
-             f"{row['milp_time_limit_s']:g}`. Solve s "
+             f"({f['parse_json_mb']:.0f} MB). The MILP runs at its default limit, a safety stop of "
+             f"{row['milp_time_limit_s']:g} s{_effort_text(row)}. Load average: the host's, 1 minute, when each "
+             f"run started ({row.get('cpus', '?')} CPUs). Solve s "
              f"is the whole solve; plan s the solve less the lower bound's own time (the greedy's bound is "
              f"computed after its plan; the MILP builds its master from the bound, so it is judged on the whole "
              f"solve).", "",
-             "| method (profile file) | wall s | peak RSS MB | GPUs | lower bound | x lower bound | MILP proven bound "
-             "| solve s (in the plan) | plan s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| method (profile file) | wall s | CPU s | load avg | peak RSS MB | GPUs | lower bound | x lower bound "
+             "| MILP proven bound | solve s (in the plan) | plan s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for key, p in row["plans"].items():
-        lines.append(f"| {key} | {p['wall_s']} | {p['peak_rss_mb']:.0f} | {p['gpus']} | "
+        lines.append(f"| {key} | {p['wall_s']} | {p.get('cpu_s', '-')} | {p.get('load_avg_1m', '-')} | "
+                     f"{p['peak_rss_mb']:.0f} | {p['gpus']} | "
                      f"{p['lower_bound']:g} | {p['vs_bound']} | {p['proven_bound']:g} | {p['solve_s']} | "
                      f"{p.get('plan_s', '-')} |")
     verdicts = []
@@ -248,8 +322,30 @@ def fleet_markdown(row: dict | None) -> list[str]:
             ok = p["vs_bound"] and p["vs_bound"] <= 1.03 and p["solve_s"] <= 60.0
             verdicts.append(f"{key} <= 1.03x within 60 s: {'met' if ok else 'not met'} "
                             f"({p['vs_bound']}, the whole solve in {p['solve_s']} s)")
+    if "milp_runs_same_plan" in row:
+        gpus = sorted({p["gpus"] for p in row["plans"].values() if p["method_run"] == "milp"})
+        verdicts.append(f"the MILP's runs (one beside a CPU-bound process) give the same GPU count: "
+                        f"{'met' if len(gpus) == 1 else 'not met'} ({', '.join(map(str, gpus))} GPUs; the same plan: "
+                        f"{'yes' if row['milp_runs_same_plan'] else 'no'})")
+    over = row.get("overfull")
+    if over:
+        lines += ["", f"Overfull pool: the fleet on {over['pool_gpus']} GPUs (the greedy's for the guaranteed models "
+                  f"alone), the MILP in this process: {over['gpus']} GPUs, {over['short_models']} best-effort models "
+                  f"placed short ({over['unplaced_rps']:g} req/s unplaced), method `{over['method']}`, "
+                  f"{over['wall_s']} s against its {over['time_limit_s']:g} s limit (load average "
+                  f"{over['load_avg_1m']})."]
+        verdicts.append(f"the overfull pool's MILP within its limit: {'met' if over['within_limit'] else 'not met'} "
+                        f"({over['wall_s']} s of {over['time_limit_s']:g} s)")
     lines += ["", "Targets: " + "; ".join(verdicts) + "."]
     return lines
+
+
+def _effort_text(row: dict) -> str:
+    e = row.get("milp_effort")
+    if not e:
+        return ""
+    return (f"; its search stops on work: at most {e['master_nodes']:,} HiGHS nodes per run of the integer "
+            f"master, {e['program_nodes']:,} for the program, {e['tie_nodes']:,} per tie-break run")
 
 
 ACCURACY_RATES = (50.0, 2000.0)
@@ -304,13 +400,18 @@ def run_accuracy(n: int, seed: int, base: ProfileSet) -> dict:
     for method in ("milp", "greedy"):
         plan, secs = go(method, mean_accuracy_floor=floor)
         floors[method] = {"gpus": plan.gpu_count, "mean_accuracy": round(plan.mean_accuracy() or 0.0, 5),
-                          "proven_bound": plan.proven_bound, "solve_s": round(secs, 3)}
+                          "proven_bound": plan.proven_bound, "method": plan.method, "solve_s": round(secs, 3)}
     return {"models": n, "seed": seed, "total_rate": round(sum(d.rate for d in demands), 1),
             "fewest_gpus": {"gpus": lo, "mean_accuracy": round(fewest.mean_accuracy() or 0.0, 5),
                             "solve_s": round(t_fewest, 3)},
             "most_accurate": {"gpus": hi, "mean_accuracy": round(accurate.mean_accuracy() or 0.0, 5),
                               "solve_s": round(t_acc, 3)},
             "budgets": points, "floor": floors}
+
+
+def _cut(plan: dict) -> str:
+    """``*`` after the seconds of a MILP solve the safety stop cut short."""
+    return "*" if str(plan.get("method", "")).endswith("[time-limit]") else ""
 
 
 def accuracy_markdown(rows: list[dict]) -> list[str]:
@@ -320,7 +421,8 @@ def accuracy_markdown(rows: list[dict]) -> list[str]:
              f"Copies of the imagenet family (ResNet-50 0.7613, ViT-B/16 0.81072 top-1, A100-80GB slices), rates "
              f"log-uniform {ACCURACY_RATES[0]:g}-{ACCURACY_RATES[1]:g} req/s, SLOs 100-200 ms, headroom 1.1. "
              "Mean accuracy: rate-weighted over every answer, each model's answers split as the gateway fills "
-             f"its variants (most accurate first). MILP time limit {ACCURACY_LIMIT:g} s per solve; every plan "
+             f"its variants (most accurate first). MILP safety stop {ACCURACY_LIMIT:g} s per solve (* marks a solve "
+             f"it cut short before its work budget ran out: that plan may differ between runs); every plan "
              "passed `Plan.verify()`.", "",
              "| models | max GPUs | MILP GPUs | MILP mean accuracy | MILP gap | MILP s | greedy GPUs "
              "| greedy mean accuracy | greedy s |", "|---|---|---|---|---|---|---|---|---|"]
@@ -332,7 +434,7 @@ def accuracy_markdown(rows: list[dict]) -> list[str]:
             greedy = (f"{g['gpus']} | {g['mean_accuracy']} | {g['solve_s']}" if g["gpus"] is not None
                       else "no plan within the budget | - | -")
             lines.append(f"| {r['models']} | {p['max_gpus']} | {m['gpus']} | {m['mean_accuracy']} | "
-                         f"{m['gap'] if m['gap'] is not None else '-'} | {m['solve_s']} | {greedy} |")
+                         f"{m['gap'] if m['gap'] is not None else '-'} | {m['solve_s']}{_cut(m)} | {greedy} |")
     lines += ["", "Fewest GPUs with every model's mean accuracy at least the floor (halfway between the "
               "fewest-GPU plan's and the all-ViT plan's):", "",
               "| models | floor | MILP GPUs | MILP proven bound | MILP s | greedy GPUs | greedy s |",
@@ -340,16 +442,18 @@ def accuracy_markdown(rows: list[dict]) -> list[str]:
     for r in rows:
         f = r["floor"]
         lines.append(f"| {r['models']} | {f['mean_accuracy_floor']} | {f['milp']['gpus']} | "
-                     f"{f['milp']['proven_bound']:g} | {f['milp']['solve_s']} | {f['greedy']['gpus']} | "
+                     f"{f['milp']['proven_bound']:g} | {f['milp']['solve_s']}{_cut(f['milp'])} | {f['greedy']['gpus']} | "
                      f"{f['greedy']['solve_s']} |")
     return lines
 
 
 def markdown(rows: list[dict], meta: dict, others: list[dict] = (), accuracy: list[dict] = (),
              fleet_row: dict | None = None) -> str:
+    commit = meta.get("commit")
     lines = [
         "# Placement solver benchmark", "",
-        f"`{meta['command']}` on {meta['machine']}, seed {meta['seed']}. Rates log-uniform "
+        f"`{meta['command']}`{f' at commit {commit}' if commit else ''} on {meta['machine']}, seed {meta['seed']}. "
+        "Rates log-uniform "
         f"{RATE_RANGE[0]:g}-{RATE_RANGE[1]:g} req/s (one sparse 100-model fleet at "
         f"{SPARSE_RATE_RANGE[0]:g}-{SPARSE_RATE_RANGE[1]:g}), SLOs {SLO_RANGE_MS[0]}-{SLO_RANGE_MS[1]} ms, pools of "
         "A100-80GB + H100-80GB (n/2 GPUs; baselines get 2n), objective: fewest GPUs. Every plan passed `Plan.verify()`.", "",
@@ -396,12 +500,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--other-seeds", default="2,3", help="seeds of the short 100-model check ('' for none)")
     ap.add_argument("--accuracy-sizes", default="10,50", help="imagenet fleets planned for accuracy ('' for none)")
     ap.add_argument("--fleet", default="1000/500", help="MODELS/GPUS of the generated fleet ('' for none)")
-    ap.add_argument("--fleet-milp-limit", type=float, default=60.0,
-                    help="headrace plan --time-limit of the fleet's MILP run (s)")
+    ap.add_argument("--fleet-milp-limit", type=float, default=None,
+                    help="headrace plan --time-limit of the fleet's MILP runs (s; default: the planner's)")
     ap.add_argument("--only-fleet", action="store_true",
                     help="the generated fleet alone, into placement_solver_fleet.{json,md}")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
+    commit = headrace_version()["commit"]  # the tree it runs on, before anything else lands
     fleet_row = None
     if args.fleet:
         n_models, n_gpus = (int(x) for x in args.fleet.split("/"))
@@ -409,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only_fleet:
         meta = {"command": "python -m bench.placement_solver " + " ".join(sys.argv[1:] if argv is None else argv),
                 "machine": f"{platform.machine()} {platform.python_version()}"}
-        result = {"meta": meta, "fleet": fleet_row}
+        result = {"commit": commit, "meta": meta, "fleet": fleet_row}
         text = fleet_only_markdown(result)
         write_results(args.out, "placement_solver_fleet", result, text)
         print(text)
@@ -432,10 +537,10 @@ def main(argv: list[str] | None = None) -> int:
         accuracy.append(run_accuracy(n, args.seed, base))
         print(json.dumps(accuracy[-1]), flush=True)
     meta = {"command": "python -m bench.placement_solver " + " ".join(sys.argv[1:] if argv is None else argv),
-            "machine": f"{platform.machine()} {platform.python_version()}", "seed": args.seed,
+            "machine": f"{platform.machine()} {platform.python_version()}", "seed": args.seed, "commit": commit,
             "other_seeds": [o["seed"] for o in others]}
     text = markdown(rows, meta, others, accuracy, fleet_row)
-    write_results(args.out, "placement_solver", {"meta": meta, "rows": rows, "other_seeds": others,
+    write_results(args.out, "placement_solver", {"commit": commit, "meta": meta, "rows": rows, "other_seeds": others,
                                                  "accuracy": accuracy, "fleet": fleet_row}, text)
     print(text)
     return 0
