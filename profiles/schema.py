@@ -536,10 +536,16 @@ class Documents:
         return self.where.get(id(doc), "(document)")
 
 
+def _union_tag(part: str) -> bool:
+    """A location part naming the union member pydantic tried (``str``, ``constrained-str``,
+    ``VariantSpec``), not a field."""
+    return part in ("str", "VariantSpec") or part.endswith("-str") or part.startswith(("function-", "str["))
+
+
 def format_error(err: ValidationError, where: str, prefix: tuple[str, ...] = ()) -> str:
     """One line: where, then each failing field path (below ``prefix``) with its message and the
     value given."""
-    errors = [(prefix + tuple(str(x) for x in e["loc"] if not str(x).startswith(("str", "VariantSpec"))), e)
+    errors = [(prefix + tuple(str(x) for x in e["loc"] if not _union_tag(str(x))), e)
               for e in err.errors()]
     # a union member that got further (a deeper path) explains the error; the others are noise
     errors = [(p, e) for p, e in errors if not any(len(q) > len(p) and q[:len(p)] == p for q, _ in errors)]

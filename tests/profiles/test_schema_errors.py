@@ -156,3 +156,19 @@ def test_a_bad_document_is_one_line_naming_file_document_field_and_value(case: C
 def test_the_examples_still_plan(capsys) -> None:
     assert main(["plan", "-f", "deploy/examples/quickstart/", "--output", "yaml"]) == 0
     assert "kind: Plan" in capsys.readouterr().out
+
+
+def test_a_field_whose_name_starts_like_a_union_tag_is_still_named() -> None:
+    from pydantic import BaseModel, ValidationError
+
+    from profiles.schema import format_error
+
+    class M(BaseModel):
+        stream_timeout_s: float
+        strategy: str
+
+    try:
+        M.model_validate({"stream_timeout_s": "x", "strategy": [1]})
+    except ValidationError as e:
+        msg = format_error(e, "f.yaml")
+    assert "stream_timeout_s: " in msg and "strategy: " in msg and "str:" not in msg, msg
