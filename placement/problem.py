@@ -5,6 +5,7 @@ family's measured profiles, extra files, and derived profiles for unprofiled sli
 from __future__ import annotations
 
 import argparse
+import math
 
 from pydantic import ValidationError
 
@@ -32,11 +33,22 @@ def add_problem_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--file", action="append", required=True, metavar="YAML",
                    help="GpuPool / ModelDeployment YAML (repeatable)")
     p.add_argument("--method", choices=METHODS, default="greedy", help="solver (default greedy)")
-    p.add_argument("--time-limit", type=float, default=TIME_LIMIT,
+    p.add_argument("--time-limit", type=_seconds, default=TIME_LIMIT,
                    help=f"MILP safety stop, seconds (default {TIME_LIMIT:g}; a work budget ends its search, "
                         "so the same input gives the same plan on any host)")
     p.add_argument("--profiles", action="append", default=[], metavar="PATH",
                    help="extra profile YAML files or folders (added to the reference set)")
+
+
+def _seconds(text: str) -> float:
+    """A time limit: a positive number of seconds (argparse reports anything else as an error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not (0 < value < math.inf):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def load_profile_set(extra: list[str], derive: bool = True) -> ProfileSet:

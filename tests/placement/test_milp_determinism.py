@@ -93,3 +93,14 @@ def test_past_the_stop_no_search_runs_and_the_greedy_plan_stands(overfull):
     m = milp_choice(demands, inv, cands, DEFAULT, 0.5, lambda: float(next(ticks)), g.start, best_effort,
                     g.unplaced)
     assert m.stopped and m.chosen == g.start.chosen
+
+
+@pytest.mark.parametrize("limit", ["0", "-5", "nan", "inf", "soon"])
+def test_a_time_limit_that_is_no_positive_number_of_seconds_is_refused(limit, capsys):
+    from deploy.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "-f", "placement/examples/pool.yaml", "-f", "placement/examples/models.yaml", "--method",
+              "milp", "--time-limit", limit])
+    assert e.value.code == 2
+    assert "argument --time-limit: " in capsys.readouterr().err
