@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from loadgen.describe import validation_message
 from loadgen.llm import report
@@ -40,8 +41,8 @@ Workloads: --trace azure-llm (Azure LLM inference 2023, conversation: distinct p
 mooncake (Mooncake conversation: prompts built from the trace's 512-token block hash ids, so the
 engine's prefix cache sees the trace's reuse), read from --traces-dir; or poisson / gamma
 arrivals at --rate with --input-len / --output-len distributions. Prompts go as token ids
-(--api completions), so their lengths are exact on any tokenizer, or as text with one word per
-token (--api chat, --api triton).
+(--endpoint completions), so their lengths are exact on any tokenizer, or as text with one word per
+token (--endpoint chat, --endpoint triton).
 """
 
 EPILOG = """\
@@ -51,7 +52,7 @@ examples:
       --trace mooncake --duration 120 --rate-scale 4 --slo-ttft-ms 2000 --slo-tpot-ms 100 --out run1
 
   # Poisson arrivals with lognormal lengths, 30 s, over Triton's generate_stream
-  headrace load llm --url http://127.0.0.1:8000 --model llm --api triton --trace poisson \\
+  headrace load llm --url http://127.0.0.1:8000 --model llm --endpoint triton --trace poisson \\
       --rate 4 --input-len lognormal:1024:0.8 --output-len uniform:50:300 --duration 30
 
   # the highest rate of the Azure trace at which 90% meet both SLOs
@@ -70,7 +71,7 @@ def register(subparsers: Any) -> None:
     g = p.add_argument_group("target")
     g.add_argument("--url", required=True, help="http://HOST:PORT of the server")
     g.add_argument("--model", required=True, help="model name to address")
-    g.add_argument("--api", choices=("completions", "chat", "triton"), default="completions",
+    g.add_argument("--endpoint", choices=("completions", "chat", "triton"), default="completions",
                    help="/v1/completions (token-id prompts, default), /v1/chat/completions, or Triton's "
                         "/v2/models/MODEL/generate_stream")
     g.add_argument("--api-key-env", metavar="VAR", help="send 'Authorization: Bearer' with this variable's value")
@@ -111,7 +112,7 @@ def register(subparsers: Any) -> None:
 
 def spec_from_args(a: argparse.Namespace) -> LlmLoadSpec:
     return LlmLoadSpec(
-        url=a.url.rstrip("/"), model=a.model, api=a.api, workload=a.trace, traces_dir=a.traces_dir,
+        url=a.url.rstrip("/"), model=a.model, api=a.endpoint, workload=a.trace, traces_dir=a.traces_dir,
         start_s=a.start, duration_s=a.duration, requests=a.requests, rate_scale=a.rate_scale, rate=a.rate,
         cv=a.cv, input_len=a.input_len, output_len=a.output_len, max_context=a.max_context, seed=a.seed,
         vocab_size=a.vocab_size, slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms,
@@ -164,7 +165,15 @@ async def _once(spec: LlmLoadSpec, a: argparse.Namespace, api_key: str | None) -
     if not a.quiet:
         err.print(f"sending {len(work)} requests over {work.span_s:.1f} s to {spec.url} ({spec.api})",
                   markup=False, highlight=False)
-    run = await run_llm_load(spec, api_key, work=work)
+    if a.quiet or not err.is_terminal:
+        run = await run_llm_load(spec, api_key, work=work)
+    else:
+        with Progress(TextColumn("[bold]load llm"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("sent {task.fields[sent]}"), TimeElapsedColumn(), console=err,
+                      transient=True) as bar:
+            task = bar.add_task("load", total=len(work), sent=0)
+            run = await run_llm_load(spec, api_key, work=work, on_progress=lambda sent, done, total: bar.update(
+                task, completed=done, sent=sent))
     console = _console()
     if a.quiet:
         console.print(report.compact(run.summary), markup=False, highlight=False)

@@ -96,6 +96,8 @@ def _plt():  # noqa: ANN202
 
 def plot_cdf(outcomes: list[Outcome], s: dict[str, Any], path: Path) -> Path:
     """TTFT and TPOT CDFs of the answered requests, with the SLOs marked."""
+    from matplotlib.ticker import NullFormatter
+
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     ok = [o for o in outcomes if o.ok]
@@ -107,6 +109,7 @@ def plot_cdf(outcomes: list[Outcome], s: dict[str, Any], path: Path) -> Path:
         if vals:
             ax.plot(vals, [(i + 1) / len(vals) for i in range(len(vals))], drawstyle="steps-post")
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: minor labels overlap
         if slo is not None:
             ax.axvline(slo, color="red", linestyle="--", label=f"SLO {slo:g} ms")
             ax.legend()

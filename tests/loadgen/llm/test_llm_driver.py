@@ -168,3 +168,24 @@ def test_bad_arguments_give_one_line_and_exit_2(capsys, args: list[str], needle:
 def test_an_unreachable_target_exits_1(capsys) -> None:
     rc, _, err = run(capsys, "--url", "http://127.0.0.1:9", "--model", "m", "--requests", "1", "--quiet")
     assert rc == 1 and "cannot reach http://127.0.0.1:9" in err
+
+
+def test_every_option_of_load_llm_reaches_it_past_the_classic_load_options() -> None:
+    # NOTE: `headrace load`'s own options see these strings first; none may claim or reject one
+    from deploy.cli import build_parser
+
+    a = build_parser().parse_args([
+        "load", "llm", "--url", "http://h:1", "--model", "m", "--endpoint", "chat", "--api-key-env", "K",
+        "--request-timeout", "9", "--trace", "gamma", "--traces-dir", "/t", "--start", "3", "--duration", "4",
+        "--requests", "5", "--rate-scale", "6", "--rate", "7", "--cv", "2", "--input-len", "8",
+        "--output-len", "9", "--max-context", "100", "--vocab-size", "1000", "--seed", "1",
+        "--slo-ttft-ms", "10", "--slo-tpot-ms", "11", "--find-max-goodput", "1:2",
+        "--target-attainment", "0.8", "--bisect", "2", "--out", "o", "--quiet"])
+    got = {k: getattr(a, k) for k in ("url", "endpoint", "api_key_env", "request_timeout", "trace", "start",
+                                      "duration", "requests", "rate_scale", "rate", "cv", "input_len",
+                                      "max_context", "slo_tpot_ms", "find_max_goodput", "target_attainment",
+                                      "bisect", "quiet")}
+    assert got == {"url": "http://h:1", "endpoint": "chat", "api_key_env": "K", "request_timeout": 9.0,
+                   "trace": "gamma", "start": 3.0, "duration": 4.0, "requests": 5, "rate_scale": 6.0,
+                   "rate": 7.0, "cv": 2.0, "input_len": "8", "max_context": 100, "slo_tpot_ms": 11.0,
+                   "find_max_goodput": "1:2", "target_attainment": 0.8, "bisect": 2, "quiet": True}
