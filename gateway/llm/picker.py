@@ -14,10 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-# vLLM's gauge names (profiles.llm.metrics publishes the same for the emulated engine)
-WAITING = "vllm:num_requests_waiting"
-RUNNING = "vllm:num_requests_running"
-KV_USAGE = "vllm:kv_cache_usage_perc"
+from profiles.llm.metrics import KV_USAGE, RUNNING, WAITING
 
 
 @dataclass(slots=True)

@@ -8,6 +8,11 @@ from dataclasses import dataclass
 
 from profiles.llm.engine import Engine
 
+# the load gauges a router reads of an engine (vLLM's names)
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+
 
 @dataclass(frozen=True, slots=True)
 class Sample:
@@ -22,11 +27,11 @@ def samples(engine: Engine) -> list[Sample]:
     """The engine's series now, always in the same order (a front may pair them by position)."""
     c = engine.counters
     return [
-        Sample("vllm:num_requests_running", "Number of requests in model execution batches.", False,
+        Sample(RUNNING, "Number of requests in model execution batches.", False,
                len(engine.running)),
-        Sample("vllm:num_requests_waiting", "Number of requests waiting to be processed.", False,
+        Sample(WAITING, "Number of requests waiting to be processed.", False,
                len(engine.waiting)),
-        Sample("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", False, engine.pool.usage),
+        Sample(KV_USAGE, "KV-cache usage. 1 means 100 percent usage.", False, engine.pool.usage),
         Sample("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", True,
                c.prefix_queries),
         Sample("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", True,
