@@ -59,8 +59,9 @@ class Effort:
     master_nodes: int = 2000  # stage 1's integer master, each of its two runs
     program_nodes: int = 1000  # stage 1's program, when the master leaves a gap (or there is none)
     tie_nodes: int = 500  # stage 2, each run
-    # each stage of an accuracy objective or floor (one program with the split; its stage 2 is
-    # what minimises the GPUs that keep the accuracy: 500 nodes left a 10-model fleet a GPU over)
+    # each stage of an accuracy objective or floor (one program with the split; its stage 2
+    # minimises the GPUs that keep the accuracy, where 500 nodes leave the 10-model imagenet
+    # fleet's most accurate plan a GPU over)
     accuracy_nodes: int = 2000
 
 
