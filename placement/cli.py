@@ -8,6 +8,7 @@ import time
 
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from placement.apply.executors import EXECUTORS, DryRun, ExecutorError, Nvml
@@ -60,7 +61,8 @@ def render(plan: Plan, console: Console) -> None:
     budget = "".join([f", max {inv.max_gpus} GPUs" if inv.max_gpus is not None else "",
                       f", max ${inv.max_cost_per_hour:g}/h" if inv.max_cost_per_hour is not None else "",
                       f", mean accuracy floor {inv.mean_accuracy_floor:g}" if inv.mean_accuracy_floor is not None else ""])
-    t = Table(title=f"plan ({plan.method}, objective {inv.objective}{budget}): {plan.gpu_count} GPUs, "
+    # NOTE: escaped: a method such as milp[time-limit] reads as rich markup
+    t = Table(title=f"plan ({escape(plan.method)}, objective {inv.objective}{budget}): {plan.gpu_count} GPUs, "
                     f"${plan.cost_per_hour:.2f}/h, lower bound {plan.lower_bound:g}, gap {plan.gap:.1%}, "
                     f"{plan.solve_seconds:.2f} s")
     for col in ("GPU", "model", "slice", "MPS share", "variant", "max batch", "req/s"):

@@ -104,3 +104,12 @@ def test_a_time_limit_that_is_no_positive_number_of_seconds_is_refused(limit, ca
               "milp", "--time-limit", limit])
     assert e.value.code == 2
     assert "argument --time-limit: " in capsys.readouterr().err
+
+
+def test_a_plan_the_stop_cut_short_says_so_in_its_table(capsys):
+    from deploy.cli import main
+
+    # NOTE: a microsecond runs out before the search starts: the greedy's plan stands
+    assert main(["plan", "-f", "placement/examples/pool.yaml", "-f", "placement/examples/models.yaml", "--method",
+                 "milp", "--time-limit", "1e-6", "--output", "table"]) == 0
+    assert "plan (milp[time-limit], objective gpus)" in capsys.readouterr().out
