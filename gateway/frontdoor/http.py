@@ -36,12 +36,20 @@ from google.protobuf import json_format
 from gateway.codec import InferInput, encode_http_response, parse_http_infer
 from gateway.contract import choice_headers
 from gateway.driver import SLO_HEADER, Driver, InferResult
-from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected, Unauthenticated
+from gateway.errors import (
+    REASON_HEADER,
+    GatewayError,
+    InvalidRequest,
+    ModelNotFound,
+    Rejected,
+    Unauthenticated,
+)
 from gateway.fleet import Model
 from gateway.frontdoor.httpserver import Handler, HttpRequest, HttpResponse, Later, error_response
 from gateway.frontdoor.security import OPEN_HTTP_PATHS, Tenant, Tenants, bearer_key
 from gateway.frontdoor.stats import ServerInfo, model_config_dict, model_metadata_dict
 from gateway.frontdoor.stream import StreamResponse
+from gateway.llm import generate
 from gateway.llm.api import TPOT_HEADER, TTFT_HEADER, LlmCall, OpenAiError, read_call, slo_ms
 from gateway.llm.api import error_response as openai_error
 from gateway.llm.relay import LlmService
@@ -185,6 +193,15 @@ class HttpFrontDoor:
             if version and not version.isdigit():
                 raise InvalidRequest(f"model version {version!r} must be a positive integer")
         action = rest[0] if len(rest) == 1 else "" if not rest else None
+        if action in ("generate", "generate_stream"):
+            if self.llm is None or name not in self.llm.models:
+                try:
+                    self.driver.model(name, version)
+                except ModelNotFound:
+                    return generate.error_response(404, f"Request for unknown model: '{name}' is not found")
+                return generate.error_response(400, f"model '{name}' is not generative: it has no generate "
+                                               "extension (use /infer)")
+            return self._generate(req, name, action == "generate_stream", self.llm, tenant)
         if action == "infer":
             _allow(req, "POST")
             return self._infer(req, name, version, tenant, seen)
@@ -199,12 +216,37 @@ class HttpFrontDoor:
         """The OpenAI routes; every error in OpenAI's shape. With an access log or tracing on,
         every completion is seen from arrival to its answer's end (a stream's last event)."""
         checked = self._openai_checked(req, parts, llm, tenant)
+        return self._llm_call(req, llm, checked, tenant, parts[-1] == "completions", None)
+
+    def _generate(self, req: HttpRequest, name: str, stream: bool, llm: LlmService,
+                  tenant: Tenant | None) -> HttpResponse | Later:
+        """Triton's generate extension on a generative model; every error Triton's
+        ``{"error": ...}``."""
+        try:
+            if req.method != "POST":
+                raise OpenAiError(405, f"{req.method} is not allowed on {req.path} (use POST)")
+            checked = self._llm_checked(req, generate.read_generate(name, decoded_body(req, self.max_body),
+                                                                    stream, self.max_depth), llm, tenant)
+        except OpenAiError as e:
+            checked = e.response()
+        except GatewayError as e:
+            checked = _llm_refusal(e)
+        return self._llm_call(req, llm, checked, tenant, True, lambda r: generate.answer(r, name))
+
+    def _llm_call(self, req: HttpRequest, llm: LlmService,
+                  checked: HttpResponse | tuple[LlmCall, float, float], tenant: Tenant | None, observed: bool,
+                  shape: Callable[[HttpResponse | StreamResponse], HttpResponse | StreamResponse] | None,
+                  ) -> HttpResponse | Later:
+        """A checked generative call relayed to its engines (or its refusal), its answer put in
+        ``shape`` (None: OpenAI's) and seen by the access log and tracing when ``observed``."""
         seen = None
-        if self.observer is not None and parts[-1] == "completions":
+        if self.observer is not None and observed:
             model = None if isinstance(checked, HttpResponse) else checked[0].model
             seen = self.observer.request("http", model, "", req.headers, req.received)
             seen.tenant = None if tenant is None else tenant.name
         if isinstance(checked, HttpResponse):
+            if shape is not None:
+                checked = shape(checked)  # type: ignore[assignment]
             if seen is not None:
                 seen.http_answered(checked)
             return checked
@@ -214,13 +256,16 @@ class HttpFrontDoor:
             "best-effort" if tenant.priority == Priority.BEST_EFFORT else "guaranteed")
         ended = None if seen is None else seen.stream_ended
         task = asyncio.ensure_future(llm.call(call, ttft, tpot, arrival, priority, ended))
-        if seen is None:
+        if seen is None and shape is None:
             return Later(task, asyncio.Future.result)
-        task.add_done_callback(lambda f: f.cancelled() and seen.cancelled())
+        if seen is not None:
+            task.add_done_callback(lambda f: f.cancelled() and seen.cancelled())
 
         def made(f: asyncio.Future) -> HttpResponse | StreamResponse:
             resp = f.result()
-            if isinstance(resp, HttpResponse):
+            if shape is not None:
+                resp = shape(resp)
+            if seen is not None and isinstance(resp, HttpResponse):
                 seen.http_answered(resp)
             return resp
 
@@ -239,20 +284,23 @@ class HttpFrontDoor:
                 raise OpenAiError(405, f"{req.method} is not allowed on {req.path} (use {method})")
             if kind is None:
                 return llm.model_list()
-            call = read_call(kind, decoded_body(req, self.max_body), self.max_depth)
-            model = llm.check_model(call)
-            ttft = slo_ms(req.headers, TTFT_HEADER, model.ttft_slo * 1e3)
-            tpot = slo_ms(req.headers, TPOT_HEADER, model.tpot_slo * 1e3)
-            if tenant is not None:
-                self.tenants.admit(tenant)  # type: ignore[union-attr]  (over quota: 429)
-            return call, ttft, tpot
+            return self._llm_checked(req, read_call(kind, decoded_body(req, self.max_body), self.max_depth),
+                                     llm, tenant)
         except OpenAiError as e:
             return e.response()
         except GatewayError as e:
-            headers: tuple[tuple[str, str], ...] = ()
-            if isinstance(e, Rejected):
-                headers = (("Retry-After", str(max(1, math.ceil(e.retry_after)))), (REASON_HEADER, e.reason))
-            return openai_error(e.http_status, str(e), None, headers)
+            return _llm_refusal(e)
+
+    def _llm_checked(self, req: HttpRequest, call: LlmCall, llm: LlmService,
+                     tenant: Tenant | None) -> tuple[LlmCall, float, float]:
+        """``call`` with its TTFT and TPOT SLOs (seconds), its tenant admitted (over quota: a
+        :class:`Rejected`)."""
+        model = llm.check_model(call)
+        ttft = slo_ms(req.headers, TTFT_HEADER, model.ttft_slo * 1e3)
+        tpot = slo_ms(req.headers, TPOT_HEADER, model.tpot_slo * 1e3)
+        if tenant is not None:
+            self.tenants.admit(tenant)  # type: ignore[union-attr]  (over quota: 429)
+        return call, ttft, tpot
 
     # ---- handlers
     def _live(self, req: HttpRequest) -> HttpResponse:
@@ -324,6 +372,14 @@ def _inferred(name: str, version: str, model: Model, inp: InferInput, res: Infer
         return HttpResponse(200, out, _JSON)
     return HttpResponse(200, out, "application/octet-stream", (("Inference-Header-Content-Length",
                                                                   str(header_len)),))
+
+
+def _llm_refusal(e: GatewayError) -> HttpResponse:
+    """A refusal of a generative request in OpenAI's shape."""
+    headers: tuple[tuple[str, str], ...] = ()
+    if isinstance(e, Rejected):
+        headers = (("Retry-After", str(max(1, math.ceil(e.retry_after)))), (REASON_HEADER, e.reason))
+    return openai_error(e.http_status, str(e), None, headers)
 
 
 def _error(e: GatewayError) -> HttpResponse:
