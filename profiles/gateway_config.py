@@ -136,15 +136,21 @@ class ModelConfig(Strict):
     )
 
 
-LlmEngine = Literal["vllm", "sglang", "tgi", "triton-openai", "emulated"]  # all speak the OpenAI API
+# triton: a decoupled model on Triton's HTTP port, over its generate_stream; the others speak the OpenAI API
+LlmEngine = Literal["vllm", "sglang", "tgi", "triton-openai", "emulated", "triton"]
 
 
 class LlmReplicaConfig(Strict):
-    """One OpenAI-compatible engine serving an LLM model."""
+    """One engine serving an LLM model: OpenAI-compatible, or a Triton decoupled model."""
 
-    url: str = Field(min_length=8, description="http://host:port of the engine's OpenAI API (its /v1 lies below)")
+    url: str = Field(min_length=8, description="http://host:port of the engine's OpenAI API (its /v1 lies below), "
+                     "or of Triton's HTTP port (engine: triton)")
     engine: LlmEngine = Field(default="vllm", description="the engine's kind: vllm, sglang, tgi, triton-openai "
-                              "or emulated (headrace engine); every one is spoken to over the OpenAI API")
+                              "or emulated (headrace engine), spoken to over the OpenAI API; or triton, a "
+                              "decoupled model spoken to over Triton's generate_stream")
+    metrics_url: str | None = Field(default=None, min_length=8, description="http://host:port whose /metrics "
+                                    "carries the engine's vllm: load gauges (default: url; for engine: triton, "
+                                    "Triton's metrics port, else only its readiness is read)")
     model: VariantName | None = Field(default=None, description="the engine's served model name (default: the "
                                       "model's name)")
     id: str | None = Field(default=None, min_length=1, description="replica id (default: model@url)")
@@ -152,9 +158,11 @@ class LlmReplicaConfig(Strict):
                               description="requests the gateway keeps open at the engine at once; past it on "
                               "every replica, a request is refused 429")
 
-    @field_validator("url")
+    @field_validator("url", "metrics_url")
     @classmethod
-    def _url(cls, v: str) -> str:
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
         parts = urlsplit(v)
         try:
             port = parts.port

@@ -33,7 +33,7 @@ class LlmReplica:
     id: str
     model: str  # the model clients address
     url: str  # http://host:port
-    engine: str  # vllm | sglang | tgi | triton-openai | emulated
+    engine: str  # vllm | sglang | tgi | triton-openai | emulated | triton
     served: str  # the engine's model name (the variant in metrics)
     max_inflight: int
     outstanding: int = 0  # requests the gateway has open at it

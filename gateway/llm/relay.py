@@ -1,4 +1,5 @@
-"""Generative requests to OpenAI-compatible engines and their answers back, as they come.
+"""Generative requests to their engines and their answers back, as they come: OpenAI-compatible
+engines, and Triton decoupled models read as one (:mod:`gateway.llm.triton`).
 
 :class:`LlmService` holds the generative models of a gateway's config and their engine
 replicas. A request goes to the replica :func:`~gateway.llm.picker.pick` chooses, over a
@@ -31,7 +32,8 @@ from dataclasses import dataclass
 from gateway.errors import REASON_HEADER
 from gateway.frontdoor.httpserver import HttpResponse
 from gateway.frontdoor.stream import StreamResponse
-from gateway.llm.api import LlmCall, error_response, unknown_model
+from gateway.llm import triton
+from gateway.llm.api import LlmCall, OpenAiError, error_response, unknown_model
 from gateway.llm.picker import LlmReplica, parse_load, pick
 from gateway.llm.upstream import EngineConnection, Upstream
 from gateway.observe.metrics import GatewayMetrics
@@ -115,6 +117,7 @@ class LlmService:
         self.replicas: dict[str, list[LlmReplica]] = {}  # by model
         self._open: dict[str, set[_Open]] = {}  # by replica id
         self._upstreams: dict[str, Upstream] = {}  # by replica id
+        self._meters: dict[str, tuple[Upstream, bytes]] = {}  # by replica id, where its load is read elsewhere
         self._drained: dict[str, asyncio.Event] = {}  # by replica id, while it drains
         self._scraper: asyncio.Task | None = None
         self._started = False
@@ -134,6 +137,10 @@ class LlmService:
         self.replicas[model.name].append(rep)
         self._open[rep.id] = set()
         self._upstreams[rep.id] = Upstream(rep.url)
+        if r.metrics_url is not None:
+            self._meters[rep.id] = (Upstream(r.metrics_url), b"/metrics")
+        elif r.engine == "triton":  # Triton's HTTP port has no /metrics: its readiness only
+            self._meters[rep.id] = (self._upstreams[rep.id], b"/v2/health/ready")
         if self._started:
             self._read_loads()
         return rep
@@ -165,6 +172,9 @@ class LlmService:
                 self._drained.pop(rep.id, None)
         self.replicas[rep.model].remove(rep)
         self._upstreams.pop(rep.id).close()
+        meter = self._meters.pop(rep.id, None)
+        if meter is not None:
+            meter[0].close()
         self._open.pop(rep.id, None)  # streams cut short settle without it
         return drained
 
@@ -212,6 +222,8 @@ class LlmService:
                 o.abort("shutdown")
         for up in self._upstreams.values():
             up.close()
+        for up, _ in self._meters.values():
+            up.close()
 
     async def _scrape_loop(self) -> None:
         while True:
@@ -223,11 +235,12 @@ class LlmService:
         up = self._upstreams.get(rep.id)
         if up is None:
             return
+        up, path = self._meters.get(rep.id, (up, b"/metrics"))
         conn = None
         try:
             async with asyncio.timeout(max(1.0, self.scrape_interval)):
                 conn, _ = await up.connect()
-                status = await conn.start(b"/metrics", None)
+                status = await conn.start(path, None)
                 text = (await conn.whole()).decode("utf-8", "replace")
         except (OSError, ValueError):
             rep.reachable = False
@@ -236,7 +249,7 @@ class LlmService:
             return
         conn.release()
         rep.reachable = status == 200
-        if rep.reachable:
+        if rep.reachable and path == b"/metrics":
             rep.load = parse_load(text)
 
     # ---- requests
@@ -268,33 +281,44 @@ class LlmService:
                 return error_response(429, f"every replica of model {call.model!r} is at its max_inflight",
                                       None, (("Retry-After", "1"),))
             return error_response(503, f"no replica serves model {call.model!r}", None, (("Retry-After", "1"),))
-        body = _outgoing(call, rep.served)
+        if rep.engine == "triton":
+            try:
+                path, body, prompt = triton.request(call, rep.served)
+            except OpenAiError as e:
+                return e.response()
+        else:
+            path, body, prompt = _PATHS[call.kind], _outgoing(call, rep.served), ""
         opened = _Open()
         rep.outstanding += 1
         self._open[rep.id].add(opened)
         streaming = False
         try:
             try:
-                conn, status = await self._send(self._upstreams[rep.id], _PATHS[call.kind], body, opened)
+                conn, status = await self._send(self._upstreams[rep.id], path, body, opened)
             except (OSError, ValueError) as e:
                 if opened.reason is not None:  # removed while connecting
                     return _cut_short(call.model, opened.reason)
                 rep.reachable = False
                 return error_response(503, f"engine of model {call.model!r} is unreachable ({rep.id}): "
                                       f"{type(e).__name__}: {e}", None, (("Retry-After", "1"),))
+            answer: EngineConnection | triton.TritonAnswer = conn
+            if rep.engine == "triton":
+                answer = triton.TritonAnswer(conn, call, rep.served, status, prompt)
             if status != 200 or not call.stream:
                 try:
-                    raw = await conn.whole()
+                    raw = await answer.whole()
                 except (OSError, ValueError) as e:
                     return _cut_short(call.model, opened.reason or f"{type(e).__name__}: {e}")
-                kind = conn.headers.get(b"content-type", b"application/json").decode("latin-1")
+                kind = answer.headers.get(b"content-type", b"application/json").decode("latin-1")
+                if isinstance(answer, triton.TritonAnswer):
+                    status = answer.status  # an error event is its status
                 if status != 200:
                     return _relayed_error(status, raw, kind, rep)
                 raw = self._record_whole(rep, raw, arrival, ttft_slo)
                 return HttpResponse(200, raw, kind)
             streaming = True
             opened.ended = ended
-            events = self._relay(rep, conn, opened, call.include_usage, arrival, ttft_slo, tpot_slo)
+            events = self._relay(rep, answer, opened, call.include_usage, arrival, ttft_slo, tpot_slo)
             return StreamResponse(200, _Relayed(events, lambda: self._settle(rep, opened)), aborted=opened.abort)
         except asyncio.CancelledError:  # the client went away before its answer
             opened.abort("disconnect")
@@ -341,7 +365,7 @@ class LlmService:
             if not opens and rep.id in self._drained:
                 self._drained[rep.id].set()
 
-    async def _relay(self, rep: LlmReplica, conn: EngineConnection, opened: _Open, include_usage: bool,
+    async def _relay(self, rep: LlmReplica, conn: EngineConnection | triton.TritonAnswer, opened: _Open, include_usage: bool,
                      arrival: float, ttft_slo: float, tpot_slo: float) -> AsyncIterator[bytes]:
         """The engine's events, each read relayed at once; the usage chunk kept back unless the
         client asked for it."""
