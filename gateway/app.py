@@ -150,7 +150,7 @@ class Gateway:
         try:
             await self.llm.start()
             self._grpc = create_server(self.driver, self.info, self.cfg.max_message_bytes, self.security.tenants,
-                                       self.observer, self.reuse_port)
+                                       self.observer, self.reuse_port, self.llm)
             addr, tls = f"{host}:{listen.grpc_port}", self.security.tls
             try:
                 self.grpc_port = (self._grpc.add_insecure_port(addr) if tls is None

@@ -19,6 +19,7 @@ the server is made: off, the RPCs run as they are).
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -27,10 +28,11 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from gateway.codec import encode_grpc_response, parse_grpc_infer
+from gateway.codec import encode_grpc_response, parse_grpc_infer, raw_to_json
 from gateway.contract import choice_headers
 from gateway.driver import SLO_HEADER, Driver
 from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected, Unauthenticated
+from gateway.frontdoor.httpserver import HttpResponse
 from gateway.frontdoor.security import OPEN_GRPC_METHODS, Tenant, Tenants, grpc_key
 from gateway.frontdoor.stats import (
     SERVER_NAME,
@@ -39,6 +41,9 @@ from gateway.frontdoor.stats import (
     model_config_pb,
     model_metadata_pb,
 )
+from gateway.llm import generate
+from gateway.llm.api import LlmCall, OpenAiError
+from gateway.llm.relay import LlmService
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.request import Observer, Seen
 from profiles.schema import UNAUTHENTICATED
@@ -83,11 +88,57 @@ class InferenceServicer:
     tracing (None: both off)."""
 
     def __init__(self, driver: Driver, info: ServerInfo, tenants: Tenants | None = None,
-                 observer: Observer | None = None) -> None:
+                 observer: Observer | None = None, llm: LlmService | None = None) -> None:
         self.driver = driver
         self.info = info
         self.tenants = tenants
         self.observer = observer
+        self.llm = llm
+
+    async def _generate(self, req: pb.ModelInferRequest, context: grpc.aio.ServicerContext, llm: LlmService,
+                        tenant: Tenant | None, put: Callable[[pb.ModelStreamInferResponse], Awaitable[None]]) -> str:
+        """A stream request to a generative model: one response per token as its engine makes
+        it (an empty one flagged final at the end when the request asks for it, as Triton's
+        ``triton_enable_empty_final_response``); its status code's name."""
+        arrival = self.driver.clock()
+        name, rid = req.model_name, req.id
+        meta = {k: v if isinstance(v, str) else v.decode() for k, v in context.invocation_metadata() or ()}
+        inp = parse_grpc_infer(req)
+        body: dict[str, Any] = {k: v for k, v in inp.parameters.items() if not k.startswith("triton_")}
+        for t in inp.inputs:
+            values = raw_to_json(t)
+            body[t.name] = values[0] if len(values) == 1 else values
+        try:
+            call, ttft, tpot = _llm_checked(generate.generate_call(name, body, True), llm, meta,
+                                            self.tenants, tenant)
+        except OpenAiError as e:
+            raise InvalidRequest(e.message) from None
+        resp = await llm.call(call, ttft, tpot, arrival, None if tenant is None else tenant.priority)
+        if isinstance(resp, HttpResponse):
+            message = generate.answer(resp, name).body.decode()
+            await put(pb.ModelStreamInferResponse(error_message=json.loads(message)["error"],
+                                                  infer_response=pb.ModelInferResponse(id=rid)))
+            return _HTTP_CODES.get(resp.status, "UNAVAILABLE")
+
+        def token(text: str | None, error: str | None) -> pb.ModelStreamInferResponse:
+            if error is not None:
+                return pb.ModelStreamInferResponse(error_message=error, infer_response=pb.ModelInferResponse(id=rid))
+            return pb.ModelStreamInferResponse(infer_response=_text_output(name, rid, text or ""))
+
+        pieces = generate.Pieces(resp.chunks, token)
+        code = "OK"
+        try:
+            async for msgs in pieces:
+                for msg in msgs:  # type: ignore[union-attr]
+                    code = "UNAVAILABLE" if msg.error_message else code
+                    await put(msg)
+        finally:
+            await pieces.aclose()
+        if req.parameters["triton_enable_empty_final_response"].bool_param:
+            final = pb.ModelInferResponse(model_name=name, model_version=generate.VERSION, id=rid)
+            final.parameters["triton_final_response"].bool_param = True
+            await put(pb.ModelStreamInferResponse(infer_response=final))
+        return code
 
     async def _infer(self, req: pb.ModelInferRequest, slo: str | None,
                      deadline: float | None = None, tenant: Tenant | None = None,
@@ -131,6 +182,12 @@ class InferenceServicer:
             try:
                 req = _parse(pb.ModelInferRequest, raw)
                 rid = req.id
+                llm = self.llm
+                if llm is not None and req.model_name in llm.models:
+                    code = await self._generate(req, context, llm, tenant, out.put)
+                    if tenant is not None:
+                        _count(self.driver.metrics, tenant.name, code)
+                    return
                 if self.observer is not None:
                     seen = self.observer.grpc_request(req.model_name, req.model_version, context.invocation_metadata())
                     seen.tenant = None if tenant is None else tenant.name
@@ -167,6 +224,9 @@ class InferenceServicer:
                 yield msg
         finally:
             rt.cancel()
+            if self.llm is not None:  # a token stream the client cancelled is aborted at its engine
+                for t in list(tasks):
+                    t.cancel()
 
     async def ServerLive(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -202,6 +262,27 @@ class InferenceServicer:
         for m in self.info.repository_index():
             resp.models.add(name=m["name"], version=m["version"], state=m["state"])
         return resp
+
+
+_HTTP_CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED"}
+
+
+def _llm_checked(call: LlmCall, llm: LlmService, meta: dict[str, str], tenants: Tenants | None,
+                 tenant: Tenant | None) -> tuple[LlmCall, float, float]:
+    """``call`` with its TTFT and TPOT SLOs (seconds, from the call's metadata or its model's),
+    its tenant admitted (over quota: a :class:`Rejected`)."""
+    ttft, tpot = llm.slos(call, meta)
+    if tenant is not None:
+        tenants.admit(tenant)  # type: ignore[union-attr]
+    return call, ttft, tpot
+
+
+def _text_output(name: str, rid: str, text: str) -> pb.ModelInferResponse:
+    raw = text.encode()
+    return pb.ModelInferResponse(
+        model_name=name, model_version=generate.VERSION, id=rid,
+        outputs=[pb.ModelInferResponse.InferOutputTensor(name="text_output", datatype="BYTES", shape=[1])],
+        raw_output_contents=[len(raw).to_bytes(4, "little") + raw])
 
 
 def _unary(fn: Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Any]]) -> grpc.RpcMethodHandler:
@@ -325,7 +406,7 @@ def generic_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
 
 def create_server(driver: Driver, info: ServerInfo, max_message_bytes: int = 64 << 20,
                   tenants: Tenants | None = None, observer: Observer | None = None,
-                  reuse_port: bool = False) -> grpc.aio.Server:
+                  reuse_port: bool = False, llm: LlmService | None = None) -> grpc.aio.Server:
     """The gRPC server; ``reuse_port``: its port may be shared with other gateway processes
     (SO_REUSEPORT), else binding a port in use fails."""
     server = grpc.aio.server(options=[
@@ -333,5 +414,5 @@ def create_server(driver: Driver, info: ServerInfo, max_message_bytes: int = 64 
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", int(reuse_port)),
     ])
-    server.add_generic_rpc_handlers((generic_handler(InferenceServicer(driver, info, tenants, observer)),))
+    server.add_generic_rpc_handlers((generic_handler(InferenceServicer(driver, info, tenants, observer, llm)),))
     return server

@@ -50,11 +50,10 @@ from gateway.frontdoor.security import OPEN_HTTP_PATHS, Tenant, Tenants, bearer_
 from gateway.frontdoor.stats import ServerInfo, model_config_dict, model_metadata_dict
 from gateway.frontdoor.stream import StreamResponse
 from gateway.llm import generate
-from gateway.llm.api import TPOT_HEADER, TTFT_HEADER, LlmCall, OpenAiError, read_call, slo_ms
+from gateway.llm.api import LlmCall, OpenAiError, read_call
 from gateway.llm.api import error_response as openai_error
 from gateway.llm.relay import LlmService
 from gateway.observe.request import Observer, Seen
-from gateway.policy.types import Priority
 from profiles.schema import UNAUTHENTICATED
 
 HEADER_LEN = "inference-header-content-length"
@@ -252,8 +251,7 @@ class HttpFrontDoor:
             return checked
         call, ttft, tpot = checked
         arrival = req.received if req.received is not None else self.driver.clock()
-        priority = None if tenant is None or tenant.priority is None else (
-            "best-effort" if tenant.priority == Priority.BEST_EFFORT else "guaranteed")
+        priority = None if tenant is None else tenant.priority
         ended = None if seen is None else seen.stream_ended
         task = asyncio.ensure_future(llm.call(call, ttft, tpot, arrival, priority, ended))
         if seen is None and shape is None:
@@ -295,9 +293,7 @@ class HttpFrontDoor:
                      tenant: Tenant | None) -> tuple[LlmCall, float, float]:
         """``call`` with its TTFT and TPOT SLOs (seconds), its tenant admitted (over quota: a
         :class:`Rejected`)."""
-        model = llm.check_model(call)
-        ttft = slo_ms(req.headers, TTFT_HEADER, model.ttft_slo * 1e3)
-        tpot = slo_ms(req.headers, TPOT_HEADER, model.tpot_slo * 1e3)
+        ttft, tpot = llm.slos(call, req.headers)
         if tenant is not None:
             self.tenants.admit(tenant)  # type: ignore[union-attr]  (over quota: 429)
         return call, ttft, tpot

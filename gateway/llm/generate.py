@@ -13,13 +13,14 @@ the OpenAI path gives (400, 404, 429, 502, 503).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Generic, TypeVar
 
 from gateway.frontdoor.httpserver import HttpResponse
 from gateway.frontdoor.stream import StreamResponse
 from gateway.llm.api import LlmCall, OpenAiError
 
+T = TypeVar("T")
 VERSION = "1"  # a generative model has one version, as Triton names it
 _PASSED = ("max_tokens", "seed", "temperature", "top_p", "top_k", "ignore_eos", "stop")
 _TYPES: dict[str, tuple[type, ...]] = {"max_tokens": (int,), "seed": (int,), "temperature": (int, float),
@@ -41,6 +42,15 @@ def read_generate(model: str, raw: bytes, stream: bool, max_depth: int = 64) -> 
         raise OpenAiError(400, f"failed to parse the request JSON buffer: {e}") from None
     if not isinstance(body, dict):
         raise OpenAiError(400, f"the request must be a JSON object, got {type(body).__name__}")
+    call = generate_call(model, body, stream)
+    if _depth_over(call.body, max_depth):
+        raise OpenAiError(400, f"request body nests deeper than {max_depth} levels")
+    return call
+
+
+def generate_call(model: str, body: dict[str, Any], stream: bool) -> LlmCall:
+    """A generate request's inputs and ``parameters`` as an OpenAI completion call;
+    :class:`OpenAiError` (400) names what is wrong."""
     text = body.get("text_input")
     if isinstance(text, list) and len(text) == 1:
         text = text[0]
@@ -67,8 +77,6 @@ def read_generate(model: str, raw: bytes, stream: bool, max_depth: int = 64) -> 
                 "a non-negative integer" if name == "seed" else "a number")
             raise OpenAiError(400, f"`{name}` must be {need}, got {json.dumps(v)[:80]}", name)
         out[name] = v
-    if _depth_over(out, max_depth):
-        raise OpenAiError(400, f"request body nests deeper than {max_depth} levels")
     return LlmCall("completion", model, out, json.dumps(out).encode(), stream, False)
 
 
@@ -85,8 +93,8 @@ def _depth_over(doc: object, limit: int, depth: int = 0) -> bool:
 def answer(resp: HttpResponse | StreamResponse, model: str) -> HttpResponse | StreamResponse:
     """The OpenAI path's answer to a generate request, as Triton gives it."""
     if isinstance(resp, StreamResponse):
-        return StreamResponse(resp.status, _Events(resp.chunks, model), resp.content_type, resp.headers,
-                              resp.aborted)
+        return StreamResponse(resp.status, Pieces(resp.chunks, lambda text, error: _event(model, text, error)),
+                              resp.content_type, resp.headers, resp.aborted)
     try:
         doc = json.loads(resp.body)
     except ValueError:
@@ -115,24 +123,31 @@ def _message(doc: object, raw: bytes) -> str:
     return raw[:500].decode("utf-8", "replace")
 
 
-class _Events:
-    """A relayed completion stream as generate_stream events; closing it closes the relay
-    (which settles the request, begun or not)."""
+def _event(model: str, text: str | None, error: str | None) -> bytes:
+    doc = _output(model, text) if error is None else json.dumps({"error": error}).encode()  # type: ignore[arg-type]
+    return b"data: " + doc + b"\n\n"
 
-    __slots__ = ("chunks", "model", "rest")
 
-    def __init__(self, chunks: AsyncIterator[bytes], model: str) -> None:
-        self.chunks, self.model, self.rest = chunks, model, b""
+class Pieces(Generic[T]):
+    """A relayed completion stream read as its pieces: each generated text, or an error, put
+    through ``render(text, error)``; each step gives what one read of the relay carried.
+    Closing it closes the relay (which settles the request, begun or not)."""
 
-    def __aiter__(self) -> _Events:
+    __slots__ = ("chunks", "render", "rest")
+
+    def __init__(self, chunks: AsyncIterator[bytes], render: Callable[[str | None, str | None], T]) -> None:
+        self.chunks, self.render, self.rest = chunks, render, b""
+
+    def __aiter__(self) -> Pieces[T]:
         return self
 
-    async def __anext__(self) -> bytes:
+    async def __anext__(self) -> T:
+        """The rendered pieces of the next read (bytes joined; others: the list)."""
         while True:
             data = self.rest + await self.chunks.__anext__()
             cut = data.rfind(b"\n\n") + 2
             self.rest = data[cut:] if cut >= 2 else data
-            out = []
+            out: list = []
             for ev in data[:cut].split(b"\n\n") if cut >= 2 else ():
                 ev = ev.strip()
                 if not ev.startswith(b"data:") or ev == b"data: [DONE]":
@@ -144,13 +159,13 @@ class _Events:
                 if not isinstance(doc, dict):
                     continue
                 if "error" in doc:
-                    out.append(b"data: " + json.dumps({"error": _message(doc, ev)}).encode() + b"\n\n")
+                    out.append(self.render(None, _message(doc, ev)))
                     continue
                 text = "".join(str(c.get("text") or "") for c in doc.get("choices") or () if isinstance(c, dict))
                 if text:
-                    out.append(b"data: " + _output(self.model, text) + b"\n\n")
+                    out.append(self.render(text, None))
             if out:
-                return b"".join(out)
+                return b"".join(out) if isinstance(out[0], bytes) else out  # type: ignore[return-value]
 
     async def aclose(self) -> None:
         await self.chunks.aclose()  # type: ignore[attr-defined]

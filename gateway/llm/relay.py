@@ -26,17 +26,26 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 from gateway.errors import REASON_HEADER
 from gateway.frontdoor.httpserver import HttpResponse
 from gateway.frontdoor.stream import StreamResponse
 from gateway.llm import triton
-from gateway.llm.api import LlmCall, OpenAiError, error_response, unknown_model
+from gateway.llm.api import (
+    TPOT_HEADER,
+    TTFT_HEADER,
+    LlmCall,
+    OpenAiError,
+    error_response,
+    slo_ms,
+    unknown_model,
+)
 from gateway.llm.picker import LlmReplica, parse_load, pick
 from gateway.llm.upstream import EngineConnection, Upstream
 from gateway.observe.metrics import GatewayMetrics
+from gateway.policy.types import Priority
 from profiles.gateway_config import LlmModelConfig, LlmReplicaConfig
 
 log = logging.getLogger("headrace.gateway")
@@ -263,15 +272,22 @@ class LlmService:
             raise unknown_model(call.model)
         return model
 
+    def slos(self, call: LlmCall, headers: Mapping[str, str]) -> tuple[float, float]:
+        """The TTFT and TPOT SLOs (seconds) of ``call`` to a served model: its headers', else its
+        model's; an unknown model or a bad header is an :class:`OpenAiError`."""
+        model = self.check_model(call)
+        return (slo_ms(headers, TTFT_HEADER, model.ttft_slo * 1e3), slo_ms(headers, TPOT_HEADER, model.tpot_slo * 1e3))
+
     async def call(self, call: LlmCall, ttft_slo: float, tpot_slo: float, arrival: float,
-                   priority: str | None = None,
+                   priority: Priority | None = None,
                    ended: Callable[[str | None], None] | None = None) -> HttpResponse | StreamResponse:
         """The engine's answer to ``call``: whole, or a stream relayed as it comes.
         ``priority``: the request's class (None: its model's); a best-effort one is shed
         (429, reason ``shed``) when every engine has requests waiting. ``ended``: told, when a
         streamed answer ends, why it was cut short (None: it was not)."""
         reps = self.replicas.get(call.model, [])
-        best_effort = (priority or self.models[call.model].priority) == "best-effort"
+        best_effort = (priority == Priority.BEST_EFFORT if priority is not None
+                       else self.models[call.model].priority == "best-effort")
         rep = pick(reps, best_effort)
         if rep is None:
             if best_effort and pick(reps) is not None:

@@ -19,7 +19,15 @@ from profiles.llm.tokens import chat_prompt
 from profiles.triton.server import TritonServer
 from tests.gateway.llm.conftest import client
 from tests.gateway.llm.test_generate_routes import events, post
-from tests.profiles.test_llm_triton import MODEL, SETTINGS, engine_metric, engine_text, tiny_profile
+from tests.gateway.llm.test_grpc_stream import send
+from tests.profiles.test_llm_triton import (
+    MODEL,
+    SETTINGS,
+    Stream,
+    engine_metric,
+    engine_text,
+    tiny_profile,
+)
 
 pytestmark = pytest.mark.integration
 PROMPT = "The quick brown fox jumps over the lazy dog, twice."
@@ -101,3 +109,14 @@ def test_a_client_leaving_aborts_in_the_engine_and_frees_its_kv(gw: Gateway, tri
     # NOTE: the abort freed the request's KV blocks
     assert engine_metric(triton, "vllm:kv_cache_usage_perc") == 0.0
     assert engine_metric(triton, "vllm:num_requests_running") == 0.0
+
+
+def test_a_grpc_stream_gets_one_response_per_token_relayed_from_triton(gw: Gateway) -> None:
+    s = Stream(gw.grpc_url)
+    try:
+        send(s, PROMPT, 6, 3)
+        got = s.read_all()
+    finally:
+        s.close()
+    assert "".join(t or "" for t, _, _ in got) == engine_text(PROMPT, 6, 3)
+    assert [bool(t) for t, _, _ in got] == [True] * 6 + [False]  # then the empty final response
