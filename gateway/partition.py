@@ -18,6 +18,13 @@ The rule, pure and deterministic (every worker and every host computes the same 
   none: each answers it with the no-replica refusal.
 
 Load is counted in replicas: a gateway's work grows with the batches it forms and sends.
+
+Generative models (``llm_models``) are not split: every gateway relays to all their engines. An
+engine batches continuously, so requests from several gateways share it as they would from one
+(its load gauges, which the picker reads, count them all); dealing engines out instead would
+leave a model on one engine unanswerable by the gateways without it, where the kernel spreads
+clients over workers by connection, not by model. A config of generative models only is
+served by any number of gateways.
 """
 
 from __future__ import annotations
@@ -79,7 +86,7 @@ def partition(cfg: GatewayConfig, n: int) -> Partition:
     total = sum(len(m.replicas) for m in cfg.models)
     if n < 1:
         raise ConfigError(f"gateway count ({n}) must be at least 1")
-    if n > total:
+    if n > total and not cfg.llm_models:
         raise ConfigError(f"gateway count ({n}) exceeds the fleet's replicas ({total}): a gateway would serve nothing")
     load = [0] * n
     per_gateway: list[list[ModelConfig]] = [[] for _ in range(n)]
