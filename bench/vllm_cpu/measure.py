@@ -109,8 +109,9 @@ def _join(length: int, bg: Timing, first: float) -> dict[str, Any] | None:
     if k is None or k < 4 or k >= len(times) - 1:
         return None
     gap = times[k] - times[k - 1]
-    before = [b - a for a, b in zip(times[:k - 1], times[1:k], strict=True)]
-    if gap <= MERGED_S or med(before) <= MERGED_S:
+    # the API server sends a run of tokens at once when it falls behind: gaps of none are no step
+    before = [g for g in (b - a for a, b in zip(times[:k - 1], times[1:k], strict=True)) if g > MERGED_S]
+    if gap <= MERGED_S or not before:
         return None
     return {"prompt": length, "gap": gap, "decode": med(before), "context": DECODE_PROMPT + k}
 
