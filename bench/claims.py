@@ -453,9 +453,34 @@ def llm_engine(r: Results) -> list[Claim]:
     ]
 
 
+def llm_gateway(r: Results) -> list[Claim]:
+    fd, tr = r["llm_frontdoor"], r["llm_traces"]
+    short = by(fd["ttft"], prompt="100", via="gateway")
+    gw, floor = fd["throughput"]["gateway"], fd["throughput"]["floor"]
+    azure = [x for x in tr["rows"] if x["trace"] == "azure-llm"]
+    best = max(azure, key=lambda x: x["goodput_rps"])
+    moon = [x for x in tr["rows"] if x["trace"] == "mooncake"]
+    return [
+        Claim("the gateway relays generative streams cheaply",
+              f"added TTFT p50 +{short['added_p50_ms']:.2f} ms (p99 +{short['added_p99_ms']:.2f} ms) over the engine "
+              f"directly at concurrency 1 with a 100-token prompt, where a bare TCP relay adds "
+              f"+{by(fd['ttft'], prompt='100', via='floor')['added_p50_ms']:.2f} ms; {gw['tokens_per_cpu_s']:,.0f} "
+              f"relayed tokens per gateway CPU-second at one SSE event per token ({gw['cpu_us_per_token']:.1f} µs a "
+              f"token; the bare relay {floor['cpu_us_per_token']:.1f} µs)", ("llm_frontdoor",)),
+        Claim("`headrace load llm` measures goodput on real LLM traces",
+              f"Azure LLM 2023 ({best['requests']} requests a run) on one emulated Llama-3.1-8B fp8 H100: goodput "
+              f"(both SLOs, TTFT {best['slo_ttft_ms']:g} / TPOT {best['slo_tpot_ms']:g} ms) peaks at "
+              f"{best['goodput_rps']:.1f} req/s at {best['offered_rps']:.0f} offered, then falls as attainment drops "
+              f"({', '.join(pct(x['attainment'], 0) + ' at ' + format(x['offered_rps'], '.0f') for x in azure)}); "
+              f"Mooncake, prompts built from its block hashes: the engine's prefix cache serves "
+              f"{pct(moon[0]['prefix_cache_hit_rate'], 1)} of prompt tokens, of "
+              f"{pct(moon[0]['window_reuse'], 1)} the window could reuse", ("llm_traces",)),
+    ]
+
+
 CLAIMS: tuple[Callable[[Results], list[Claim]], ...] = (
     emulator, policy, gateway_slo, overhead, loadgen, placement, sharing, capacity, replan, variants,
-    simulator, scaleout, llm_engine,
+    simulator, scaleout, llm_engine, llm_gateway,
 )
 
 
@@ -532,21 +557,32 @@ def gaps(r: Results) -> list[str]:
                         ["admitted_attainment"], 1) for a in ("", " admit-protect", " admit-burst"))
         + " (`policy_study`).",
         _vllm_gap(r["llm_engine_fidelity"]["vllm"]),
+        _frontdoor_gap(r["llm_frontdoor"]),
     ]
 
 
 def _vllm_gap(d: dict[str, Any]) -> str:
     runs = d["runs"]
     ok = sum(x["within_10pct_emulated"] for x in runs)
-    light = [x for x in runs if x["load"] == "light"]
+    again = sum(x["within_10pct_vllm_again"] for x in runs)
+    floor = sum(x["within_floor_emulated"] for x in runs)
     worst = max(abs(e) for x in runs for e in x["error_emulated"].values())
+    worst_again = max(abs(e) for x in runs for e in x["error_vllm_again"].values())
     return (f"**The engine model against real vLLM on CPU within 10%** is not met: TTFT and TPOT p50/p90 all "
             f"within 10% in {ok} of {len(runs)} runs (light, knee and overload, with and without shared prefixes), "
-            f"worst {pct(worst, 0)}; at light load the errors are "
-            + ", ".join(f"{pct(max(abs(e) for e in x['error_emulated'].values()), 0)}" for x in light)
-            + ". The live emulated engine follows the engine model in virtual time, so the miss is the measured "
-            "CPU profile and the model: vLLM's API server spends its per-request time beside the engine's steps, "
-            "which the profile can only charge to every prefill step, so under load the model runs slow.")
+            f"worst {pct(worst, 0)}. The target is below this host's floor: vLLM against its own second run of the "
+            f"same arrivals is within 10% in {again} of {len(runs)} runs (worst {pct(worst_again, 0)}); the emulated "
+            f"engine is within that floor in {floor} of {len(runs)}. Beyond it the model misses overload: it runs "
+            "slower than vLLM without shared prefixes and faster with them. The profile's front end (the API "
+            f"server's {d['frontend_ms']:.1f} ms a request, beside the steps) is fitted with its step time.")
+
+
+def _frontdoor_gap(d: dict[str, Any]) -> str:
+    long, floor = by(d["ttft"], prompt="8k", via="gateway"), by(d["ttft"], prompt="8k", via="floor")
+    return (f"**The gateway's added TTFT within 1 ms p50 with an 8k-token prompt** is not met: "
+            f"+{long['added_p50_ms']:.2f} ms (p99 +{long['added_p99_ms']:.2f} ms), where a bare TCP relay adds "
+            f"+{floor['added_p50_ms']:.2f} ms: the gateway reads and checks the whole 8k-token body (JSON, the "
+            "model, the limits) before the engine sees its first byte.")
 
 
 # ----------------------------------------------------------------------------- the page
