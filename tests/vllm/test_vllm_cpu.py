@@ -8,7 +8,6 @@ minute to start."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -20,24 +19,12 @@ from pathlib import Path
 import openai
 import pytest
 
-from bench.vllm_cpu.server import SERVED, VllmServer, missing, vllm_server
+from bench.vllm_cpu.server import SERVED, VllmServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 MAX_MODEL_LEN = 2048
 PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "llm" / "measured" / "tiny-llama-cpu.yaml"
-
-
-@pytest.fixture(scope="module")
-def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    why = missing()
-    if why is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"--run-vllm under CI, but {why}")
-        pytest.skip(why)
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    with vllm_server(log) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
