@@ -123,9 +123,9 @@ class RayController(Controller):
         await super().up(want)
         await self._sync_gateways()
 
-    async def _execute(self, d, want: Desired, new) -> None:  # noqa: ANN001
+    async def _execute(self, d, want: Desired, new, llm_new=None) -> None:  # noqa: ANN001
         self.runtime.set_profiles(want.profiles, want.sources)  # type: ignore[union-attr]
-        await super()._execute(d, want, new)
+        await super()._execute(d, want, new, llm_new)
 
     async def _tick(self, now: float) -> None:
         await super()._tick(now)
