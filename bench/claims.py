@@ -455,7 +455,7 @@ def llm_engine(r: Results) -> list[Claim]:
 
 def llm_gateway(r: Results) -> list[Claim]:
     fd, tr = r["llm_frontdoor"], r["llm_traces"]
-    short = by(fd["ttft"], prompt="100", via="gateway")
+    short, long = by(fd["ttft"], prompt="100", via="gateway"), by(fd["ttft"], prompt="8k", via="gateway")
     gw, floor = fd["throughput"]["gateway"], fd["throughput"]["floor"]
     azure = [x for x in tr["rows"] if x["trace"] == "azure-llm"]
     best = max(azure, key=lambda x: x["goodput_rps"])
@@ -463,8 +463,9 @@ def llm_gateway(r: Results) -> list[Claim]:
     return [
         Claim("the gateway relays generative streams cheaply",
               f"added TTFT p50 +{short['added_p50_ms']:.2f} ms (p99 +{short['added_p99_ms']:.2f} ms) over the engine "
-              f"directly at concurrency 1 with a 100-token prompt, where a bare TCP relay adds "
-              f"+{by(fd['ttft'], prompt='100', via='floor')['added_p50_ms']:.2f} ms; {gw['tokens_per_cpu_s']:,.0f} "
+              f"directly at concurrency 1 with a 100-token prompt and +{long['added_p50_ms']:.2f} ms with an 8k-token "
+              f"one, where a bare TCP relay adds {by(fd['ttft'], prompt='100', via='floor')['added_p50_ms']:+.2f} / "
+              f"{by(fd['ttft'], prompt='8k', via='floor')['added_p50_ms']:+.2f} ms; {gw['tokens_per_cpu_s']:,.0f} "
               f"relayed tokens per gateway CPU-second at one SSE event per token ({gw['cpu_us_per_token']:.1f} µs a "
               f"token; the bare relay {floor['cpu_us_per_token']:.1f} µs)", ("llm_frontdoor",)),
         Claim("`headrace load llm` measures goodput on real LLM traces",
@@ -557,7 +558,7 @@ def gaps(r: Results) -> list[str]:
                         ["admitted_attainment"], 1) for a in ("", " admit-protect", " admit-burst"))
         + " (`policy_study`).",
         _vllm_gap(r["llm_engine_fidelity"]["vllm"]),
-        _frontdoor_gap(r["llm_frontdoor"]),
+        *_frontdoor_gap(r["llm_frontdoor"]),
     ]
 
 
@@ -577,12 +578,14 @@ def _vllm_gap(d: dict[str, Any]) -> str:
             f"server's {d['frontend_ms']:.1f} ms a request, beside the steps) is fitted with its step time.")
 
 
-def _frontdoor_gap(d: dict[str, Any]) -> str:
+def _frontdoor_gap(d: dict[str, Any]) -> list[str]:
     long, floor = by(d["ttft"], prompt="8k", via="gateway"), by(d["ttft"], prompt="8k", via="floor")
-    return (f"**The gateway's added TTFT within 1 ms p50 with an 8k-token prompt** is not met: "
+    if long["added_p50_ms"] <= d["targets"]["added_ttft_p50_ms"]:
+        return []
+    return [f"**The gateway's added TTFT within 1 ms p50 with an 8k-token prompt** is not met: "
             f"+{long['added_p50_ms']:.2f} ms (p99 +{long['added_p99_ms']:.2f} ms), where a bare TCP relay adds "
             f"+{floor['added_p50_ms']:.2f} ms: the gateway reads and checks the whole 8k-token body (JSON, the "
-            "model, the limits) before the engine sees its first byte.")
+            "model, the limits) before the engine sees its first byte."]
 
 
 # ----------------------------------------------------------------------------- the page
