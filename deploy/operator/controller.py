@@ -226,6 +226,8 @@ class Controller:
             # make before break: the new engines serve before the old ones drain and stop
             start, stop = self._llm_diff(llm_new)
             engines = self.engines = self.engines or LlmEngines(self.store.run_dir / "engines")
+            for ch in llm_new.choices:  # the deployments' SLOs and priority, changed or not
+                self.gateway.llm.set_model(model_config(ch, []))
             for r in start:
                 self.applying = f"starting LLM engine {r.id}"
                 url = await asyncio.to_thread(engines.start, r)
@@ -240,6 +242,8 @@ class Controller:
                 await asyncio.to_thread(engines.stop_replica, rid)
                 done.append(f"stop LLM engine {rid}")
                 self.save()
+            for gone in {c.model for c in self.llm_plan.choices} - {c.model for c in llm_new.choices}:
+                self.gateway.llm.drop_model(gone)  # a deployment removed: its name answers 404
         except Exception as e:
             self.failure = f"{self.applying}: {e}"
             self._event("", "ApplyFailed", self.failure)

@@ -154,6 +154,19 @@ class LlmService:
             self._read_loads()
         return rep
 
+    def set_model(self, model: LlmModelConfig) -> None:
+        """``model``'s default SLOs and priority from now on (a new model is addressable at
+        once, answered 503 until it has an engine); its replicas are left as they are."""
+        self.models[model.name] = LlmModel.of(model)
+        self.replicas.setdefault(model.name, [])
+
+    def drop_model(self, name: str) -> None:
+        """Stop serving a model whose engines are all removed: clients get 404 for it."""
+        if self.replicas.get(name):
+            raise ValueError(f"model {name!r} still has engines: {[r.id for r in self.replicas[name]]}")
+        self.models.pop(name, None)
+        self.replicas.pop(name, None)
+
     def replica_ids(self) -> dict[str, list[str]]:
         return {name: [r.id for r in reps] for name, reps in self.replicas.items()}
 

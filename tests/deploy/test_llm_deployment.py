@@ -139,6 +139,11 @@ def gone(pid: int) -> bool:
 
 
 @pytest.mark.integration
+def req_again(http: str) -> urllib.request.Request:
+    body = json.dumps({"model": "chat", "prompt": "hello", "max_tokens": 4}).encode()
+    return urllib.request.Request(f"http://{http}/v1/completions", body, {"Content-Type": "application/json"})
+
+
 def test_up_serves_an_llm_on_an_emulated_engine_and_down_stops_it(tmp_path: Path) -> None:
     docs = write_docs(tmp_path / "docs.yaml", gpu_pool(H100), GATEWAY,
                       llm("chat", replicas=1, input_tokens={"mean": 64}, output_tokens={"mean": 8}))
@@ -163,8 +168,9 @@ def test_up_serves_an_llm_on_an_emulated_engine_and_down_stops_it(tmp_path: Path
         d = op.deployment("chat")
         assert d["attainment_1m"] == 1.0 and d["llm"]["requests"] == 3 and d["llm"]["both_attainment"] == 1.0
         # another variant: its engine starts and serves, then the old one drains and stops
+        # (and a TTFT SLO no answer meets: the running gateway takes the new defaults)
         v2 = write_docs(tmp_path / "v2.yaml", gpu_pool(H100), GATEWAY,
-                        llm("chat", replicas=1, variants=["llama-3.1-8b-instruct-int4"]))
+                        llm("chat", ttft_ms=0.001, replicas=1, variants=["llama-3.1-8b-instruct-int4"]))
         out = op.apply(v2)
         assert out["steps"] == ["start LLM engine chat/llama-3.1-8b-instruct-int4@n/gpu0 "
                                 "(llama-3.1-8b-instruct-int4@H100-80GB/gpu)",
@@ -173,5 +179,9 @@ def test_up_serves_an_llm_on_an_emulated_engine_and_down_stops_it(tmp_path: Path
         assert gone(old)
         (new,) = [v["pid"] for k, v in op.state()["processes"].items() if k.startswith("engine:")]
         assert [x["variant"] for x in op.deployment("chat")["replicas"]] == ["llama-3.1-8b-instruct-int4"]
+        with urllib.request.urlopen(req_again(op.http), timeout=10) as r:
+            assert json.load(r)["usage"]["completion_tokens"] == 4
+        op.wait_for("4 answers in status", lambda: op.deployment("chat")["answered_1m"] == 4)
+        assert op.deployment("chat")["attainment_1m"] == 0.75  # the 4th missed the new TTFT SLO
         assert main(["down", "--state-dir", str(tmp_path / "state")]) == 0
         assert gone(new)

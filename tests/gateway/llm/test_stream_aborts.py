@@ -100,6 +100,20 @@ def test_removing_a_replica_lets_its_streams_finish(engine: Engine) -> None:
         with pytest.raises(openai.APIStatusError) as e:  # no replica serves it now
             client(gw).completions.create(model="llama", prompt="x", max_tokens=1)
         assert e.value.status_code == 503
+        # its deployment gone, the model is no longer addressable
+        thread.call(_drop(gw, "llama"))
+        with pytest.raises(openai.NotFoundError):
+            client(gw).completions.create(model="llama", prompt="x", max_tokens=1)
+        assert "llama" not in [m.id for m in client(gw).models.list()]
+
+
+async def _drop(gw: Gateway, model: str) -> None:
+    gw.llm.drop_model(model)
+
+
+def test_a_model_with_engines_is_not_dropped(engine: Engine) -> None:
+    with GatewayThread(gateway_config(engine.url)) as gw, pytest.raises(ValueError, match="still has engines"):
+        gw.llm.drop_model("llama")
 
 
 def test_a_stream_past_the_drain_bound_is_aborted_at_the_engine(engine: Engine) -> None:
