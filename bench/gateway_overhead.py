@@ -179,7 +179,13 @@ def start_floor(module: str, port: int, *args: str) -> subprocess.Popen:
     """``bench.relay`` or ``bench.grpc_echo`` in its own process group, listening once this returns."""
     proc = subprocess.Popen([sys.executable, "-m", module, str(port), *args],
                             start_new_session=True, cwd=Path(__file__).parent.parent)
-    deadline = time.monotonic() + 10.0
+    return listening(proc, port, 10.0, f"{module} on port {port}")
+
+
+def listening(proc: subprocess.Popen, port: int, timeout: float, what: str, log: Path | None = None) -> subprocess.Popen:
+    """``proc`` once its port on 127.0.0.1 accepts a connection; its group stopped and a
+    RuntimeError (with ``log``'s tail) when it exits or is not listening within ``timeout`` s."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
@@ -187,7 +193,7 @@ def start_floor(module: str, port: int, *args: str) -> subprocess.Popen:
         except OSError:
             time.sleep(0.05)
     stop_group(proc)
-    raise RuntimeError(f"{module} on port {port} did not start")
+    raise RuntimeError(f"{what} did not start" + (f": {log.read_text()[-2000:]}" if log else ""))
 
 
 def run(requests: int, rounds: int, profile: bool, baseline_ref: str = "HEAD",

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from bench.gateway_overhead import cpu_seconds, settle, start_floor
+from bench.gateway_overhead import cpu_seconds, listening, settle, start_floor
 from bench.host import cpu_times, steal_share
 from bench.output import write_results
 from deploy.gateway_process import start_serve
@@ -72,15 +72,7 @@ def start_engine(work: Path, port: int) -> subprocess.Popen:
                              "--served-model-name", MODEL, "--max-num-seqs", "256",
                              "--max-num-batched-tokens", "16384"],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            time.sleep(0.1)
-    stop_group(proc)
-    raise RuntimeError(f"headrace engine did not start: {(work / 'engine.log').read_text()[-2000:]}")
+    return listening(proc, port, 30.0, "headrace engine", work / "engine.log")
 
 
 def request(prompt_tokens: int, max_tokens: int, port: int) -> bytes:
