@@ -189,14 +189,28 @@ def sweep_table(rows: list[dict[str, Any]], title: str) -> Table:
     return t
 
 
-def plot_sweep(rows: list[dict[str, Any]], prefix: Path, target: float | None = None) -> Path:
-    """``PREFIX_sweep.png``: attainment and goodput against the offered rate (one point per
-    run; a search marks passing trials o and failing ones x), p99 on the right axis."""
+def pyplot():  # noqa: ANN201  (matplotlib.pyplot, on the Agg backend)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save_figure(fig, path: Path) -> Path:  # noqa: ANN001
+    """``fig`` laid out and written to ``path`` (its folder made), then closed."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+    return path
+
+
+def plot_sweep(rows: list[dict[str, Any]], prefix: Path, target: float | None = None) -> Path:
+    """``PREFIX_sweep.png``: attainment and goodput against the offered rate (one point per
+    run; a search marks passing trials o and failing ones x), p99 on the right axis."""
+    plt = pyplot()
     fig, ax1 = plt.subplots(figsize=(8, 4.5))
     ax2 = ax1.twinx()
     pts = sorted(rows, key=lambda r: (r["rate"], r.get("trial", 0)))
@@ -226,11 +240,7 @@ def plot_sweep(rows: list[dict[str, Any]], prefix: Path, target: float | None = 
     ax1.legend(h1 + h2, l1 + l2, loc="lower left")
     ax1.set_title("attainment and p99 by offered rate")
     ax1.grid(True, alpha=0.3)
-    out = prefix.with_name(prefix.name + "_sweep.png")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, prefix.with_name(prefix.name + "_sweep.png"))
 
 
 def to_json(s: dict[str, Any] | list[dict[str, Any]], path: Path) -> None:
@@ -280,11 +290,7 @@ def to_csv(rows: list[dict[str, Any]], path: Path | None = None) -> str:
 
 def plot(s: dict[str, Any], rec: Recorder, prefix: Path) -> list[Path]:
     """``PREFIX_cdf.png`` (latency CDF per model) and ``PREFIX_timeline.png``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     out = []
     fig, ax = plt.subplots(figsize=(7, 4.5))
     series = {"all": rec.total(), **rec.by_model()} if len(rec.by_model()) > 1 else {
@@ -307,11 +313,7 @@ def plot(s: dict[str, Any], rec: Recorder, prefix: Path) -> list[Path]:
     ax.set_title("latency CDF")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    p = prefix.with_name(prefix.name + "_cdf.png")
-    fig.tight_layout()
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    out.append(p)
+    out.append(save_figure(fig, prefix.with_name(prefix.name + "_cdf.png")))
 
     tl = s["timeline"]
     fig, ax1 = plt.subplots(figsize=(8, 4.5))
@@ -330,9 +332,5 @@ def plot(s: dict[str, Any], rec: Recorder, prefix: Path) -> list[Path]:
     ax1.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper left")
     ax1.set_title("offered rate, goodput and p99 over time")
     ax1.grid(True, alpha=0.3)
-    p = prefix.with_name(prefix.name + "_timeline.png")
-    fig.tight_layout()
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    out.append(p)
+    out.append(save_figure(fig, prefix.with_name(prefix.name + "_timeline.png")))
     return out

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from loadgen.llm.driver import Outcome
+from loadgen.report import pyplot, save_figure
 
 
 def fmt(v: float | None, spec: str = "{:.1f}") -> str:
@@ -85,20 +86,11 @@ def to_json(doc: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
 
-def _plt():  # noqa: ANN202
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_cdf(outcomes: list[Outcome], s: dict[str, Any], path: Path) -> Path:
     """TTFT and TPOT CDFs of the answered requests, with the SLOs marked."""
     from matplotlib.ticker import NullFormatter
 
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     ok = [o for o in outcomes if o.ok]
     for ax, name, vals, slo in (
@@ -117,16 +109,12 @@ def plot_cdf(outcomes: list[Outcome], s: dict[str, Any], path: Path) -> Path:
         ax.set_ylabel("fraction of answered requests")
         ax.set_title(f"{name} CDF")
         ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_search(rows: list[dict[str, Any]], target: float, path: Path) -> Path:
     """Attainment (each SLO and both) and goodput against the offered rate."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax1 = plt.subplots(figsize=(8, 4.5))
     xs = [r["offered_rps"] or 0.0 for r in rows]
     for key, label in (("attainment", "both SLOs"), ("attainment_ttft", "TTFT"), ("attainment_tpot", "TPOT")):
@@ -144,8 +132,4 @@ def plot_search(rows: list[dict[str, Any]], target: float, path: Path) -> Path:
     ax1.legend(h1 + h2, l1 + l2, loc="lower left")
     ax1.set_title("attainment and goodput by offered rate")
     ax1.grid(True, alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
