@@ -27,7 +27,7 @@ import numpy as np
 from placement.plan import GpuClass, Inventory
 from profiles.gateway_config import LlmModelConfig, LlmReplicaConfig
 from profiles.llm.engine import Engine, LlmRequest
-from profiles.llm.loop import EngineLoop
+from profiles.llm.loop import EngineLoop, replay
 from profiles.llm.profile import LlmProfile, load_llm_profiles
 from profiles.profile import ProfileError
 from profiles.schema import (
@@ -70,29 +70,18 @@ def attainment(profile: LlmProfile, llm: LlmSpec, rate: float, slo_ttft_s: float
     ins = draw(llm.input_tokens, rng, requests, ctx - 1)
     outs = np.minimum(draw(llm.output_tokens, rng, requests, ctx - 1), ctx - ins)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, requests)) if rate > 0 else np.zeros(requests)
-    loop = EngineLoop(Engine(config, profile.step_time), profile.frontend_s)
-    first: dict[str, float] = {}
-    last: dict[str, float] = {}
-    k = 0
-    while k < requests or loop.wake is not None:
-        now = min(arrivals[k] if k < requests else math.inf, loop.wake if loop.wake is not None else math.inf)
-        while k < requests and arrivals[k] <= now:
-            prompt = tuple(rng.integers(VOCAB_LOW, config.vocab_size, int(ins[k])).tolist())
-            loop.add(LlmRequest(str(k), prompt, int(outs[k]), seed=k), float(arrivals[k]))
-            k += 1
-        out = loop.poll(now)
-        for rid, _ in out.tokens if out else ():
-            first.setdefault(rid, now)
-            last[rid] = now
+    sends = [(float(arrivals[k]), LlmRequest(str(k), tuple(rng.integers(VOCAB_LOW, config.vocab_size, int(ins[k])).tolist()),
+                                            int(outs[k]), seed=k)) for k in range(requests)]
+    times = replay(EngineLoop(Engine(config, profile.step_time), profile.frontend_s), sends)
     tpot_s = llm.slo_tpot_ms / 1e3
     met = 0
     for i in range(requests):
-        rid = str(i)
-        if rid not in first:
+        t = times[str(i)]
+        if not t:
             continue
         n = int(outs[i])
-        tpot = (last[rid] - first[rid]) / (n - 1) if n > 1 else 0.0
-        met += first[rid] - arrivals[i] <= slo_ttft_s and tpot <= tpot_s
+        tpot = (t[-1] - t[0]) / (n - 1) if n > 1 else 0.0
+        met += t[0] - arrivals[i] <= slo_ttft_s and tpot <= tpot_s
     return met / requests
 
 

@@ -33,7 +33,7 @@ from bench.vllm_cpu.load import Send, Timing, quiet, run
 from bench.vllm_cpu.measure import PROFILE
 from bench.vllm_cpu.server import ENGINE_ARGS, SERVED, vllm_server
 from profiles.llm.engine import Engine, LlmRequest
-from profiles.llm.loop import EngineLoop
+from profiles.llm.loop import EngineLoop, replay
 from profiles.llm.profile import LlmProfile, load_llm_profiles
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,20 +104,8 @@ def simulate(profile: LlmProfile, sends: Sequence[Send]) -> list[Timing]:
     """The engine model alone: each request arriving at its time (and joining the scheduler the
     profile's front end later), steps back to back; a token's time is the end of the step that
     made it."""
-    loop = EngineLoop(engine(profile), profile.frontend_s)
-    order = sorted(range(len(sends)), key=lambda i: sends[i].at)
-    times: dict[str, list[float]] = {str(i): [] for i in order}
-    k, now = 0, 0.0
-    while k < len(order) or loop.wake is not None:
-        arrival = sends[order[k]].at if k < len(order) else math.inf
-        now = min(arrival, loop.wake if loop.wake is not None else math.inf)
-        while k < len(order) and sends[order[k]].at <= now:
-            i = order[k]
-            loop.add(LlmRequest(str(i), tuple(sends[i].prompt), sends[i].max_tokens, seed=i), sends[i].at)
-            k += 1
-        out = loop.poll(now)
-        for rid, _ in out.tokens if out else ():
-            times[rid].append(now)
+    reqs = [(s.at, LlmRequest(str(i), tuple(s.prompt), s.max_tokens, seed=i)) for i, s in enumerate(sends)]
+    times = replay(EngineLoop(engine(profile), profile.frontend_s), sorted(reqs, key=lambda x: x[0]))
     result = []
     for i, s in enumerate(sends):
         t = times[str(i)]

@@ -17,7 +17,9 @@ Sans-IO: ``now`` comes in; sleeping and sending are the driver's.
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from collections.abc import Sequence
 
 from profiles.llm.engine import Engine, LlmRequest, Step, StepOutput
 
@@ -84,3 +86,20 @@ class EngineLoop:
         if self.step is None:
             self._start(now)
         return out
+
+
+def replay(loop: EngineLoop, arrivals: Sequence[tuple[float, LlmRequest]]) -> dict[str, list[float]]:
+    """Each request's token times when ``arrivals`` (time, request; sorted by time) come to
+    ``loop`` in virtual time, steps back to back: a token is stamped with the end of the step
+    that made it; a request arriving as a step ends is in the queue the next step starts from."""
+    times: dict[str, list[float]] = {r.id: [] for _, r in arrivals}
+    k, n = 0, len(arrivals)
+    while k < n or loop.wake is not None:
+        now = min(arrivals[k][0] if k < n else math.inf, loop.wake if loop.wake is not None else math.inf)
+        while k < n and arrivals[k][0] <= now:
+            loop.add(arrivals[k][1], arrivals[k][0])
+            k += 1
+        out = loop.poll(now)
+        for rid, _ in out.tokens if out else ():
+            times[rid].append(now)
+    return times
