@@ -19,6 +19,7 @@ from loadgen.llm import report
 from loadgen.llm.driver import TargetError
 from loadgen.llm.run import (
     DEFAULT_TRACES,
+    SYNTHETIC_OUTPUT_LEN,
     WORKLOADS,
     LlmLoadSpec,
     build_workload,
@@ -27,6 +28,12 @@ from loadgen.llm.run import (
     run_record,
 )
 from loadgen.llm.stats import per_request
+from loadgen.llm.workload import (
+    SHARED_OUTPUT_LEN,
+    SHARED_QUESTION_LEN,
+    SHARED_SYSTEM_LEN,
+    SHARED_TENANTS,
+)
 
 DESCRIPTION = """\
 Stream generative requests open loop (each sent at its scheduled time, whatever earlier answers
@@ -77,22 +84,7 @@ def register(subparsers: Any) -> None:
     g.add_argument("--api-key-env", metavar="VAR", help="send 'Authorization: Bearer' with this variable's value")
     g.add_argument("--request-timeout", type=float, default=600.0, help="a request gives up after (s, 600)")
 
-    g = p.add_argument_group("workload")
-    g.add_argument("--trace", choices=WORKLOADS, default="poisson",
-                   help="a shared trace to replay, or synthetic arrivals (default poisson)")
-    g.add_argument("--traces-dir", type=Path, default=DEFAULT_TRACES,
-                   help=f"folder of the shared traces (default {DEFAULT_TRACES})")
-    g.add_argument("--start", type=float, default=0.0, help="trace: seconds into the trace the window starts")
-    g.add_argument("--duration", type=float, help="seconds of replay (after --rate-scale)")
-    g.add_argument("--requests", type=int, help="send at most this many requests")
-    g.add_argument("--rate-scale", type=float, default=1.0, help="trace: time compression (2: twice as fast)")
-    g.add_argument("--rate", type=float, default=1.0, help="poisson/gamma: mean requests/s (1)")
-    g.add_argument("--cv", type=float, default=1.0, help="gamma: coefficient of variation (1)")
-    g.add_argument("--input-len", default="lognormal:1024:0.8", help="poisson/gamma: prompt tokens")
-    g.add_argument("--output-len", default="lognormal:200:0.8", help="poisson/gamma: output tokens")
-    g.add_argument("--max-context", type=int, help="cap prompt + output tokens at the model's context")
-    g.add_argument("--vocab-size", type=int, default=32000, help="prompt token ids lie in [16, N) (32000)")
-    g.add_argument("--seed", type=int, default=0, help="seed of arrivals, lengths and prompts")
+    add_workload_flags(p)
 
     g = p.add_argument_group("SLOs and search")
     g.add_argument("--slo-ttft-ms", type=float, help="time-to-first-token SLO (sent as x-slo-ttft-ms)")
@@ -110,13 +102,49 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=main)
 
 
+def add_workload_flags(p: argparse.ArgumentParser) -> None:
+    """The workload flags, shared by ``headrace load llm`` and ``headrace sim llm``."""
+    g = p.add_argument_group("workload")
+    g.add_argument("--trace", choices=WORKLOADS, default="poisson",
+                   help="a shared trace to replay, synthetic arrivals (default poisson), or llm-d's shared-prefix "
+                        "shape (poisson arrivals)")
+    g.add_argument("--traces-dir", type=Path, default=DEFAULT_TRACES,
+                   help=f"folder of the shared traces (default {DEFAULT_TRACES})")
+    g.add_argument("--start", type=float, default=0.0, help="trace: seconds into the trace the window starts")
+    g.add_argument("--duration", type=float, help="seconds of replay (after --rate-scale)")
+    g.add_argument("--requests", type=int, help="send at most this many requests")
+    g.add_argument("--rate-scale", type=float, default=1.0, help="trace: time compression (2: twice as fast)")
+    g.add_argument("--rate", type=float, default=1.0, help="poisson/gamma/shared-prefix: mean requests/s (1)")
+    g.add_argument("--cv", type=float, default=1.0, help="gamma: coefficient of variation (1)")
+    g.add_argument("--input-len", default="lognormal:1024:0.8", help="poisson/gamma: prompt tokens")
+    g.add_argument("--output-len", help=f"poisson/gamma/shared-prefix: output tokens (default {SYNTHETIC_OUTPUT_LEN}; "
+                                        f"shared-prefix {SHARED_OUTPUT_LEN}, llm-d's)")
+    g.add_argument("--tenants", type=int, default=SHARED_TENANTS,
+                   help=f"shared-prefix: tenants, each with its own system prompt ({SHARED_TENANTS})")
+    g.add_argument("--system-len", type=int, default=SHARED_SYSTEM_LEN,
+                   help=f"shared-prefix: system prompt tokens, whole 512-token blocks ({SHARED_SYSTEM_LEN})")
+    g.add_argument("--question-len", type=int, default=SHARED_QUESTION_LEN,
+                   help=f"shared-prefix: question tokens after it ({SHARED_QUESTION_LEN})")
+    g.add_argument("--questions", type=int,
+                   help="shared-prefix: questions per tenant, drawn uniformly (default: each request its own)")
+    g.add_argument("--max-context", type=int, help="cap prompt + output tokens at the model's context")
+    g.add_argument("--vocab-size", type=int, default=32000, help="prompt token ids lie in [16, N) (32000)")
+    g.add_argument("--seed", type=int, default=0, help="seed of arrivals, lengths and prompts")
+
+
+def workload_fields(a: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`LlmLoadSpec` fields the workload flags set."""
+    return dict(
+        workload=a.trace, traces_dir=a.traces_dir, start_s=a.start, duration_s=a.duration, requests=a.requests,
+        rate_scale=a.rate_scale, rate=a.rate, cv=a.cv, input_len=a.input_len, output_len=a.output_len,
+        max_context=a.max_context, seed=a.seed, tenants=a.tenants, system_len=a.system_len,
+        question_len=a.question_len, questions=a.questions, vocab_size=a.vocab_size)
+
+
 def spec_from_args(a: argparse.Namespace) -> LlmLoadSpec:
     return LlmLoadSpec(
-        url=a.url.rstrip("/"), model=a.model, api=a.endpoint, workload=a.trace, traces_dir=a.traces_dir,
-        start_s=a.start, duration_s=a.duration, requests=a.requests, rate_scale=a.rate_scale, rate=a.rate,
-        cv=a.cv, input_len=a.input_len, output_len=a.output_len, max_context=a.max_context, seed=a.seed,
-        vocab_size=a.vocab_size, slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms,
-        request_timeout_s=a.request_timeout)
+        url=a.url.rstrip("/"), model=a.model, api=a.endpoint, slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms,
+        request_timeout_s=a.request_timeout, **workload_fields(a))
 
 
 def _fail(msg: str, code: int) -> int:

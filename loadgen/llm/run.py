@@ -19,11 +19,16 @@ from loadgen.llm.driver import APIS, Outcome, ProgressFn, Target, drive
 from loadgen.llm.stats import summarize
 from loadgen.llm.workload import (
     DEFAULT_VOCAB,
+    SHARED_OUTPUT_LEN,
+    SHARED_QUESTION_LEN,
+    SHARED_SYSTEM_LEN,
+    SHARED_TENANTS,
     TRACES,
     Workload,
     cap_context,
     parse_length,
     read_trace,
+    shared_prefix,
     synthetic,
     window,
 )
@@ -31,7 +36,8 @@ from loadgen.record import headrace_version, host_facts
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACES = ROOT.parent / "shared" / "traces"  # ../shared/traces from the repository's root
-WORKLOADS = (*TRACES, "poisson", "gamma")
+WORKLOADS = (*TRACES, "poisson", "gamma", "shared-prefix")
+SYNTHETIC_OUTPUT_LEN = "lognormal:200:0.8"
 
 
 class LlmLoadSpec(BaseModel):
@@ -42,8 +48,8 @@ class LlmLoadSpec(BaseModel):
     url: str = Field(pattern=r"^https?://[^/\s]+$", description="http://HOST:PORT of the server")
     model: str = Field(min_length=1, description="model name to address")
     api: Literal["completions", "chat", "triton"] = Field("completions", description=f"one of {APIS}")
-    workload: Literal["azure-llm", "mooncake", "poisson", "gamma"] = Field(
-        "poisson", description="a shared trace to replay, or synthetic arrivals")
+    workload: Literal["azure-llm", "mooncake", "poisson", "gamma", "shared-prefix"] = Field(
+        "poisson", description="a shared trace to replay, synthetic arrivals, or llm-d's shared-prefix shape")
     traces_dir: Path = Field(DEFAULT_TRACES, description="folder holding the shared traces")
     start_s: float = Field(0.0, ge=0, description="trace replay: seconds into the trace the window starts")
     duration_s: float | None = Field(None, gt=0, description="seconds of replay (after scaling)")
@@ -52,7 +58,13 @@ class LlmLoadSpec(BaseModel):
     rate: float = Field(1.0, gt=0, description="synthetic: mean requests per second")
     cv: float = Field(1.0, gt=0, description="gamma: coefficient of variation of the gaps")
     input_len: str = Field("lognormal:1024:0.8", description="synthetic: prompt length distribution")
-    output_len: str = Field("lognormal:200:0.8", description="synthetic: output length distribution")
+    output_len: str | None = Field(
+        None, description=f"synthetic: output length distribution ({SYNTHETIC_OUTPUT_LEN}; shared-prefix: "
+                          f"{SHARED_OUTPUT_LEN})")
+    tenants: int = Field(SHARED_TENANTS, ge=1, description="shared-prefix: tenants, one system prompt each")
+    system_len: int = Field(SHARED_SYSTEM_LEN, ge=512, description="shared-prefix: system prompt tokens (x512)")
+    question_len: int = Field(SHARED_QUESTION_LEN, ge=1, description="shared-prefix: question tokens")
+    questions: int | None = Field(None, ge=1, description="shared-prefix: questions per tenant (None: one a request)")
     max_context: int | None = Field(None, ge=2, description="cap prompt + output at this many tokens")
     seed: int = Field(0, ge=0, description="seed of arrivals, lengths and prompt token ids")
     vocab_size: int = Field(DEFAULT_VOCAB, ge=17, description="prompt token ids lie in [16, vocab_size)")
@@ -79,12 +91,18 @@ def build_workload(spec: LlmLoadSpec) -> Workload:
             raise ValueError("a trace replay needs --duration or --requests (a window of the trace)")
         rows = window(read_trace(spec.workload, spec.traces_dir), spec.start_s, spec.duration_s,
                       spec.requests, spec.rate_scale)
+    elif spec.workload == "shared-prefix":
+        if spec.duration_s is None and spec.requests is None:
+            raise ValueError("a synthetic workload needs --duration or --requests")
+        rows = shared_prefix("poisson", spec.rate, spec.cv, spec.duration_s, spec.requests,
+                             parse_length(spec.output_len or str(SHARED_OUTPUT_LEN), "output", spec.traces_dir),
+                             spec.seed, spec.tenants, spec.system_len, spec.question_len, spec.questions)
     else:
         if spec.duration_s is None and spec.requests is None:
             raise ValueError("a synthetic workload needs --duration or --requests")
         rows = synthetic(spec.workload, spec.rate, spec.cv, spec.duration_s, spec.requests,
                          parse_length(spec.input_len, "input", spec.traces_dir),
-                         parse_length(spec.output_len, "output", spec.traces_dir), spec.seed)
+                         parse_length(spec.output_len or SYNTHETIC_OUTPUT_LEN, "output", spec.traces_dir), spec.seed)
     return Workload(spec.workload, cap_context(rows, spec.max_context), spec.seed, spec.vocab_size)
 
 

@@ -9,7 +9,9 @@ Sources:
   the same leading hash ids share that prefix exactly and an engine's prefix cache sees the
   trace's reuse (the last block is cut to ``input_length``);
 - Poisson or Gamma(rate, cv) arrivals (:mod:`loadgen.arrivals`) with input and output lengths
-  drawn from a :class:`LengthDist` (fixed, uniform, lognormal, or a trace's lengths).
+  drawn from a :class:`LengthDist` (fixed, uniform, lognormal, or a trace's lengths);
+- the shared-prefix shape of llm-d's prefix-cache routing benchmark (:func:`shared_prefix`):
+  tenants, each with one system prompt all its requests share, and a question per request.
 
 A trace is replayed from a window (``start_s`` into the trace, ``duration_s`` of replay or the
 first ``requests``), its time compressed by ``rate_scale`` (2 sends twice as fast), and lengths
@@ -39,13 +41,15 @@ AZURE_LLM_HEADER = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 @dataclass(frozen=True)
 class TraceRows:
-    """A trace as read: arrival times (s from its first request), lengths, and Mooncake's block
-    hash ids (empty tuples for a trace without them)."""
+    """A trace as read: arrival times (s from its first request), lengths, Mooncake's block
+    hash ids (empty tuples for a trace without them), and each request's tenant where the
+    workload has tenants (None otherwise)."""
 
     times: np.ndarray  # float64, non-decreasing
     input_len: np.ndarray  # int64
     output_len: np.ndarray  # int64
     hash_ids: tuple[tuple[int, ...], ...]
+    tenant: np.ndarray | None = None  # int64 group of each request
 
     def __len__(self) -> int:
         return len(self.times)
@@ -53,7 +57,8 @@ class TraceRows:
     def take(self, sel: slice | np.ndarray) -> TraceRows:
         idx = np.arange(len(self))[sel]
         return TraceRows(self.times[idx], self.input_len[idx], self.output_len[idx],
-                         tuple(self.hash_ids[i] for i in idx) if self.hash_ids else ())
+                         tuple(self.hash_ids[i] for i in idx) if self.hash_ids else (),
+                         None if self.tenant is None else self.tenant[idx])
 
 
 def _positive(path: Path, n: int, name: str, text: str) -> int:
@@ -278,7 +283,7 @@ def window(rows: TraceRows, start_s: float = 0.0, duration_s: float | None = Non
         raise ValueError(f"no requests in the window starting {start_s:g} s into the trace "
                          f"(it spans {float(t[-1]):.1f} s)")
     out = rows.take(idx)
-    return TraceRows((out.times - start_s) / rate_scale, out.input_len, out.output_len, out.hash_ids)
+    return TraceRows((out.times - start_s) / rate_scale, out.input_len, out.output_len, out.hash_ids, out.tenant)
 
 
 def cap_context(rows: TraceRows, max_context: int | None) -> TraceRows:
@@ -292,13 +297,13 @@ def cap_context(rows: TraceRows, max_context: int | None) -> TraceRows:
     outs = np.minimum(rows.output_len, max_context - ins)
     hashes = tuple(h[: -(-int(n) // BLOCK_TOKENS)] for h, n in zip(rows.hash_ids, ins, strict=True)) \
         if rows.hash_ids else ()
-    return TraceRows(rows.times, ins, outs, hashes)
+    return TraceRows(rows.times, ins, outs, hashes, rows.tenant)
 
 
-def synthetic(arrival: str, rate: float, cv: float, duration_s: float | None, requests: int | None,
-              input_len: LengthDist, output_len: LengthDist, seed: int) -> TraceRows:
-    """Poisson or Gamma(rate, cv) arrivals for ``duration_s`` (or until ``requests``), lengths
-    drawn from the two distributions; all seeded."""
+def _arrivals(arrival: str, rate: float, cv: float, duration_s: float | None, requests: int | None,
+              seed: int) -> tuple[np.ndarray, np.random.Generator]:
+    """Poisson or Gamma(rate, cv) send times for ``duration_s`` (or until ``requests``), and the
+    generator that drew them, for the draws that follow."""
     rng = np.random.default_rng(seed)
     proc = make_process(arrival, rate, cv)
     if duration_s is None and requests is None:
@@ -312,4 +317,51 @@ def synthetic(arrival: str, rate: float, cv: float, duration_s: float | None, re
         t = t[:requests]
     if not len(t):
         raise ValueError(f"no arrivals at {rate:g}/s in {duration_s:g} s")
+    return t, rng
+
+
+def synthetic(arrival: str, rate: float, cv: float, duration_s: float | None, requests: int | None,
+              input_len: LengthDist, output_len: LengthDist, seed: int) -> TraceRows:
+    """Poisson or Gamma(rate, cv) arrivals for ``duration_s`` (or until ``requests``), lengths
+    drawn from the two distributions; all seeded."""
+    t, rng = _arrivals(arrival, rate, cv, duration_s, requests, seed)
     return TraceRows(t, input_len.sample(rng, len(t)), output_len.sample(rng, len(t)), ())
+
+
+# llm-d's shared-prefix benchmark (llm-d/llm-d@220684036d0bb8b55f04c2674dc084923dac1e91,
+# guides/precise-prefix-cache-aware/benchmark-templates/guide.yaml, inference-perf's shared_prefix
+# data): num_groups 150, system_prompt_len 6000, question_len 1200, output_len 1000,
+# num_prompts_per_group 5. The system prompt here is whole 512-token blocks (Mooncake's hash id
+# scheme builds the prompts), so 6000 becomes 6144, the nearest.
+SHARED_TENANTS = 150
+SHARED_SYSTEM_LEN = 12 * BLOCK_TOKENS
+SHARED_QUESTION_LEN = 1200
+SHARED_OUTPUT_LEN = 1000
+
+
+def shared_prefix(arrival: str, rate: float, cv: float, duration_s: float | None, requests: int | None,
+                  output_len: LengthDist, seed: int, tenants: int = SHARED_TENANTS,
+                  system_len: int = SHARED_SYSTEM_LEN, question_len: int = SHARED_QUESTION_LEN,
+                  questions: int | None = None) -> TraceRows:
+    """llm-d's shared-prefix shape: Poisson or Gamma arrivals, each request of a tenant drawn
+    uniformly from ``tenants``; its prompt is the tenant's system prompt (``system_len`` tokens,
+    whole 512-token blocks, shared by all the tenant's requests) and then a question of
+    ``question_len`` tokens: its own (``questions`` None), or one of the tenant's ``questions``
+    drawn uniformly (inference-perf's ``num_prompts_per_group``). Written as Mooncake hash ids:
+    system blocks first, then the question's, which no other tenant or question uses."""
+    if tenants < 1 or question_len < 1 or (questions is not None and questions < 1):
+        raise ValueError(f"shared prefix: tenants ({tenants}), question_len ({question_len}) and questions "
+                         f"({questions}) must be at least 1")
+    if system_len < BLOCK_TOKENS or system_len % BLOCK_TOKENS:
+        raise ValueError(f"shared prefix: system_len ({system_len}) must be whole {BLOCK_TOKENS}-token blocks")
+    t, rng = _arrivals(arrival, rate, cv, duration_s, requests, seed)
+    n = len(t)
+    tenant = rng.integers(0, tenants, n)
+    outs = output_len.sample(rng, n)
+    sys_blocks, q_blocks = system_len // BLOCK_TOKENS, -(-question_len // BLOCK_TOKENS)
+    question = np.arange(n) if questions is None else tenant * questions + rng.integers(0, questions, n)
+    first_q = tenants * sys_blocks  # question blocks come after every tenant's system blocks
+    hashes = tuple(tuple(range(g * sys_blocks, (g + 1) * sys_blocks))
+                   + tuple(range(first_q + q * q_blocks, first_q + (q + 1) * q_blocks))
+                   for g, q in zip(tenant.tolist(), question.tolist(), strict=True))
+    return TraceRows(t, np.full(n, system_len + question_len, dtype=np.int64), outs, hashes, tenant.astype(np.int64))
