@@ -271,10 +271,13 @@ def place(choices: Sequence[LlmChoice], inv: Inventory, keep: LlmPlan | None = N
                                                         max_gpus=budget)
 
 
-def llm_models(plan: LlmPlan, urls: dict[str, str]) -> list[LlmModelConfig]:
+def llm_models(plan: LlmPlan, urls: dict[str, str], profiles: dict[str, str] | None = None) -> list[LlmModelConfig]:
     """The gateway's ``llm_models``: each deployment with its SLOs as defaults and the replicas in
-    ``urls`` (replica id -> engine URL)."""
-    return [model_config(ch, [replica_config(r, urls[r.id]) for r in plan.of(ch.model) if r.id in urls])
+    ``urls`` (replica id -> engine URL), each with the profile its engine runs (``profiles``:
+    replica id -> the engine's profile file; else the profile's reference name)."""
+    profiles = profiles or {}
+    return [model_config(ch, [replica_config(r, urls[r.id], profiles.get(r.id)) for r in plan.of(ch.model)
+                              if r.id in urls])
             for ch in plan.choices]
 
 
@@ -284,6 +287,8 @@ def model_config(ch: LlmChoice, replicas: list[LlmReplicaConfig]) -> LlmModelCon
                           priority=ch.priority, replicas=replicas)  # type: ignore[arg-type]
 
 
-def replica_config(r: LlmReplica, url: str) -> LlmReplicaConfig:
-    """An engine of ``r`` at ``url``, which answers to the variant's name."""
-    return LlmReplicaConfig(url=url, engine="emulated", model=r.variant, id=r.id)
+def replica_config(r: LlmReplica, url: str, profile: str | None = None) -> LlmReplicaConfig:
+    """An engine of ``r`` at ``url``, which answers to the variant's name and runs ``profile``
+    (a profile file; None: ``r``'s profile by its reference name) at the engines' memory use."""
+    return LlmReplicaConfig(url=url, engine="emulated", model=r.variant, id=r.id, profile=profile or r.profile.name,
+                            gpu_memory_utilization=GPU_MEMORY_UTILIZATION)

@@ -24,6 +24,10 @@ the same models. Minimal shape::
           - url: http://127.0.0.1:9100   # an OpenAI-compatible engine
             engine: vllm                 # sglang, tgi, triton-openai or emulated
             model: meta-llama/Llama-3.1-8B-Instruct   # its served model name (default: name)
+            profile: llama-3.1-8b-instruct-bf16@H100-80GB/gpu   # the engine model routers predict with
+    llm_routing:                  # how generative requests are spread over each model's engines
+      router: headrace            # or round-robin, least-request, pow2, sglang, llm-d, llm-d-precise, dynamo, ...
+      flow_control: {queue: {critical: 1024, standard: 1024, sheddable: 256}, fairness: vtc}
 
 ``models`` or ``llm_models`` may be empty, not both.
 """
@@ -140,6 +144,47 @@ class ModelConfig(Strict):
 LlmEngine = Literal["vllm", "sglang", "tgi", "triton-openai", "emulated", "triton"]
 
 
+LlmRouterName = Literal["headrace", "round-robin", "least-request", "pow2", "sglang", "llm-d", "llm-d-precise",
+                        "dynamo", "dynamo-approx"]
+
+
+class LlmQueueLimits(Strict):
+    """Requests held per priority band at once, per model; past it a request of the band is
+    refused (429). Unset: the router's default."""
+
+    critical: int | None = Field(default=None, ge=0, le=1_000_000, description="critical requests held at once")
+    standard: int | None = Field(default=None, ge=0, le=1_000_000, description="standard requests held at once")
+    sheddable: int | None = Field(default=None, ge=0, le=1_000_000,
+                                  description="sheddable requests held at once (0: never held, refused when no "
+                                  "engine takes them now)")
+
+
+class LlmFlowControlConfig(Strict):
+    """What the router does with requests no engine should take yet (headrace's router holds
+    them): a queue per priority band, and fairness across tenants within a band."""
+
+    queue: LlmQueueLimits = Field(default_factory=LlmQueueLimits, description="held requests per band")
+    fairness: Literal["vtc", "none"] = Field(
+        default="vtc", description="vtc: within a band, the tenant served the fewest tokens goes first (Virtual "
+        "Token Counter); none: earliest TTFT deadline first across the band")
+
+
+class LlmRoutingConfig(Strict):
+    """Which router spreads a generative model's requests over its engines (one router per
+    model). A request's band comes from its ``x-headrace-priority`` header (critical, standard,
+    sheddable, or the KServe path's guaranteed = standard and best-effort = sheddable, mapped by
+    :func:`gateway.policy.llm.types.band_of`), else its model's ``priority``; its tenant from
+    ``x-headrace-tenant``, else the body's ``user``."""
+
+    router: LlmRouterName = Field(
+        default="headrace", description="headrace (predicted TTFT/TPOT from each engine's profile, with flow "
+        "control), or a baseline: round-robin, least-request, pow2, sglang, llm-d, llm-d-precise, dynamo, "
+        "dynamo-approx (Dynamo without KV events)")
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="seed of the routers that draw at random")
+    flow_control: LlmFlowControlConfig = Field(default_factory=LlmFlowControlConfig,
+                                               description="held requests: queue limits per band, fairness")
+
+
 class LlmReplicaConfig(Strict):
     """One engine serving an LLM model: OpenAI-compatible, or a Triton decoupled model."""
 
@@ -156,7 +201,13 @@ class LlmReplicaConfig(Strict):
     id: str | None = Field(default=None, min_length=1, description="replica id (default: model@url)")
     max_inflight: int = Field(default=256, ge=1, le=100_000,
                               description="requests the gateway keeps open at the engine at once; past it on "
-                              "every replica, a request is refused 429")
+                              "every replica, a request is held or refused 429")
+    profile: str | None = Field(default=None, min_length=1, description="the engine's LLM profile: a reference "
+                                "profile's name (variant@gpu/slice[/tpN]) or an LlmProfile YAML path; routers "
+                                "predict its step time, KV blocks and front end from it (none: they do not "
+                                "predict for this engine)")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="the engine's "
+                                          "--gpu-memory-utilization, which sizes its KV cache from the profile")
 
     @field_validator("url", "metrics_url")
     @classmethod
@@ -196,6 +247,8 @@ class GatewayConfig(GatewaySettings):
     models: list[ModelConfig] = Field(default_factory=list, description="served models (KServe v2 / Triton)")
     llm_models: list[LlmModelConfig] = Field(default_factory=list,
                                              description="generative models served on the OpenAI API")
+    llm_routing: LlmRoutingConfig = Field(default_factory=LlmRoutingConfig,
+                                          description="how generative requests are routed to their engines")
     write_timeout_s: float = Field(
         default=30.0, gt=0, le=3600,
         description="a streamed answer whose client reads nothing for this long (its socket's buffers "

@@ -259,7 +259,8 @@ class Controller:
         await self.gateway.add_replica(served, served.replicas[0])  # type: ignore[union-attr]
 
     def _render(self, plan: Plan, want: Desired, endpoints) -> GatewayConfig:  # noqa: ANN001
-        llm = llm_models(self.llm_plan, self.engines.urls() if self.engines else {})
+        llm = llm_models(self.llm_plan, self.engines.urls() if self.engines else {},
+                         self.engines.profiles() if self.engines else None)
         return gateway_config(plan, endpoints, want.profiles, self.store.run_dir / "profiles", want.settings, llm)
 
     def _solve_diff(self, want: Desired) -> tuple[Plan, PlanDiff, LlmPlan]:

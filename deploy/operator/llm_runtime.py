@@ -51,6 +51,7 @@ class _Engine:
     log: Path
     url: str
     proc: subprocess.Popen | None = None
+    profile: Path | None = None  # the profile file it runs
 
 
 class LlmEngines:
@@ -70,7 +71,7 @@ class LlmEngines:
         port = free_port()
         argv = [headrace(), "engine", "--profile", str(profile), "--port", str(port),
                 "--served-model-name", r.variant, "--gpu-memory-utilization", str(GPU_MEMORY_UTILIZATION)]
-        e = _Engine(r, argv, base.with_suffix(".log"), f"http://127.0.0.1:{port}")
+        e = _Engine(r, argv, base.with_suffix(".log"), f"http://127.0.0.1:{port}", profile=profile.absolute())
         self.engines[r.id] = e
         self._launch(e)
         return e.url
@@ -110,6 +111,10 @@ class LlmEngines:
 
     def urls(self) -> dict[str, str]:
         return {rid: e.url for rid, e in self.engines.items()}
+
+    def profiles(self) -> dict[str, str]:
+        """The profile file each engine runs, by replica id (the gateway's routers read it)."""
+        return {rid: str(e.profile) for rid, e in self.engines.items() if e.profile is not None}
 
     def processes(self) -> dict[str, dict[str, int | None]]:
         """Every engine process: ``engine:<replica id>`` -> pid and start time."""

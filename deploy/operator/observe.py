@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 
 COUNTERS = {"headrace_goodput_total": "good", "headrace_deadline_missed_total": "missed",
-            "headrace_rejections_total": "rejected", "headrace_failures_total": "failed"}
+            "headrace_rejections_total": "rejected", "headrace_failures_total": "failed",
+            "headrace_llm_refused_total": "rejected"}
 # a generative model's answers: those meeting both token SLOs are good, the rest missed
 LLM_ANSWERED, LLM_MET = "headrace_llm_requests_total", "headrace_llm_slo_met_total"
 

@@ -44,6 +44,7 @@ from gateway.frontdoor.stats import (
 from gateway.llm import generate
 from gateway.llm.api import LlmCall, OpenAiError
 from gateway.llm.relay import LlmService
+from gateway.llm.routing import LlmAsk
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.request import Observer, Seen
 from profiles.schema import UNAUTHENTICATED
@@ -109,11 +110,10 @@ class InferenceServicer:
             values = raw_to_json(t)
             body[t.name] = values[0] if len(values) == 1 else values
         try:
-            call, ttft, tpot = _llm_checked(generate.generate_call(name, body, True), llm, meta,
-                                            self.tenants, tenant)
+            call, ask = _llm_checked(generate.generate_call(name, body, True), llm, meta, self.tenants, tenant)
         except OpenAiError as e:
             raise InvalidRequest(e.message) from None
-        resp = await llm.call(call, ttft, tpot, arrival, None if tenant is None else tenant.priority)
+        resp = await llm.call(call, ask, arrival)
         if isinstance(resp, HttpResponse):
             message = generate.answer(resp, name).body.decode()
             await put(pb.ModelStreamInferResponse(error_message=json.loads(message)["error"],
@@ -268,13 +268,13 @@ _HTTP_CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND"
 
 
 def _llm_checked(call: LlmCall, llm: LlmService, meta: dict[str, str], tenants: Tenants | None,
-                 tenant: Tenant | None) -> tuple[LlmCall, float, float]:
-    """``call`` with its TTFT and TPOT SLOs (seconds, from the call's metadata or its model's),
-    its tenant admitted (over quota: a :class:`Rejected`)."""
-    ttft, tpot = llm.slos(call, meta)
+                 tenant: Tenant | None) -> tuple[LlmCall, LlmAsk]:
+    """``call`` with what it asks of its router (SLOs, band, tenant; from the call's metadata
+    or its model's), its tenant admitted (over quota: a :class:`Rejected`)."""
+    ask = llm.asks(call, meta, *(() if tenant is None else (tenant.name, tenant.priority)))
     if tenant is not None:
         tenants.admit(tenant)  # type: ignore[union-attr]
-    return call, ttft, tpot
+    return call, ask
 
 
 def _text_output(name: str, rid: str, text: str) -> pb.ModelInferResponse:

@@ -53,6 +53,7 @@ from gateway.llm import generate
 from gateway.llm.api import LlmCall, OpenAiError, read_call
 from gateway.llm.api import error_response as openai_error
 from gateway.llm.relay import LlmService
+from gateway.llm.routing import LlmAsk
 from gateway.observe.request import Observer, Seen
 from profiles.schema import UNAUTHENTICATED
 
@@ -233,7 +234,7 @@ class HttpFrontDoor:
         return self._llm_call(req, llm, checked, tenant, True, lambda r: generate.answer(r, name))
 
     def _llm_call(self, req: HttpRequest, llm: LlmService,
-                  checked: HttpResponse | tuple[LlmCall, float, float], tenant: Tenant | None, observed: bool,
+                  checked: HttpResponse | tuple[LlmCall, LlmAsk], tenant: Tenant | None, observed: bool,
                   shape: Callable[[HttpResponse | StreamResponse], HttpResponse | StreamResponse] | None,
                   ) -> HttpResponse | Later:
         """A checked generative call relayed to its engines (or its refusal), its answer put in
@@ -249,11 +250,10 @@ class HttpFrontDoor:
             if seen is not None:
                 seen.http_answered(checked)
             return checked
-        call, ttft, tpot = checked
+        call, ask = checked
         arrival = req.received if req.received is not None else self.driver.clock()
-        priority = None if tenant is None else tenant.priority
         ended = None if seen is None else seen.stream_ended
-        task = asyncio.ensure_future(llm.call(call, ttft, tpot, arrival, priority, ended))
+        task = asyncio.ensure_future(llm.call(call, ask, arrival, ended))
         if seen is None and shape is None:
             return Later(task, asyncio.Future.result)
         if seen is not None:
@@ -270,9 +270,9 @@ class HttpFrontDoor:
         return Later(task, made)
 
     def _openai_checked(self, req: HttpRequest, parts: list[str], llm: LlmService,
-                        tenant: Tenant | None) -> HttpResponse | tuple[LlmCall, float, float]:
-        """The answer now (the model list, or a refusal), or the request checked with its TTFT
-        and TPOT SLOs (seconds)."""
+                        tenant: Tenant | None) -> HttpResponse | tuple[LlmCall, LlmAsk]:
+        """The answer now (the model list, or a refusal), or the request checked with what it
+        asks of its router (SLOs, band, tenant)."""
         try:
             route = _OPENAI_ROUTES.get(tuple(parts))
             if route is None:
@@ -290,13 +290,13 @@ class HttpFrontDoor:
             return _llm_refusal(e)
 
     def _llm_checked(self, req: HttpRequest, call: LlmCall, llm: LlmService,
-                     tenant: Tenant | None) -> tuple[LlmCall, float, float]:
-        """``call`` with its TTFT and TPOT SLOs (seconds), its tenant admitted (over quota: a
-        :class:`Rejected`)."""
-        ttft, tpot = llm.slos(call, req.headers)
+                     tenant: Tenant | None) -> tuple[LlmCall, LlmAsk]:
+        """``call`` with what it asks of its router (SLOs, band, tenant), its tenant admitted
+        (over quota: a :class:`Rejected`)."""
+        ask = llm.asks(call, req.headers, *(() if tenant is None else (tenant.name, tenant.priority)))
         if tenant is not None:
             self.tenants.admit(tenant)  # type: ignore[union-attr]  (over quota: 429)
-        return call, ttft, tpot
+        return call, ask
 
     # ---- handlers
     def _live(self, req: HttpRequest) -> HttpResponse:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -151,7 +152,7 @@ def _depth(doc: object, limit: int) -> int:
     return depth
 
 
-def slo_ms(headers: dict[str, str], name: str, default_ms: float) -> float:
+def slo_ms(headers: Mapping[str, str], name: str, default_ms: float) -> float:
     """The SLO a request asks for in header ``name`` (ms), else ``default_ms``; in seconds."""
     raw = headers.get(name)
     if raw is None:

@@ -1,12 +1,10 @@
-"""Which engine replica takes a generative request: sans-IO (no clock, no I/O).
-
-The engine batches continuously, so the gateway does not batch; it spreads requests. The
-replica with the fewest requests the gateway has open at it takes the next one; ties go to
-the one whose engine reports the least load (``vllm:num_requests_waiting``, then
-``vllm:num_requests_running``, then ``vllm:kv_cache_usage_perc``, read from its ``/metrics``).
-A replica being drained or at its ``max_inflight`` takes none; one whose metrics could not be
-read lately is chosen only when no other can be. A best-effort request only fills spare
-capacity: it goes to a replica whose engine has nothing waiting, else to none (it is shed).
+"""The engine replicas of generative models as the gateway knows them, and the load their
+``/metrics`` report (``vllm:num_requests_waiting``, ``vllm:num_requests_running``,
+``vllm:kv_cache_usage_perc``). Which replica takes a request is the model's router's to decide
+(:mod:`gateway.llm.routing`); what the gateway keeps beside it is here: a replica whose metrics
+do not answer is taken out of routing while another answers, and a sheddable request is shed
+while every engine has requests waiting when the router has no flow control of its own.
+Sans-IO.
 """
 
 from __future__ import annotations
@@ -14,16 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from gateway.policy.llm.types import EngineLoad
 from profiles.llm.metrics import KV_USAGE, RUNNING, WAITING
-
-
-@dataclass(slots=True)
-class EngineLoad:
-    """What an engine's ``/metrics`` said at its last read."""
-
-    waiting: float = 0.0
-    running: float = 0.0
-    kv_usage: float = 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -36,22 +26,9 @@ class LlmReplica:
     engine: str  # vllm | sglang | tgi | triton-openai | emulated | triton
     served: str  # the engine's model name (the variant in metrics)
     max_inflight: int
-    outstanding: int = 0  # requests the gateway has open at it
     load: EngineLoad = field(default_factory=EngineLoad)
     reachable: bool = True  # its latest metrics read answered
     draining: bool = False
-
-
-def pick(replicas: Iterable[LlmReplica], best_effort: bool = False) -> LlmReplica | None:
-    """The replica to send the next request to; None when none can take one."""
-    best, best_key = None, None
-    for r in replicas:
-        if r.draining or r.outstanding >= r.max_inflight or (best_effort and r.load.waiting > 0):
-            continue
-        key = (not r.reachable, r.outstanding, r.load.waiting, r.load.running, r.load.kv_usage)
-        if best_key is None or key < best_key:
-            best, best_key = r, key
-    return best
 
 
 def parse_load(text: str) -> EngineLoad:
@@ -77,3 +54,18 @@ def parse_load(text: str) -> EngineLoad:
         elif name == KV_USAGE:
             load.kv_usage = max(load.kv_usage, v)
     return load
+
+
+def available(replicas: Iterable[LlmReplica]) -> dict[str, bool]:
+    """Which replicas the router may route to: those not drained whose metrics answered lately;
+    when none answered, all of them (an unreachable replica is tried only when no other can be)."""
+    reps = [r for r in replicas if not r.draining]
+    reachable = any(r.reachable for r in reps)
+    return {r.id: r.reachable or not reachable for r in reps}
+
+
+def saturated(replicas: Iterable[LlmReplica]) -> bool:
+    """Every replica that takes requests has requests waiting at its engine: a sheddable request
+    would only join a queue (routers without flow control of their own shed it instead)."""
+    reps = [r for r in replicas if not r.draining]
+    return bool(reps) and all(r.load.waiting > 0 for r in reps)

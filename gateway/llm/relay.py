@@ -2,7 +2,13 @@
 engines, and Triton decoupled models read as one (:mod:`gateway.llm.triton`).
 
 :class:`LlmService` holds the generative models of a gateway's config and their engine
-replicas. A request goes to the replica :func:`~gateway.llm.picker.pick` chooses, over a
+replicas, and one router per model (``llm_routing:``; :mod:`gateway.llm.routing`, driven by
+:mod:`gateway.llm.dispatch`). A request goes, as a :class:`~gateway.policy.llm.types.TokenRequest`,
+to its model's router, which routes it to a replica, holds it (it waits here for the router's
+decision) or refuses it (429 with the router's reason and ``Retry-After``); the router hears of
+its first token (a whole answer: only of its end) and its end, of the engines' loads read from
+their ``/metrics``, and of an emulated engine's KV cache events (:mod:`gateway.llm.kvevents`).
+A replica whose metrics stop answering is out of routing while another answers. The request goes over a
 kept-alive connection of that engine's pool (:mod:`gateway.llm.upstream`); a whole answer is
 relayed as the engine gave it, a streamed one event by event as each arrives (nothing is held
 back to coalesce). Closing the engine's stream
@@ -10,10 +16,9 @@ aborts the request there (vLLM and ``headrace engine`` abort a request whose con
 closes), which is what happens when the client goes away, stops reading, or the replica is
 removed before its streams end.
 
-Measured here, as the client sees it: TTFT from the request's arrival to its first content
-token written, TPOT = (last token - first token) / (output tokens - 1), the tokens from the
-engine's ``usage`` (the engine is always asked for it; a client that did not ask does not get
-that chunk), and each request's meeting of its TTFT SLO, TPOT SLO and both.
+Each request is measured as its client sees it (:mod:`gateway.llm.measure`): TTFT and TPOT,
+its tokens from the engine's ``usage`` (the engine is always asked for it; a client that did not
+ask does not get that chunk), and its meeting of its SLOs.
 
 An engine serving the model under another name (``model:`` of its replica) is sent that name,
 and its answers' ``"model":"<its name>"`` read back as the name the client asked for.
@@ -25,28 +30,34 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from gateway.errors import REASON_HEADER
 from gateway.frontdoor.httpserver import HttpResponse
 from gateway.frontdoor.stream import StreamResponse
-from gateway.llm import triton
-from gateway.llm.api import (
-    TPOT_HEADER,
-    TTFT_HEADER,
-    LlmCall,
-    OpenAiError,
-    error_response,
-    slo_ms,
-    unknown_model,
+from gateway.llm import kvevents, measure, triton
+from gateway.llm.api import LlmCall, OpenAiError, error_response, unknown_model
+from gateway.llm.dispatch import ModelRouter
+from gateway.llm.picker import LlmReplica, available, parse_load, saturated
+from gateway.llm.routing import (
+    VOCAB,
+    EngineModel,
+    LlmAsk,
+    engine_model,
+    make_router,
+    read_ask,
+    token_request,
 )
-from gateway.llm.picker import LlmReplica, parse_load, pick
 from gateway.llm.upstream import EngineConnection, Upstream
 from gateway.observe.metrics import GatewayMetrics
+from gateway.policy.llm.types import Band, Refuse
 from gateway.policy.types import Priority
-from profiles.gateway_config import LlmModelConfig, LlmReplicaConfig
+from profiles.gateway_config import LlmModelConfig, LlmReplicaConfig, LlmRoutingConfig
+from profiles.llm.kv import BLOCK_SIZE
 
 log = logging.getLogger("headrace.gateway")
 _PATHS = {"completion": b"/v1/completions", "chat": b"/v1/chat/completions"}
@@ -70,11 +81,14 @@ class LlmModel:
 
 
 class _Open:
-    """One request open at an engine: its response, and why it was cut short (if it was)."""
+    """One request open at an engine: its response, why it was cut short (if it was), and the
+    router that routed it, told of its first token and its end."""
 
-    __slots__ = ("conn", "reason", "settled", "ended")
+    __slots__ = ("conn", "reason", "settled", "ended", "router", "id", "first")
 
-    def __init__(self) -> None:
+    def __init__(self, router: ModelRouter, request_id: str) -> None:
+        self.router, self.id = router, request_id
+        self.first = False  # its router was told of its first token
         self.conn: EngineConnection | None = None
         self.reason: str | None = None
         self.settled = False
@@ -111,28 +125,38 @@ class _Relayed:
 
 
 class LlmService:
-    """The generative models of one gateway and their engines. ``await start()`` (the HTTP
-    session and the metrics reads), ``await stop()``. ``scrape_interval``: how often each
-    engine's ``/metrics`` is read for its load."""
+    """The generative models of one gateway, their engines and their routers. ``await
+    start()`` (the metrics reads and KV event streams), ``await stop()``. ``scrape_interval``:
+    how often each engine's ``/metrics`` is read for its load. ``routing``: which router each
+    model gets (default: headrace's); ``base_dir``: where relative profile paths lie. A replica
+    whose profile cannot be found is a :class:`~profiles.profile.ProfileError`."""
 
     def __init__(self, models: list[LlmModelConfig], metrics: GatewayMetrics,
                  clock: Callable[[], float] = time.monotonic, scrape_interval: float = 0.5,
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0, routing: LlmRoutingConfig | None = None,
+                 base_dir: Path | None = None, kv_retry_s: float = 1.0) -> None:
         self.metrics = metrics
         self.clock = clock
         self.scrape_interval = scrape_interval
         self.connect_timeout = connect_timeout
+        self.routing = routing or LlmRoutingConfig()
+        self.base_dir = base_dir
+        self.kv_retry_s = kv_retry_s
         self.models: dict[str, LlmModel] = {}
         self.replicas: dict[str, list[LlmReplica]] = {}  # by model
+        self.routers: dict[str, ModelRouter] = {}  # by model
+        self._engines: dict[str, EngineModel] = {}  # by replica id
         self._open: dict[str, set[_Open]] = {}  # by replica id
         self._upstreams: dict[str, Upstream] = {}  # by replica id
         self._meters: dict[str, tuple[Upstream, bytes]] = {}  # by replica id, where its load is read elsewhere
+        self._kv: dict[str, asyncio.Task] = {}  # by replica id: its engine's KV events followed
         self._drained: dict[str, asyncio.Event] = {}  # by replica id, while it drains
         self._scraper: asyncio.Task | None = None
         self._started = False
+        # NOTE: a router with flow control of its own sheds; the baselines get the gateway's shedding
+        self._sheds = self.routing.router != "headrace"
         for m in models:
-            self.models[m.name] = LlmModel.of(m)
-            self.replicas[m.name] = []
+            self.set_model(m)
             for r in m.replicas:
                 self.add_replica(m, r)
 
@@ -140,18 +164,22 @@ class LlmService:
     def add_replica(self, model: LlmModelConfig, r: LlmReplicaConfig) -> LlmReplica:
         """Serve ``model`` on engine ``r`` from now on (a new model is addressable at once)."""
         if model.name not in self.models:
-            self.models[model.name] = LlmModel.of(model)
-            self.replicas[model.name] = []
-        rep = LlmReplica(model.replica_id(r), model.name, r.url, r.engine, r.model or model.name, r.max_inflight)
+            self.set_model(model)
+        rid = model.replica_id(r)
+        engine = engine_model(rid, r, self.base_dir)  # a bad profile fails here, before anything changes
+        rep = LlmReplica(rid, model.name, r.url, r.engine, r.model or model.name, r.max_inflight)
         self.replicas[model.name].append(rep)
+        self._engines[rep.id] = engine
         self._open[rep.id] = set()
         self._upstreams[rep.id] = Upstream(rep.url)
         if r.metrics_url is not None:
             self._meters[rep.id] = (Upstream(r.metrics_url), b"/metrics")
         elif r.engine == "triton":  # Triton's HTTP port has no /metrics: its readiness only
             self._meters[rep.id] = (self._upstreams[rep.id], b"/v2/health/ready")
+        self.routers[model.name].add_replica(engine.spec)
         if self._started:
             self._read_loads()
+            self._follow_kv(rep)
         return rep
 
     def set_model(self, model: LlmModelConfig) -> None:
@@ -159,6 +187,8 @@ class LlmService:
         once, answered 503 until it has an engine); its replicas are left as they are."""
         self.models[model.name] = LlmModel.of(model)
         self.replicas.setdefault(model.name, [])
+        if model.name not in self.routers:
+            self.routers[model.name] = ModelRouter(model.name, make_router(self.routing), self.clock, self.metrics)
 
     def drop_model(self, name: str) -> None:
         """Stop serving a model whose engines are all removed: clients get 404 for it."""
@@ -166,6 +196,9 @@ class LlmService:
             raise ValueError(f"model {name!r} still has engines: {[r.id for r in self.replicas[name]]}")
         self.models.pop(name, None)
         self.replicas.pop(name, None)
+        router = self.routers.pop(name, None)
+        if router is not None:
+            router.close()
 
     def replica_ids(self) -> dict[str, list[str]]:
         return {name: [r.id for r in reps] for name, reps in self.replicas.items()}
@@ -181,6 +214,8 @@ class LlmService:
         if rep is None:
             raise KeyError(replica_id)
         rep.draining = True
+        router = self.routers[rep.model]
+        router.drain_replica(rep.id)
         drained = True
         if self._open[rep.id]:
             event = self._drained[rep.id] = asyncio.Event()
@@ -193,6 +228,11 @@ class LlmService:
             finally:
                 self._drained.pop(rep.id, None)
         self.replicas[rep.model].remove(rep)
+        router.remove_replica(rep.id)
+        self._engines.pop(rep.id, None)
+        follower = self._kv.pop(rep.id, None)
+        if follower is not None:
+            follower.cancel()
         self._upstreams.pop(rep.id).close()
         meter = self._meters.pop(rep.id, None)
         if meter is not None:
@@ -210,6 +250,7 @@ class LlmService:
         reps = [r for reps in self.replicas.values() for r in reps]
         for r in reps:
             r.draining = True
+            self.routers[r.model].drain_replica(r.id)
         waits = []
         for r in reps:
             if self._open[r.id]:
@@ -225,20 +266,37 @@ class LlmService:
 
     # ---- lifecycle
     async def start(self) -> None:
-        """Read the engines' loads from now on (nothing runs while no engine is served)."""
+        """Read the engines' loads, and the emulated engines' KV events, from now on (nothing
+        runs while no engine is served)."""
         self._started = True
         if any(self.replicas.values()):
             self._read_loads()
+        for reps in self.replicas.values():
+            for rep in reps:
+                self._follow_kv(rep)
 
     def _read_loads(self) -> None:
         if self._scraper is None:
             self._scraper = asyncio.get_running_loop().create_task(self._scrape_loop())
 
+    def _follow_kv(self, rep: LlmReplica) -> None:
+        if rep.engine != "emulated" or rep.id in self._kv:
+            return
+        router = self.routers[rep.model]
+        self._kv[rep.id] = asyncio.get_running_loop().create_task(
+            kvevents.follow(rep.url, lambda events: router.kv_events(rep.id, events), self.kv_retry_s,
+                            self.connect_timeout))
+
     async def stop(self) -> None:
-        if self._scraper is not None:
-            self._scraper.cancel()
+        tasks = [t for t in (self._scraper, *self._kv.values()) if t is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._scraper
+                await t
+        self._kv.clear()
+        for router in self.routers.values():
+            router.close()
         for opens in self._open.values():
             for o in list(opens):
                 o.abort("shutdown")
@@ -251,6 +309,8 @@ class LlmService:
         while True:
             reps = [r for reps in self.replicas.values() for r in reps]
             await asyncio.gather(*(self._scrape(r) for r in reps))
+            for name in {r.model for r in reps}:
+                self._availability(name)
             await asyncio.sleep(self.scrape_interval)
 
     async def _scrape(self, rep: LlmReplica) -> None:
@@ -273,6 +333,16 @@ class LlmService:
         rep.reachable = status == 200
         if rep.reachable and path == b"/metrics":
             rep.load = parse_load(text)
+            router = self.routers.get(rep.model)
+            if router is not None:
+                router.load(rep.id, rep.load)
+
+    def _availability(self, model: str) -> None:
+        """Unreachable replicas out of the model's routing while another answers."""
+        router = self.routers.get(model)
+        if router is not None:
+            for rid, ok in available(self.replicas.get(model, ())).items():
+                router.set_available(rid, ok)
 
     # ---- requests
     def model_list(self) -> HttpResponse:
@@ -285,40 +355,66 @@ class LlmService:
             raise unknown_model(call.model)
         return model
 
-    def slos(self, call: LlmCall, headers: Mapping[str, str]) -> tuple[float, float]:
-        """The TTFT and TPOT SLOs (seconds) of ``call`` to a served model: its headers', else its
-        model's; an unknown model or a bad header is an :class:`OpenAiError`."""
+    def asks(self, call: LlmCall, headers: Mapping[str, str], tenant: str | None = None,
+             priority: Priority | None = None) -> LlmAsk:
+        """What ``call`` to a served model asks beside its prompt: its TTFT and TPOT SLOs
+        (seconds; its headers', else its model's), band and tenant (:func:`~gateway.llm.routing.read_ask`;
+        ``tenant`` / ``priority``: its API key's tenant and class). An unknown model or a bad
+        header is an :class:`OpenAiError`."""
         model = self.check_model(call)
-        return (slo_ms(headers, TTFT_HEADER, model.ttft_slo * 1e3), slo_ms(headers, TPOT_HEADER, model.tpot_slo * 1e3))
+        key_priority = None if priority is None else "best-effort" if priority == Priority.BEST_EFFORT else "guaranteed"
+        return read_ask(call, headers, model.ttft_slo, model.tpot_slo, model.priority, tenant, key_priority)
 
-    async def call(self, call: LlmCall, ttft_slo: float, tpot_slo: float, arrival: float,
-                   priority: Priority | None = None,
+    def _counting(self, model: str) -> tuple[int, int, int | None]:
+        """How the model's prompts are counted: block size, vocabulary, context (its first
+        profiled engine's; unprofiled: the emulated engines' defaults)."""
+        for rep in self.replicas.get(model, ()):
+            e = self._engines.get(rep.id)
+            if e is not None and e.max_model_len is not None:
+                return e.spec.block_size, e.vocab_size, e.max_model_len
+        return BLOCK_SIZE, VOCAB, None
+
+    async def call(self, call: LlmCall, ask: LlmAsk, arrival: float,
                    ended: Callable[[str | None], None] | None = None) -> HttpResponse | StreamResponse:
-        """The engine's answer to ``call``: whole, or a stream relayed as it comes.
-        ``priority``: the request's class (None: its model's); a best-effort one is shed
-        (429, reason ``shed``) when every engine has requests waiting. ``ended``: told, when a
-        streamed answer ends, why it was cut short (None: it was not)."""
+        """The engine's answer to ``call``: whole, or a stream relayed as it comes, once its
+        model's router routes it (a request the router holds waits here; one it refuses is
+        answered 429 with the reason and ``Retry-After``). ``ended``: told, when a streamed
+        answer ends, why it was cut short (None: it was not)."""
         reps = self.replicas.get(call.model, [])
-        best_effort = (priority == Priority.BEST_EFFORT if priority is not None
-                       else self.models[call.model].priority == "best-effort")
-        rep = pick(reps, best_effort)
-        if rep is None:
-            if best_effort and pick(reps) is not None:
-                return error_response(429, f"best-effort request to model {call.model!r} shed: every engine has "
-                                      "requests waiting", None, (("Retry-After", "1"), (REASON_HEADER, "shed")))
-            if any(not r.draining for r in reps):
-                return error_response(429, f"every replica of model {call.model!r} is at its max_inflight",
-                                      None, (("Retry-After", "1"),))
+        router = self.routers.get(call.model)
+        if router is None or not any(not r.draining for r in reps):
             return error_response(503, f"no replica serves model {call.model!r}", None, (("Retry-After", "1"),))
+        if ask.band is Band.SHEDDABLE and self._sheds and saturated(reps):
+            self.metrics.of(self.metrics.llm_refused, call.model, "shed").inc()
+            return error_response(429, f"sheddable request to model {call.model!r} shed: every engine has "
+                                  "requests waiting", None, (("Retry-After", "1"), (REASON_HEADER, "shed")))
+        block, vocab, context = self._counting(call.model)
+        request = token_request(router.next_id(), call, ask, block, vocab, context)
+        decision = await router.decide(request)  # cancelled: withdrawn
+        if isinstance(decision, Refuse):
+            retry = str(max(1, math.ceil(decision.retry_after)))
+            return error_response(429, f"request to model {call.model!r} refused: {decision.reason}", None,
+                                  (("Retry-After", retry), (REASON_HEADER, decision.reason)))
+        rep = next((r for r in reps if r.id == decision.replica), None)
+        if rep is None:  # removed since the router chose it
+            router.finish(request.id)
+            return error_response(503, f"replica {decision.replica} of model {call.model!r} was removed", None,
+                                  (("Retry-After", "1"),))
+        return await self._relay_call(call, ask, arrival, ended, rep, router, request.id)
+
+    async def _relay_call(self, call: LlmCall, ask: LlmAsk, arrival: float,
+                          ended: Callable[[str | None], None] | None, rep: LlmReplica, router: ModelRouter,
+                          rid: str) -> HttpResponse | StreamResponse:
+        ttft_slo, tpot_slo = ask.ttft_slo, ask.tpot_slo
         if rep.engine == "triton":
             try:
                 path, body, prompt = triton.request(call, rep.served)
             except OpenAiError as e:
+                router.finish(rid)
                 return e.response()
         else:
             path, body, prompt = _PATHS[call.kind], _outgoing(call, rep.served), ""
-        opened = _Open()
-        rep.outstanding += 1
+        opened = _Open(router, rid)
         self._open[rep.id].add(opened)
         streaming = False
         try:
@@ -328,6 +424,7 @@ class LlmService:
                 if opened.reason is not None:  # removed while connecting
                     return _cut_short(call.model, opened.reason)
                 rep.reachable = False
+                self._availability(rep.model)
                 return error_response(503, f"engine of model {call.model!r} is unreachable ({rep.id}): "
                                       f"{type(e).__name__}: {e}", None, (("Retry-After", "1"),))
             answer: EngineConnection | triton.TritonAnswer = conn
@@ -343,7 +440,7 @@ class LlmService:
                     status = answer.status  # an error event is its status
                 if status != 200:
                     return _relayed_error(status, raw, kind, rep)
-                raw = self._record_whole(rep, raw, arrival, ttft_slo)
+                raw = measure.whole(self.metrics, rep, raw, self.clock() - arrival, ttft_slo)
                 return HttpResponse(200, raw, kind)
             streaming = True
             opened.ended = ended
@@ -385,7 +482,7 @@ class LlmService:
             opened.conn.close() if opened.reason is not None else opened.conn.release()
         if opened.reason is not None and opened.reason != "shutdown":
             self.metrics.of(self.metrics.llm_aborted, rep.model, opened.reason).inc()
-        rep.outstanding -= 1
+        opened.router.finish(opened.id)
         if opened.ended is not None:
             opened.ended(opened.reason)
         opens = self._open.get(rep.id)
@@ -434,6 +531,9 @@ class LlmService:
                         events += 1
                     elif _has_token(ev):
                         first = last = now
+                        if not opened.first:
+                            opened.first = True
+                            opened.router.first_token(opened.id)
                 if out:
                     yield out if renaming is None else out.replace(*renaming)
             if rest.strip():
@@ -449,55 +549,7 @@ class LlmService:
             if not done and opened.reason is None:
                 opened.reason = "disconnect"
             if done:
-                self._record_stream(rep, arrival, first, last, events, usage, ttft_slo, tpot_slo)
-
-    # ---- measuring
-    def _record_whole(self, rep: LlmReplica, raw: bytes, arrival: float, ttft_slo: float) -> bytes:
-        """Record a whole answer (its TTFT: the answer's); the answer, named as the client asked."""
-        now = self.clock()
-        usage = None
-        try:
-            doc = json.loads(raw)
-            usage = doc.get("usage")
-            if rep.served != rep.model and doc.get("model") == rep.served:
-                doc["model"] = rep.model
-                raw = json.dumps(doc).encode()
-        except (ValueError, AttributeError):
-            pass
-        self._record(rep, now - arrival, None, usage, ttft_slo, 0.0)
-        return raw
-
-    def _record_stream(self, rep: LlmReplica, arrival: float, first: float, last: float, events: int,
-                       usage: dict | None, ttft_slo: float, tpot_slo: float) -> None:
-        if not first:  # no token came (an empty answer, or an error event)
-            self._record(rep, None, None, usage, ttft_slo, tpot_slo)
-            return
-        n = usage.get("completion_tokens", events + 1) if isinstance(usage, dict) else events + 1
-        tpot = (last - first) / (n - 1) if isinstance(n, int) and n > 1 else None
-        self._record(rep, first - arrival, tpot, usage, ttft_slo, tpot_slo)
-
-    def _record(self, rep: LlmReplica, ttft: float | None, tpot: float | None, usage: dict | None,
-                ttft_slo: float, tpot_slo: float) -> None:
-        m, model, variant = self.metrics, rep.model, rep.served
-        m.of(m.llm_requests, model, variant).inc()
-        if ttft is not None:
-            m.of(m.llm_ttft, model, variant).observe(ttft)
-        if tpot is not None:
-            m.of(m.llm_tpot, model, variant).observe(tpot)
-        ttft_met = ttft is not None and ttft <= ttft_slo
-        tpot_met = tpot is None or tpot <= tpot_slo
-        if ttft_met:
-            m.of(m.llm_slo_met, model, variant, "ttft").inc()
-        if tpot_met:
-            m.of(m.llm_slo_met, model, variant, "tpot").inc()
-        if ttft_met and tpot_met:
-            m.of(m.llm_slo_met, model, variant, "both").inc()
-        if isinstance(usage, dict):
-            for kind, key in (("input", "prompt_tokens"), ("output", "completion_tokens")):
-                v = usage.get(key)
-                if isinstance(v, int) and v > 0:
-                    m.of(m.llm_tokens, model, variant, kind).inc(v)
-
+                measure.stream(self.metrics, rep, arrival, first, last, events, usage, ttft_slo, tpot_slo)
 
 def _outgoing(call: LlmCall, served: str) -> bytes:
     """The body for the engine: the engine's model name, and a stream always asks for usage."""

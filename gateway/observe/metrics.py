@@ -121,6 +121,12 @@ class GatewayMetrics:
             "went away (reason=disconnect), stopped reading (write_timeout), the replica left (removed) or the "
             "engine broke off (engine)",
             ["model", "reason"], registry=r)
+        self.llm_refused = Counter(
+            "headrace_llm_refused", "Generative requests their router refused (429, the reason as the "
+            "x-headrace-reject-reason header gives it)", ["model", "reason"], registry=r)
+        self.llm_queued = Gauge(
+            "headrace_llm_queued", "Generative requests the router holds at the gateway, waiting for an engine",
+            ["model"], registry=r)
 
     def of(self, metric: Any, *labels: str) -> Any:
         """The labelled child of ``metric``, cached (``labels()`` takes a lock and builds a key)."""

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from loadgen.describe import validation_message
 from loadgen.llm import report
-from loadgen.llm.driver import TargetError
+from loadgen.llm.driver import TargetError, parse_mix
 from loadgen.llm.run import (
     DEFAULT_TRACES,
     SYNTHETIC_OUTPUT_LEN,
@@ -89,6 +89,9 @@ def register(subparsers: Any) -> None:
     g = p.add_argument_group("SLOs and search")
     g.add_argument("--slo-ttft-ms", type=float, help="time-to-first-token SLO (sent as x-slo-ttft-ms)")
     g.add_argument("--slo-tpot-ms", type=float, help="time-per-output-token SLO (sent as x-slo-tpot-ms)")
+    g.add_argument("--priority-mix", metavar="BAND=SHARE,...",
+                   help="send each request's priority band as x-headrace-priority, drawn with --seed: e.g. "
+                        "critical=0.2,sheddable=0.5 (the rest standard)")
     g.add_argument("--find-max-goodput", metavar="LO:HI",
                    help="search load factors LO..HI (times --rate-scale or --rate) for the highest holding "
                         "--target-attainment of both SLOs")
@@ -144,7 +147,8 @@ def workload_fields(a: argparse.Namespace) -> dict[str, Any]:
 def spec_from_args(a: argparse.Namespace) -> LlmLoadSpec:
     return LlmLoadSpec(
         url=a.url.rstrip("/"), model=a.model, api=a.endpoint, slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms,
-        request_timeout_s=a.request_timeout, **workload_fields(a))
+        request_timeout_s=a.request_timeout, priority_mix=parse_mix(a.priority_mix) if a.priority_mix else None,
+        **workload_fields(a))
 
 
 def _fail(msg: str, code: int) -> int:

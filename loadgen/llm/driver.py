@@ -6,7 +6,10 @@ tokenizer) and ``/v1/chat/completions`` (the prompt as text, one word per token 
 ``stream: true`` and ``stream_options.include_usage``; and Triton's generate extension,
 ``/v2/models/{model}/generate_stream`` (``text_input``, one SSE event per token). Each request asks
 for exactly its output length: ``max_tokens`` with ``min_tokens`` and ``ignore_eos``, which vLLM
-and the emulated engine honour. Per-request SLOs go as ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``.
+and the emulated engine honour. Per-request SLOs go as ``x-slo-ttft-ms`` / ``x-slo-tpot-ms``; a
+request's priority band as ``x-headrace-priority`` when the run has a priority mix
+(:func:`priorities`, seeded), and its tenant as ``x-headrace-tenant`` (``tenant-N``) when the
+workload has tenants.
 
 Bodies are encoded before the run; one aiohttp session with an unbounded connection pool sends
 them, and the SSE stream is split into lines by hand, so the client stays cheap per token. Times
@@ -18,15 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
+import numpy as np
 
 from loadgen.llm.workload import Workload
 
 APIS = ("completions", "chat", "triton")
 START_DELAY_S = 0.05  # the schedule starts this long after the bodies are ready
+BANDS = ("critical", "standard", "sheddable")  # the priority bands a mix draws from
+PRIORITY_HEADER = "x-headrace-priority"
+TENANT_HEADER = "x-headrace-tenant"
 
 
 class TargetError(Exception):
@@ -48,6 +55,8 @@ class Outcome:
     e2e: float | None = None
     output_tokens: int = 0
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, when reported
+    band: str | None = None  # the priority band it was sent with (None: no header)
+    tenant: str | None = None  # the tenant it was sent as (None: no header)
     itl: list[float] = field(default_factory=list)  # gaps between streamed tokens
 
     @property
@@ -73,10 +82,13 @@ class Target:
     slo_tpot_ms: float | None = None
     api_key: str | None = None
     request_timeout_s: float = 600.0
+    priority_mix: Mapping[str, float] | None = None  # band -> share of requests (the rest: standard)
 
     def __post_init__(self) -> None:
         if self.api not in APIS:
             raise ValueError(f"unknown API {self.api!r}; known: {', '.join(APIS)}")
+        if self.priority_mix is not None:
+            check_mix(self.priority_mix)
 
     @property
     def path(self) -> str:
@@ -93,6 +105,49 @@ class Target:
         if self.api_key:
             h["Authorization"] = f"Bearer {self.api_key}"
         return h
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    """``critical=0.2,sheddable=0.5`` as band -> share; ValueError naming what is wrong."""
+    mix: dict[str, float] = {}
+    for part in text.split(","):
+        name, eq, share = part.strip().partition("=")
+        try:
+            mix[name.strip()] = float(share) if eq else float("nan")
+        except ValueError:
+            mix[name.strip()] = float("nan")
+    check_mix(mix, text)
+    return mix
+
+
+def check_mix(mix: Mapping[str, float], text: str | None = None) -> None:
+    where = f"priority mix {text!r}" if text is not None else f"priority mix {dict(mix)}"
+    for name, share in mix.items():
+        if name not in BANDS:
+            raise ValueError(f"{where}: unknown band {name!r}; bands: {', '.join(BANDS)}")
+        if not 0 <= share <= 1:
+            raise ValueError(f"{where}: {name}'s share must be a number in [0, 1]")
+    if sum(mix.values()) > 1 + 1e-9:
+        raise ValueError(f"{where}: shares add up to {sum(mix.values()):g}, more than 1")
+
+
+def priorities(mix: Mapping[str, float], n: int, seed: int) -> list[str]:
+    """The band of each of ``n`` requests, drawn independently: critical and sheddable with the
+    mix's shares, standard the rest; seeded apart from the workload's other draws."""
+    critical, sheddable = mix.get("critical", 0.0), mix.get("sheddable", 0.0)
+    p = np.array([critical, max(0.0, 1.0 - critical - sheddable), sheddable])
+    return [BANDS[k] for k in np.random.default_rng([seed, 7]).choice(len(BANDS), size=n, p=p / p.sum())]
+
+
+def request_headers(target: Target, work: Workload, bands: Sequence[str] | None, i: int) -> dict[str, str]:
+    """The headers of request ``i``: the target's, its band's and its tenant's."""
+    h = target.headers()
+    if bands is not None:
+        h[PRIORITY_HEADER] = bands[i]
+    tenants = work.rows.tenant
+    if tenants is not None:
+        h[TENANT_HEADER] = f"tenant-{int(tenants[i])}"
+    return h
 
 
 def request_body(target: Target, work: Workload, i: int) -> dict:
@@ -131,12 +186,12 @@ def _error_text(event: dict) -> str | None:
     return f"stream error: {' '.join(str(msg).split())[:200]}"
 
 
-async def _send(session: aiohttp.ClientSession, target: Target, body: bytes, o: Outcome, t_sched: float,
-                loop: asyncio.AbstractEventLoop) -> None:
+async def _send(session: aiohttp.ClientSession, target: Target, body: bytes, headers: dict[str, str], o: Outcome,
+                t_sched: float, loop: asyncio.AbstractEventLoop) -> None:
     last = None
     done = target.api == "triton"  # Triton ends its stream without [DONE]
     try:
-        async with session.post(target.url + target.path, data=body, headers=target.headers()) as resp:
+        async with session.post(target.url + target.path, data=body, headers=headers) as resp:
             o.status = resp.status
             if resp.status != 200:
                 text = (await resp.text())[:300]
@@ -200,16 +255,19 @@ async def drive(work: Workload, target: Target, on_progress: ProgressFn | None =
     """Send every request of ``work`` open loop; returns the outcomes (in schedule order) and the
     wall time the run took."""
     bodies = [json.dumps(request_body(target, work, i)).encode() for i in range(len(work))]
+    bands = None if target.priority_mix is None else priorities(target.priority_mix, len(work), work.seed)
+    heads = [request_headers(target, work, bands, i) for i in range(len(work))]
     loop = asyncio.get_running_loop()
     timeout = aiohttp.ClientTimeout(total=target.request_timeout_s)
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    outcomes = [Outcome(i, float(t), int(work.rows.input_len[i]), int(work.rows.output_len[i]))
+    outcomes = [Outcome(i, float(t), int(work.rows.input_len[i]), int(work.rows.output_len[i]),
+                        band=heads[i].get(PRIORITY_HEADER), tenant=heads[i].get(TENANT_HEADER))
                 for i, t in enumerate(work.rows.times)]
     done = 0
 
     async def one(o: Outcome, body: bytes, t_sched: float) -> None:
         nonlocal done
-        await _send(session, target, body, o, t_sched, loop)
+        await _send(session, target, body, heads[o.index], o, t_sched, loop)
         done += 1
         if on_progress is not None:
             on_progress(len(tasks), done, len(outcomes))

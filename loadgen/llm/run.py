@@ -71,6 +71,9 @@ class LlmLoadSpec(BaseModel):
     slo_ttft_ms: float | None = Field(None, gt=0, description="time-to-first-token SLO")
     slo_tpot_ms: float | None = Field(None, gt=0, description="time-per-output-token SLO")
     request_timeout_s: float = Field(600.0, gt=0, description="a request gives up after this long")
+    priority_mix: dict[str, float] | None = Field(
+        None, description="share of requests per priority band (critical, sheddable; the rest standard), sent "
+                          "as x-headrace-priority; None: no header")
 
     def scaled(self, factor: float) -> LlmLoadSpec:
         """The same run with its load multiplied by ``factor``."""
@@ -108,7 +111,7 @@ def build_workload(spec: LlmLoadSpec) -> Workload:
 
 def target_of(spec: LlmLoadSpec, api_key: str | None = None) -> Target:
     return Target(spec.url, spec.model, spec.api, spec.slo_ttft_ms, spec.slo_tpot_ms, api_key,
-                  spec.request_timeout_s)
+                  spec.request_timeout_s, spec.priority_mix)
 
 
 @dataclass(frozen=True)

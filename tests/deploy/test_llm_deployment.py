@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -179,9 +180,16 @@ def test_up_serves_an_llm_on_an_emulated_engine_and_down_stops_it(tmp_path: Path
         assert gone(old)
         (new,) = [v["pid"] for k, v in op.state()["processes"].items() if k.startswith("engine:")]
         assert [x["variant"] for x in op.deployment("chat")["replicas"]] == ["llama-3.1-8b-instruct-int4"]
-        with urllib.request.urlopen(req_again(op.http), timeout=10) as r:
+        served = req_again(op.http)
+        served.add_header("x-slo-ttft-ms", "10000")  # an SLO of its own: the new engine answers it
+        with urllib.request.urlopen(served, timeout=10) as r:
             assert json.load(r)["usage"]["completion_tokens"] == 4
-        op.wait_for("4 answers in status", lambda: op.deployment("chat")["answered_1m"] == 4)
-        assert op.deployment("chat")["attainment_1m"] == 0.75  # the 4th missed the new TTFT SLO
+        # NOTE: the new default TTFT SLO cannot be met, so the model's router refuses at once
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req_again(op.http), timeout=10)
+        assert refused.value.code == 429
+        op.wait_for("5 answers in status", lambda: op.deployment("chat")["answered_1m"] == 5)
+        d = op.deployment("chat")
+        assert d["attainment_1m"] == 0.8 and d["refused_1m"] == 1  # the 5th was refused
         assert main(["down", "--state-dir", str(tmp_path / "state")]) == 0
         assert gone(new)

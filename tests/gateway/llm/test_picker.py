@@ -1,31 +1,32 @@
-"""Which engine replica takes a generative request, on the picker alone (no I/O)."""
+"""What the gateway keeps beside each model's router, on the replicas alone (no I/O): the engines'
+load read from their metrics, which replicas the router may route to, and when a sheddable
+request is shed."""
 
 from __future__ import annotations
 
-from gateway.llm.picker import EngineLoad, LlmReplica, parse_load, pick
+from gateway.llm.picker import LlmReplica, available, parse_load, saturated
+from gateway.policy.llm.types import EngineLoad
 
 
-def replica(rid: str, outstanding: int = 0, waiting: float = 0, running: float = 0, kv: float = 0.0,
-            **kw: object) -> LlmReplica:
-    r = LlmReplica(rid, "llama", f"http://{rid}:1", "vllm", "llama", kw.pop("max_inflight", 8), outstanding,  # type: ignore[arg-type]
-                   EngineLoad(waiting, running, kv))
+def replica(rid: str, waiting: float = 0, **kw: object) -> LlmReplica:
+    r = LlmReplica(rid, "llama", f"http://{rid}:1", "vllm", "llama", 8, EngineLoad(waiting))
     for k, v in kw.items():
         setattr(r, k, v)
     return r
 
 
-def test_fewest_outstanding_first_then_the_engines_own_load() -> None:
-    assert pick([replica("a", 2), replica("b", 1)]).id == "b"  # type: ignore[union-attr]
-    assert pick([replica("a", 1, waiting=3), replica("b", 1, waiting=1)]).id == "b"  # type: ignore[union-attr]
-    assert pick([replica("a", 1, running=5), replica("b", 1, running=2)]).id == "b"  # type: ignore[union-attr]
-    assert pick([replica("a", 0, kv=0.5), replica("b", 0, kv=0.1)]).id == "b"  # type: ignore[union-attr]
+def test_unreachable_replicas_are_routed_to_only_when_none_answers() -> None:
+    assert available([replica("a", reachable=False), replica("b")]) == {"a": False, "b": True}
+    assert available([replica("a", reachable=False), replica("b", reachable=False)]) == {"a": True, "b": True}
+    # NOTE: a drained replica is the router's own business: it is left out either way
+    assert available([replica("a", draining=True), replica("b", reachable=False)]) == {"b": True}
 
 
-def test_draining_and_full_replicas_take_nothing_and_unreachable_ones_come_last() -> None:
-    assert pick([replica("a", draining=True), replica("b", 8)]) is None  # b is at its max_inflight
-    assert pick([replica("a", reachable=False), replica("b", 5)]).id == "b"  # type: ignore[union-attr]
-    assert pick([replica("a", reachable=False)]).id == "a"  # type: ignore[union-attr]
-    assert pick([]) is None
+def test_sheddable_requests_are_shed_only_while_every_engine_has_requests_waiting() -> None:
+    assert saturated([replica("a", waiting=2), replica("b", waiting=1)])
+    assert not saturated([replica("a", waiting=2), replica("b")])
+    assert not saturated([replica("a", waiting=2, draining=True), replica("b")])
+    assert not saturated([])
 
 
 def test_load_is_read_from_vllm_metric_names() -> None:
@@ -39,11 +40,3 @@ vllm:prompt_tokens_total{engine="0",model_name="m"} 99.0
 """
     assert parse_load(text) == EngineLoad(waiting=3.0, running=3.0, kv_usage=0.25)
     assert parse_load("") == EngineLoad()
-
-
-def test_best_effort_only_fills_spare_capacity() -> None:
-    busy, spare = replica("busy", 0, waiting=2), replica("spare", 3)
-    # NOTE: a guaranteed request goes where fewest are open; a best-effort one never joins a queue
-    assert pick([busy, spare]).id == "busy"  # type: ignore[union-attr]
-    assert pick([busy, spare], best_effort=True).id == "spare"  # type: ignore[union-attr]
-    assert pick([busy], best_effort=True) is None

@@ -191,26 +191,37 @@ def _aborted_tls(gw: Gateway) -> float:
     return 0.0 if line is None else float(line.rsplit(" ", 1)[1])
 
 
+def _open_at(gw: Gateway, rid: str) -> int:
+    """Requests the model's router has open at replica ``rid``."""
+    return gw.llm.routers["llama"].router.replicas[rid].outstanding
+
+
 def test_the_engines_load_is_read_from_its_metrics(engine: Engine) -> None:
     with GatewayThread(gateway_config(engine.url)) as gw:
-        rep = gw.llm.find(gw.replica_ids()["llama"][0])
+        rid = gw.replica_ids()["llama"][0]
+        rep, view = gw.llm.find(rid), gw.llm.routers["llama"].router.replicas[rid]
         stream = client(gw).completions.create(model="llama", prompt="load", max_tokens=LONG, stream=True)
         next(iter(stream))
         _wait(lambda: rep.load.running == 1 and rep.load.kv_usage > 0)  # type: ignore[union-attr]
-        assert rep.reachable and rep.outstanding == 1  # type: ignore[union-attr]
+        # NOTE: the router reads the same load the gateway read
+        assert rep.reachable and _open_at(gw, rid) == 1 and view.load.running == 1  # type: ignore[union-attr]
         stream.close()
-        _wait(lambda: rep.load.running == 0 and rep.outstanding == 0)  # type: ignore[union-attr]
+        _wait(lambda: rep.load.running == 0 and _open_at(gw, rid) == 0)  # type: ignore[union-attr]
 
 
-def test_past_max_inflight_on_every_replica_a_request_is_refused_at_once(engine: Engine) -> None:
+def test_past_max_inflight_on_every_replica_a_request_is_held_then_refused_at_its_ttft_slo(engine: Engine) -> None:
     cfg = gateway_config(engine.url)
     cfg.llm_models[0].replicas[0].max_inflight = 1
     with GatewayThread(cfg) as gw:
+        rid = gw.replica_ids()["llama"][0]
         stream = client(gw).completions.create(model="llama", prompt="hold", max_tokens=LONG, stream=True)
         next(iter(stream))
+        started = time.monotonic()
         with pytest.raises(openai.RateLimitError) as e:
-            client(gw).completions.create(model="llama", prompt="x", max_tokens=1)
-        assert e.value.response.headers["retry-after"] == "1" and "max_inflight" in e.value.message
+            client(gw).completions.create(model="llama", prompt="x", max_tokens=1, extra_headers={"x-slo-ttft-ms": "300"})
+        assert time.monotonic() - started >= 0.3  # held for its TTFT SLO, then refused
+        assert int(e.value.response.headers["retry-after"]) >= 1
+        assert "TTFT" in e.value.response.headers["x-headrace-reject-reason"]
         stream.close()
-        _wait(lambda: gw.llm.find(gw.replica_ids()["llama"][0]).outstanding == 0)  # type: ignore[union-attr]
+        _wait(lambda: _open_at(gw, rid) == 0)
         assert client(gw).completions.create(model="llama", prompt="x", max_tokens=1).usage.completion_tokens == 1
