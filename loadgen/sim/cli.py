@@ -32,6 +32,7 @@ from gateway.policy.batching import POLICIES
 from loadgen import report
 from loadgen.arrivals import TraceError
 from loadgen.describe import validation_message
+from loadgen.llm import sim_command as llm_sim
 from loadgen.sim.fleet import FleetError, flag_fleet, load_fleet, with_settings
 from loadgen.sim.run import SimOptions, run_sim
 from loadgen.sim.simulator import Fault, Slow
@@ -286,3 +287,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--plot", help="write PREFIX_cdf.png and PREFIX_timeline.png")
     g.add_argument("--quiet", action="store_true", help="one line")
     p.set_defaults(func=run)
+    llm_sim.register(p.add_subparsers(title="generative models", dest="sim_kind", metavar="llm"))

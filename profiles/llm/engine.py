@@ -16,6 +16,11 @@ Each step, as vLLM's v1 scheduler (``vllm/v1/core/sched/scheduler.py``, FCFS pol
   from the prefix cache (never the whole prompt: its last token is always computed);
 - a request whose tokens are all computed after the step samples one token.
 
+A stretch of steps that only decode the same running requests, with no waiting request able to
+start, can be taken as one :class:`DecodeRun` (:meth:`Engine.decode_run`, :meth:`Engine.advance`):
+the same blocks allocated and named in the same order, the same tokens and counters, without the
+per-step scheduling (the simulator's fast-forward, :class:`profiles.llm.loop.EngineLoop`).
+
 Sans-IO: no clock, no I/O. Tokens are deterministic given each request's seed.
 """
 
@@ -52,6 +57,7 @@ class EngineConfig:
     prefix_caching: bool = True
     chunked_prefill: bool = True
     vocab_size: int = 32000
+    kv_events: bool = True  # publish KV cache events (vLLM's --kv-events-config); off, none are kept
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1 or self.max_model_len < 1:
@@ -67,6 +73,9 @@ class LlmRequest:
     prompt: Sequence[int]  # token ids
     max_tokens: int
     seed: int = 0
+    # the prompt's full-block hashes (profiles.llm.kv.block_hashes at the engine's block size),
+    # when the caller has them already: the engine takes them instead of hashing the prompt again
+    hashes: Sequence[int] = ()
 
 
 class State(enum.StrEnum):
@@ -116,6 +125,23 @@ class StepOutput:
 
 
 @dataclass(slots=True)
+class DecodeRun:
+    """Steps in a row, each of which decodes every one of ``seqs`` (in running order) and
+    nothing else: ``steps`` of them at most, ``done`` applied so far by :meth:`Engine.advance`."""
+
+    seqs: list[Seq]
+    steps: int
+    done: int = 0
+
+    def shape(self) -> StepShape:
+        """The shape of the next step to apply."""
+        shape = StepShape()
+        for seq in self.seqs:
+            shape.add_decode(seq.num_tokens)
+        return shape
+
+
+@dataclass(slots=True)
 class Counters:
     """Totals since start, named as vLLM's Prometheus counters count them."""
 
@@ -140,7 +166,7 @@ class Engine:
     def __init__(self, config: EngineConfig, step_time: StepTime) -> None:
         self.config = config
         self.step_time = step_time
-        self.pool = BlockPool(config.num_blocks, config.block_size, config.prefix_caching)
+        self.pool = BlockPool(config.num_blocks, config.block_size, config.prefix_caching, config.kv_events)
         self.waiting: deque[Seq] = deque()
         self.running: list[Seq] = []
         self.seqs: dict[str, Seq] = {}
@@ -164,6 +190,11 @@ class Engine:
             raise ValueError(f"request {req.id!r} is already in the engine")
         self.check(len(req.prompt), req.max_tokens)
         seq = Seq(req, list(req.prompt))
+        if req.hashes:
+            if len(req.hashes) != len(req.prompt) // self.config.block_size:
+                raise ValueError(f"request {req.id!r}: {len(req.hashes)} block hashes for a prompt of "
+                                 f"{len(req.prompt)} tokens in blocks of {self.config.block_size}")
+            seq.hashes = list(req.hashes)
         self.seqs[req.id] = seq
         if arriving:
             seq.state = State.ARRIVING
@@ -272,14 +303,148 @@ class Engine:
             c.generation_tokens += 1
             tokens.append((seq.req.id, tok))
             if seq.output >= seq.req.max_tokens:
-                self.running.remove(seq)
-                self.pool.release(seq.blocks)
-                seq.blocks = []
-                seq.state = State.FINISHED
-                del self.seqs[seq.req.id]
-                c.finished += 1
+                self._finish(seq)
                 finished.append(seq.req.id)
         return StepOutput(tokens, finished, self.pool.drain())
+
+    def _finish(self, seq: Seq) -> None:
+        self.running.remove(seq)
+        self.pool.release(seq.blocks)
+        seq.blocks = []
+        seq.state = State.FINISHED
+        del self.seqs[seq.req.id]
+        self.counters.finished += 1
+
+    # decode runs
+
+    def decode_run(self, limit: int) -> DecodeRun | None:
+        """The next steps as one run, when :meth:`schedule` would make each of them a step that
+        only decodes every running request: each has all its tokens computed but the one it
+        sampled last, they fit the token budget, and no waiting request could start (none waits,
+        or the first is held by ``max_num_seqs``, the token budget, or KV blocks that the run's
+        steps only take more of). The run stops at ``limit`` steps, at the step where a request
+        takes its last token, before a step whose blocks the pool cannot give (that step
+        preempts, as :meth:`schedule` will), and before a step that names a block the first
+        waiting request could find cached. None when no such step comes next."""
+        cfg, pool = self.config, self.pool
+        running = self.running
+        b = len(running)
+        if not running or b > cfg.max_num_batched_tokens:
+            return None
+        steps = limit
+        for seq in running:
+            if not seq.output or seq.computed != seq.num_tokens - 1:
+                return None
+            steps = min(steps, seq.req.max_tokens - seq.output)
+        if self.waiting:
+            held = self._held_for(b, steps)
+            if held is None:
+                return None
+            steps = held
+        if self._blocks_for(steps) > pool.num_free:  # the largest run the free blocks allow
+            lo, hi = 0, steps
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if self._blocks_for(mid) <= pool.num_free else (lo, mid - 1)
+            steps = lo
+        if steps < 1:
+            return None
+        return DecodeRun(list(running), steps)
+
+    def _blocks_for(self, steps: int) -> int:
+        """Fresh blocks the running requests take in ``steps`` decode steps."""
+        bs = self.config.block_size
+        return sum(max(0, -(-(seq.computed + steps) // bs) - len(seq.blocks)) for seq in self.running)
+
+    def _held_for(self, running: int, steps: int) -> int | None:
+        """Of ``steps`` decode steps of ``running`` requests, how many keep the first waiting
+        request out, as :meth:`schedule` decides it; None when it could start at the next."""
+        cfg, pool, bs = self.config, self.pool, self.config.block_size
+        budget = cfg.max_num_batched_tokens - running
+        if budget <= 0 or running >= cfg.max_num_seqs:
+            return steps
+        head = self.waiting[0]
+        self._hash(head, head.num_tokens)
+        limit = (head.num_tokens - 1) // bs
+        hit = pool.lookup(head.hashes, limit)
+        # what it would take with the first i blocks of its hit: evictions only shorten the hit,
+        # and a shorter hit with fewer free blocks (one went to the eviction) must hold it too
+        free_hits = 0
+        for i in range(len(hit) + 1):
+            n = head.num_tokens - i * bs
+            if cfg.chunked_prefill or n <= budget:
+                need = -(-(i * bs + min(n, budget)) // bs) - i + free_hits
+                if need <= pool.num_free - (i < len(hit)):
+                    return None
+            if i < len(hit):
+                free_hits += pool.refs[hit[i]] == 0
+        # its hit grows only when a running request names the block after it, which one whose
+        # named blocks are the head's own prefix may do: the run stops before that step
+        q = len(hit)
+        if q < limit and cfg.prefix_caching:
+            for seq in self.running:
+                c = seq.committed
+                if c <= q and (c == 0 or seq.hashes[c - 1] == head.hashes[c - 1]):
+                    names_q = (q + 1) * bs - seq.computed - 1  # the step that fills its block q
+                    if names_q >= 0:
+                        steps = min(steps, names_q)
+        return steps
+
+    def advance(self, run: DecodeRun, steps: int) -> tuple[list[str], list[KvEvent]]:
+        """Apply the next ``steps`` steps of ``run`` as :meth:`schedule` and :meth:`complete`
+        would, one after the other: each running request's blocks allocated and named in step
+        order, one token sampled by each a step; a request with all its tokens finishes. Returns
+        the finished requests and the KV events of those steps."""
+        if not 0 < steps <= run.steps - run.done:
+            raise ValueError(f"a run of {run.steps} steps has {run.steps - run.done} left, not {steps}")
+        pool, bs, vocab = self.pool, self.config.block_size, self.config.vocab_size
+        todo: list[tuple[int, int, int]] = []  # (step, request, 0 allocate / 1 name blocks)
+        for i, seq in enumerate(run.seqs):
+            seed, out0, c = seq.req.seed, seq.output, seq.computed
+            seq.tokens += [_token(seed, o, vocab) for o in range(out0, out0 + steps)]
+            x = len(seq.blocks) * bs - c  # the step whose token overflows its blocks
+            while x < steps:
+                todo.append((x, i, 0))
+                x += bs
+            if self.config.prefix_caching:
+                x = (-(c + 1)) % bs  # the step whose token fills a block
+                while x < steps:
+                    todo.append((x, i, 1))
+                    x += bs
+        todo.sort()
+        for x, i, kind in todo:
+            seq = run.seqs[i]
+            if kind == 0:
+                got = pool.allocate(1)
+                if got is None:
+                    raise RuntimeError("a decode run outgrew the free KV blocks it was planned within")
+                seq.blocks += got
+            else:
+                self._commit(seq, seq.computed + x + 1)
+        finished = []
+        for seq in run.seqs:
+            seq.computed += steps
+            seq.output += steps
+        self.counters.generation_tokens += len(run.seqs) * steps
+        run.done += steps
+        for seq in run.seqs:
+            if seq.output >= seq.req.max_tokens:
+                self._finish(seq)
+                finished.append(seq.req.id)
+        return finished, pool.drain()
+
+    def run_step(self, run: DecodeRun) -> Step:
+        """The next step of ``run`` as an ordinary :class:`Step` (its blocks allocated and named,
+        as :meth:`schedule` would), for :meth:`complete`; the run ends there."""
+        scheduled = []
+        for seq in run.seqs:
+            if not self._grow(seq, 1):
+                raise RuntimeError("a decode run outgrew the free KV blocks it was planned within")
+            self._commit(seq, seq.computed + 1)
+            scheduled.append((seq, 1))
+        shape = run.shape()
+        run.steps = run.done
+        return Step(scheduled, shape, self.step_time.seconds(shape), [])
 
     # KV
 

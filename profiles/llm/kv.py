@@ -51,14 +51,17 @@ KvEvent = BlockStored | BlockRemoved
 
 
 class BlockPool:
-    """``num_blocks`` blocks of KV. ``caching`` off: a freed block forgets its tokens at once."""
+    """``num_blocks`` blocks of KV. ``caching`` off: a freed block forgets its tokens at once.
+    ``publish`` off: no events are kept (for a driver that reads none)."""
 
-    def __init__(self, num_blocks: int, block_size: int = BLOCK_SIZE, caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int = BLOCK_SIZE, caching: bool = True,
+                 publish: bool = True) -> None:
         if num_blocks < 1:
             raise ValueError(f"a KV cache needs at least one block (num_blocks {num_blocks})")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.caching = caching
+        self.publish = publish
         self.refs = [0] * num_blocks
         self.hash_of: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # block hash -> block
@@ -106,7 +109,8 @@ class BlockPool:
             if h is not None:
                 del self.cached[h]
                 self.hash_of[b] = None
-                self.events.append(BlockRemoved((h,)))
+                if self.publish:
+                    self.events.append(BlockRemoved((h,)))
             self.refs[b] = 1
             out.append(b)
         return out
@@ -131,7 +135,8 @@ class BlockPool:
             if h not in self.cached and self.hash_of[b] is None:
                 self.cached[h] = b
                 self.hash_of[b] = h
-                self.events.append(BlockStored((h,), parent))
+                if self.publish:
+                    self.events.append(BlockStored((h,), parent))
             parent = h
 
     def drain(self) -> list[KvEvent]:

@@ -12,34 +12,68 @@ A server's front end (HTTP, the tokenizer, the hand-off to the engine core) take
 while the engine core steps. A request added at ``now`` joins the scheduler's queue at
 ``now + frontend_s`` (the profile's ``frontend_ms``; 0 joins at once).
 
+With ``fast_forward`` (the simulator's), steps that only decode the same requests, with nothing
+able to join them, are taken as one run (:meth:`profiles.llm.engine.Engine.decode_run`): their
+end times are summed step by step as the engine would time them, and the run is applied in one
+go when it ends, or up to the moment the driver polls. A request added meanwhile ends the run at
+the step it joins. A poll returns such steps as one :class:`RunOutput` (who got a token at each
+step's end) instead of one :class:`StepOutput` a step, and token times, tokens, KV blocks and
+counters are those of stepping one by one (``tests/test_llm_sim.py``).
+
 Sans-IO: ``now`` comes in; sleeping and sending are the driver's.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from profiles.llm.engine import Engine, LlmRequest, Step, StepOutput
+from profiles.llm.engine import DecodeRun, Engine, LlmRequest, Step, StepOutput
+from profiles.llm.kv import KvEvent
+
+MAX_RUN = 256  # steps a run is planned ahead (a request that joins ends it sooner)
+
+
+@dataclass(slots=True)
+class RunOutput:
+    """Steps of a decode run that have ended: each of ``ids`` sampled one token at each of
+    ``ends``; ``finished`` took their last token at ``ends[-1]``."""
+
+    ids: list[str]
+    ends: list[float]
+    finished: list[str]
+    events: list[KvEvent]
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine, frontend_s: float = 0.0) -> None:
+    def __init__(self, engine: Engine, frontend_s: float = 0.0, fast_forward: bool = False,
+                 max_run: int = MAX_RUN) -> None:
         if frontend_s < 0:
             raise ValueError(f"frontend_s must be at least 0, got {frontend_s}")
+        if max_run < 1:
+            raise ValueError(f"max_run must be at least 1 step, got {max_run}")
         self.engine = engine
         self.frontend_s = frontend_s
+        self.fast_forward = fast_forward
+        self.max_run = max_run
         self.arriving: deque[tuple[float, str]] = deque()  # (when it joins the queue, request id)
         self.step: Step | None = None
+        self.run: DecodeRun | None = None
+        self.run_ends: list[float] = []  # the end of each of the run's steps
         self.started_at = 0.0
         self.ends_at = 0.0
+        self.steps = 0  # steps started one by one
+        self.runs = 0  # decode runs started, and their steps
+        self.run_steps = 0
 
     @property
     def wake(self) -> float | None:
-        """When the running step ends or an arriving request joins the queue, whichever is
-        first (None: neither, so only a new request wakes it)."""
-        times = [self.ends_at] if self.step is not None else []
+        """When the running step (or run) ends or an arriving request joins the queue, whichever
+        is first (None: neither, so only a new request wakes it)."""
+        times = [self.ends_at] if self.step is not None or self.run is not None else []
         if self.arriving:
             times.append(self.arriving[0][0])
         return min(times) if times else None
@@ -49,28 +83,113 @@ class EngineLoop:
         it joins the queue ``frontend_s`` later, and the poll then starts a step if none runs."""
         if self.frontend_s == 0:
             self.engine.add(req)
-            return
-        self.engine.add(req, arriving=True)
-        self.arriving.append((now + self.frontend_s, req.id))
+        else:
+            self.engine.add(req, arriving=True)
+            self.arriving.append((now + self.frontend_s, req.id))
+        if self.run is not None:
+            self._cut(now + self.frontend_s)
 
-    def abort(self, request_id: str) -> bool:
+    def abort(self, request_id: str, now: float | None = None) -> bool:
+        """Drop a request. In a decode run, ``now`` is needed (the run is polled up to it): the
+        step under way at ``now`` becomes an ordinary step and the run ends there."""
+        if self.run is not None:
+            self._split(now)
         return self.engine.abort(request_id)
+
+    def kv_usage(self, now: float) -> float:
+        """The engine's KV usage at ``now`` (the pool's, in a decode run with the blocks of the
+        steps started by ``now`` that the run has not applied yet)."""
+        pool = self.engine.pool
+        run = self.run
+        if run is None:
+            return pool.usage
+        started = min(bisect_right(self.run_ends, now) + 1, len(self.run_ends)) - run.done
+        bs = self.engine.config.block_size
+        extra = sum(max(0, -(-(seq.computed + started) // bs) - len(seq.blocks)) for seq in run.seqs)
+        return 1.0 - (len(pool.free) - extra) / pool.num_blocks
 
     def _admit(self, until: float) -> None:
         while self.arriving and self.arriving[0][0] <= until:
             self.engine.admit(self.arriving.popleft()[1])
 
     def _start(self, at: float) -> None:
+        if self.fast_forward:
+            run = self.engine.decode_run(self.max_run)
+            if run is not None:
+                self._plan(run, at)
+                return
         step = self.engine.schedule()
         if step is not None:
             self.step, self.started_at, self.ends_at = step, at, at + step.seconds
+            self.steps += 1
 
-    def poll(self, now: float) -> StepOutput | None:
+    def _plan(self, run: DecodeRun, at: float) -> None:
+        """Time the run's steps from ``at``, as the engine times each (the step after one that
+        ends when an arriving request joins is the first that may hold it: the run stops
+        there)."""
+        shape, step_time = run.shape(), self.engine.step_time
+        joins = self.arriving[0][0] if self.arriving else math.inf
+        ends, t, grow = [], at, len(run.seqs)
+        for _ in range(run.steps):
+            t = t + step_time.seconds(shape)
+            ends.append(t)
+            if t >= joins:
+                break
+            shape.kv_read += grow
+        run.steps = len(ends)
+        self.run, self.run_ends, self.started_at, self.ends_at = run, ends, at, t
+        self.runs += 1
+
+    def _cut(self, joins: float) -> None:
+        """A request joins the queue at ``joins``: the run ends with the step under way then
+        (or the next to end, when one ends right then)."""
+        run = self.run
+        j = bisect_left(self.run_ends, joins, lo=run.done)
+        if j < len(self.run_ends) - 1:
+            del self.run_ends[j + 1:]
+            run.steps = j + 1
+            self.ends_at = self.run_ends[-1]
+
+    def _advance(self, until: float) -> RunOutput | None:
+        """Apply the run's steps that have ended by ``until``; the run ends with its last."""
+        run = self.run
+        d = run.done
+        m = bisect_right(self.run_ends, until, lo=d) - d
+        if m == 0:
+            return None
+        ids = [seq.req.id for seq in run.seqs]
+        ends = self.run_ends[d:d + m]
+        finished, events = self.engine.advance(run, m)
+        self.run_steps += m
+        if run.done == run.steps:
+            self.run, self.run_ends = None, []
+        return RunOutput(ids, ends, finished, events)
+
+    def _split(self, now: float | None) -> None:
+        run = self.run
+        if now is None or self.run_ends[run.done] <= now:
+            raise ValueError("in a decode run, abort needs the time, with the run polled up to it")
+        start = self.run_ends[run.done - 1] if run.done else self.started_at
+        step = self.engine.run_step(run)
+        self.run, self.run_ends = None, []
+        self.step, self.started_at, self.ends_at = step, start, start + step.seconds
+        self.steps += 1
+
+    def poll(self, now: float) -> StepOutput | RunOutput | None:
         """Complete the step that ended by ``now`` (its output, else None) and start the next;
         each step starts at the earliest moment it could (the previous step's end, or the
-        arrival that found the engine idle), however late the poll."""
-        out = None
-        if self.step is not None:
+        arrival that found the engine idle), however late the poll. In a decode run: the run's
+        steps that ended by ``now`` (all of them when the run has ended, and the next starts)."""
+        out: StepOutput | RunOutput | None = None
+        if self.run is not None:
+            if now < self.ends_at:
+                out = self._advance(now)
+                self._admit(now)
+                return out
+            self._admit(self.ends_at)
+            out = self._advance(self.ends_at)
+            self._start(self.ends_at)
+        elif self.step is not None:
             if now < self.ends_at:
                 self._admit(now)
                 return None
@@ -78,12 +197,12 @@ class EngineLoop:
             out = self.engine.complete(self.step)
             self.step = None
             self._start(self.ends_at)
-        while self.step is None and self.arriving and self.arriving[0][0] <= now:
+        while self.step is None and self.run is None and self.arriving and self.arriving[0][0] <= now:
             at = self.arriving[0][0]
             self._admit(at)
             self._start(at)
         self._admit(now)
-        if self.step is None:
+        if self.step is None and self.run is None:
             self._start(now)
         return out
 
@@ -100,6 +219,10 @@ def replay(loop: EngineLoop, arrivals: Sequence[tuple[float, LlmRequest]]) -> di
             loop.add(arrivals[k][1], arrivals[k][0])
             k += 1
         out = loop.poll(now)
-        for rid, _ in out.tokens if out else ():
-            times[rid].append(now)
+        if isinstance(out, RunOutput):
+            for rid in out.ids:
+                times[rid] += out.ends
+        elif out is not None:
+            for rid, _ in out.tokens:
+                times[rid].append(now)
     return times
