@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from deploy.cli import main as headrace
-from gateway.policy.llm.types import Refuse, ReplicaView, RouterBase, TokenRequest
+from gateway.policy.llm.types import Band, Refuse, ReplicaView, RouterBase, TokenRequest
 from loadgen.llm.sim import fleet, simulate, tenants_of
 from loadgen.llm.stats import per_request, summarize
 from loadgen.llm.workload import BLOCK_TOKENS, LengthDist, TraceRows, Workload, shared_prefix
@@ -82,6 +82,20 @@ def test_a_refused_request_is_a_429_outcome() -> None:
     assert all(o.status == 429 and o.error == "HTTP 429: over capacity" and o.e2e == 0.0 for o in res.outcomes)
     s = summarize(res.outcomes, res.elapsed_s, 1000, 100)
     assert s["errors"] == {"HTTP 429": 5} and s["attainment"] == 0.0
+
+
+def test_the_router_and_the_outcomes_see_each_requests_band_and_tenant() -> None:
+    asked: list[tuple[Band, str]] = []
+
+    class Watching(LeastOutstanding):
+        def submit(self, request: TokenRequest, now: float) -> list:
+            asked.append((request.band, request.tenant))
+            return super().submit(request, now)
+
+    res = simulate(workload(3), fleet(fake_profile(), 1), Watching(), band=["critical", 2, Band.STANDARD],
+                   tenant=["a", "b", "a"])
+    assert asked == [(Band.CRITICAL, "a"), (Band.SHEDDABLE, "b"), (Band.STANDARD, "a")]
+    assert [(o.band, o.tenant) for o in res.outcomes] == [("critical", "a"), ("sheddable", "b"), ("standard", "a")]
 
 
 def test_a_single_light_request_waits_its_front_end_and_one_prefill_step() -> None:

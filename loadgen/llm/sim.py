@@ -45,16 +45,18 @@ from gateway.policy.llm.types import (
     Route,
     RouterBase,
     TokenRequest,
+    band_of,
 )
 from loadgen.llm.driver import Outcome
-from loadgen.llm.workload import Workload
+from loadgen.llm.workload import BlockCache, Workload
 from profiles.llm.engine import Engine, EngineConfig, LlmRequest, RequestTooLong, Seq
-from profiles.llm.kv import block_hashes
+from profiles.llm.kv import BLOCK_SIZE, block_hashes
 from profiles.llm.loop import EngineLoop, RunOutput
 from profiles.llm.profile import LlmProfile
 
 SCRAPE_INTERVAL_S = 0.5  # the gateway's metrics read (gateway.llm.relay.LlmService's default)
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
+BLOCK_CACHE = 65536  # Mooncake blocks kept to build prompts from (128 MB; a third of the trace's are reused)
 IDLE_READS = 2  # metrics reads with nothing left to do but requests the router holds, then it ends
 
 # heap priorities at one moment
@@ -150,7 +152,7 @@ class _Sim:
     router: RouterBase
     ttft: np.ndarray
     tpot: np.ndarray
-    band: np.ndarray | None
+    band: list[Band] | None
     tenant: Sequence[str] | None
     scrape_interval: float
     hop_s: float
@@ -167,12 +169,17 @@ class _Sim:
                                         s.profile.step_time), s.profile.frontend_s, self.fast_forward)
                       for s in self.specs]
         self.index = {s.id: k for k, s in enumerate(self.specs)}
+        sizes = {s.config.block_size for s in self.specs}
+        self.block_size = sizes.pop() if len(sizes) == 1 else BLOCK_SIZE  # what the router's hashes are of
         self.wakes: list[float | None] = [None] * len(self.loops)
         self.rows = self.work.rows
-        self.outcomes = [Outcome(i, float(t), int(self.rows.input_len[i]), int(self.rows.output_len[i]))
+        self.outcomes = [Outcome(i, float(t), int(self.rows.input_len[i]), int(self.rows.output_len[i]),
+                                 band=None if self.band is None else self.band[i].name.lower(),
+                                 tenant=None if self.tenant is None else self.tenant[i])
                          for i, t in enumerate(self.rows.times)]
         self.flights: dict[str, _Flight] = {}
         self.router_wake: float | None = None
+        self.blocks = BlockCache(self.work, BLOCK_CACHE)
         self.events = 0
 
     # ---- the heap
@@ -229,18 +236,22 @@ class _Sim:
                 idle_reads = idle_reads + 1 if nxt >= n and not self.heap else 0
                 if (nxt < n or self.flights) and idle_reads <= IDLE_READS:
                     self.push(now + self.scrape_interval, _SCRAPE, _SCRAPE, None)
-        held = [rid for rid, f in self.flights.items() if f.engine < 0]
-        for rid in held:
+        held = 0
+        for rid, f in self.flights.items():  # what is left when nothing else can happen
             o = self.outcomes[int(rid)]
-            o.error, o.e2e = "never routed: the router still held it when the run ended", None
-        return len(held)
+            if f.engine < 0:
+                held += 1
+                o.error = "never routed: the router still held it when the run ended"
+            else:
+                o.error = "never finished: its engine could not schedule it (KV cache too small)"
+        return held
 
     def arrive(self, i: int, now: float) -> None:
-        prompt = self.work.prompt(i)
+        prompt = self.work.prompt(i, self.blocks)
         rows = self.rows
-        req = TokenRequest(str(i), len(prompt), int(rows.output_len[i]), block_hashes(prompt),
+        req = TokenRequest(str(i), len(prompt), int(rows.output_len[i]), block_hashes(prompt, self.block_size),
                            float(self.ttft[i]), float(self.tpot[i]),
-                           Band(int(self.band[i])) if self.band is not None else Band.STANDARD,
+                           self.band[i] if self.band is not None else Band.STANDARD,
                            self.tenant[i] if self.tenant is not None else "")
         self.flights[req.id] = _Flight(req, prompt)
         self.decide(lambda t: self.router.submit(req, t), now)
@@ -272,7 +283,8 @@ class _Sim:
         req = f.request
         lp = self.loops[k]
         try:
-            lp.add(LlmRequest(rid, f.prompt, req.max_tokens, seed=int(rid), hashes=req.hashes), now)
+            hashes = req.hashes if lp.engine.config.block_size == self.block_size else ()
+            lp.add(LlmRequest(rid, f.prompt, req.max_tokens, seed=int(rid), hashes=hashes), now)
         except (RequestTooLong, ValueError) as e:
             o = self.outcomes[int(rid)]
             o.status, o.error, o.e2e = 400, f"HTTP 400: {e}", now - o.scheduled
@@ -336,11 +348,12 @@ class _Sim:
 def simulate(work: Workload, engines: Sequence[EngineSpec], router: RouterBase,
              slo_ttft_s: float | Sequence[float] | np.ndarray = 2.0,
              slo_tpot_s: float | Sequence[float] | np.ndarray = 0.05,
-             band: Sequence[int] | np.ndarray | None = None, tenant: Sequence[str] | None = None,
+             band: Sequence[int | str | Band] | np.ndarray | None = None, tenant: Sequence[str] | None = None,
              scrape_interval: float = SCRAPE_INTERVAL_S, hop_s: float = 0.0, itl: bool = False,
              fast_forward: bool = True) -> SimResult:
-    """Run ``work`` on ``engines`` behind ``router`` in virtual time. SLOs (seconds), bands and
-    tenants are per request (a number is every request's); the router must be fresh."""
+    """Run ``work`` on ``engines`` behind ``router`` in virtual time. SLOs (seconds), bands (a
+    :class:`Band`, its number or its name) and tenants are per request (a number is every
+    request's); the router must be fresh."""
     n = len(work)
     if not scrape_interval > 0:
         raise ValueError(f"scrape_interval must be positive seconds, got {scrape_interval}")
@@ -354,9 +367,10 @@ def simulate(work: Workload, engines: Sequence[EngineSpec], router: RouterBase,
     for name, arr in (("band", band), ("tenant", tenant)):
         if arr is not None and len(arr) != n:
             raise ValueError(f"{name} has {len(arr)} entries for {n} requests")
+    bands = None if band is None else [b if isinstance(b, Band) else band_of(b) if isinstance(b, str) else Band(int(b))
+                                       for b in band]
     sim = _Sim(work, list(engines), router, _per_request(slo_ttft_s, n, "slo_ttft_s"),
-               _per_request(slo_tpot_s, n, "slo_tpot_s"), None if band is None else np.asarray(band),
-               tenant, scrape_interval, hop_s, itl, fast_forward)
+               _per_request(slo_tpot_s, n, "slo_tpot_s"), bands, tenant, scrape_interval, hop_s, itl, fast_forward)
     t0 = time.perf_counter()
     held = sim.run()
     wall = time.perf_counter() - t0

@@ -16,6 +16,7 @@ from loadgen.arrivals import TraceError
 from loadgen.describe import validation_message
 from loadgen.llm import report
 from loadgen.llm.command import add_workload_flags, workload_fields
+from loadgen.llm.driver import parse_mix, priorities
 from loadgen.llm.run import LlmLoadSpec, build_workload, run_record
 from loadgen.llm.sim import GPU_MEMORY_UTILIZATION, SCRAPE_INTERVAL_S, fleet, simulate, tenants_of
 from loadgen.llm.stats import summarize
@@ -129,9 +130,12 @@ def register(subparsers: Any) -> None:
 
     add_workload_flags(p)
 
-    g = p.add_argument_group("SLOs (each request's, given to the router)")
+    g = p.add_argument_group("SLOs and priorities (each request's, given to the router)")
     g.add_argument("--slo-ttft-ms", type=float, help="time-to-first-token SLO (the router's default without)")
     g.add_argument("--slo-tpot-ms", type=float, help="time-per-output-token SLO (the router's default without)")
+    g.add_argument("--priority-mix", metavar="BAND=SHARE,...",
+                   help="each request's priority band, drawn as headrace load llm draws it: e.g. "
+                        "critical=0.2,sheddable=0.5 (the rest standard)")
 
     g = p.add_argument_group("simulation and output")
     g.add_argument("--no-fast-forward", action="store_true",
@@ -155,7 +159,7 @@ def main(a: argparse.Namespace) -> int:
             scrape_interval_s=a.scrape_interval, hop_s=a.hop_ms / 1e3, fast_forward=not a.no_fast_forward, itl=a.itl)
         profile = find_profile(settings.profile)
         spec = LlmLoadSpec(url=SIM_URL, model=profile.name, slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms,
-                           **workload_fields(a))
+                           priority_mix=parse_mix(a.priority_mix) if a.priority_mix else None, **workload_fields(a))
         engines = fleet(profile, settings.engines, settings.gpu_memory_utilization,
                         max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_num_batched_tokens)
         router = make_router(settings.router, spec.seed)
@@ -165,7 +169,9 @@ def main(a: argparse.Namespace) -> int:
             slos["slo_ttft_s"] = spec.slo_ttft_ms / 1e3
         if spec.slo_tpot_ms is not None:
             slos["slo_tpot_s"] = spec.slo_tpot_ms / 1e3
-        result = simulate(work, engines, router, tenant=tenants_of(work), scrape_interval=settings.scrape_interval_s,
+        bands = priorities(spec.priority_mix, len(work), work.seed) if spec.priority_mix else None
+        result = simulate(work, engines, router, band=bands, tenant=tenants_of(work),
+                          scrape_interval=settings.scrape_interval_s,
                           hop_s=settings.hop_s, itl=settings.itl, fast_forward=settings.fast_forward, **slos)
     except ValidationError as e:
         return _fail(validation_message(e))

@@ -22,6 +22,7 @@ tokenizer produces (:mod:`profiles.llm.tokens`).
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -248,11 +249,13 @@ class Workload:
         return np.random.default_rng([self.seed, 1, hash_id]).integers(
             FIRST_ID, self.vocab_size, BLOCK_TOKENS, dtype=np.int64)
 
-    def prompt(self, i: int) -> list[int]:
-        """Request ``i``'s prompt token ids, exactly ``input_len[i]`` of them."""
+    def prompt(self, i: int, blocks: BlockCache | None = None) -> list[int]:
+        """Request ``i``'s prompt token ids, exactly ``input_len[i]`` of them (Mooncake blocks
+        taken from ``blocks`` when given)."""
         size = int(self.rows.input_len[i])
         if self.rows.hash_ids:
-            ids = np.concatenate([self.block(h) for h in self.rows.hash_ids[i]])
+            block = self.block if blocks is None else blocks.get
+            ids = np.concatenate([block(h) for h in self.rows.hash_ids[i]])
         else:
             ids = np.random.default_rng([self.seed, 2, i]).integers(FIRST_ID, self.vocab_size, size, dtype=np.int64)
         return ids[:size].tolist()
@@ -261,6 +264,31 @@ class Workload:
         """The same prompt as text: one word per token id, each a single token to the emulated
         engine's tokenizer, so equal ids give equal text and shared prefixes stay shared."""
         return decode(self.prompt(i)).lstrip()
+
+
+class BlockCache:
+    """The Mooncake blocks a workload built last (at most ``size`` of them, 2 KB each), so
+    prompts that share blocks are built faster: ``Workload.prompt(i, cache)``."""
+
+    def __init__(self, work: Workload, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"a block cache holds at least one block, got {size}")
+        self.work, self.size = work, size
+        self.blocks: OrderedDict[int, np.ndarray] = OrderedDict()
+        self.small = work.vocab_size <= np.iinfo(np.int32).max
+
+    def get(self, hash_id: int) -> np.ndarray:
+        ids = self.blocks.get(hash_id)
+        if ids is None:
+            ids = self.work.block(hash_id)
+            if self.small:
+                ids = ids.astype(np.int32)
+            self.blocks[hash_id] = ids
+            if len(self.blocks) > self.size:
+                self.blocks.popitem(last=False)
+        else:
+            self.blocks.move_to_end(hash_id)
+        return ids
 
 
 def window(rows: TraceRows, start_s: float = 0.0, duration_s: float | None = None,

@@ -103,27 +103,29 @@ class BlockPool:
         if n > len(self.free):
             return None
         out = []
+        pop, hash_of, cached, refs, publish = self.free.popitem, self.hash_of, self.cached, self.refs, self.publish
         for _ in range(n):
-            b, _none = self.free.popitem(last=False)
-            h = self.hash_of[b]
+            b = pop(last=False)[0]
+            h = hash_of[b]
             if h is not None:
-                del self.cached[h]
-                self.hash_of[b] = None
-                if self.publish:
+                del cached[h]
+                hash_of[b] = None
+                if publish:
                     self.events.append(BlockRemoved((h,)))
-            self.refs[b] = 1
+            refs[b] = 1
             out.append(b)
         return out
 
     def release(self, blocks: Sequence[int]) -> None:
         """Drop one hold on each block. The last block goes to the free queue first, so a
         request's tail is evicted before its prefix, which other requests are likelier to share."""
+        refs, free = self.refs, self.free
         for b in reversed(blocks):
-            self.refs[b] -= 1
-            if self.refs[b] == 0:
+            refs[b] -= 1
+            if refs[b] == 0:
                 if not self.caching and self.hash_of[b] is not None:
                     self.hash_of[b] = None
-                self.free[b] = None
+                free[b] = None
 
     def commit(self, blocks: Sequence[int], hashes: Sequence[int], parent: int) -> None:
         """Name full blocks by their hashes (``hashes[i]`` for ``blocks[i]``; ``parent`` is the hash
@@ -131,11 +133,12 @@ class BlockPool:
         block, and this one stays private to its request."""
         if not self.caching:
             return
+        cached, hash_of, publish = self.cached, self.hash_of, self.publish
         for b, h in zip(blocks, hashes, strict=True):
-            if h not in self.cached and self.hash_of[b] is None:
-                self.cached[h] = b
-                self.hash_of[b] = h
-                if self.publish:
+            if h not in cached and hash_of[b] is None:
+                cached[h] = b
+                hash_of[b] = h
+                if publish:
                     self.events.append(BlockStored((h,), parent))
             parent = h
 

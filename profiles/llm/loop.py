@@ -13,12 +13,14 @@ while the engine core steps. A request added at ``now`` joins the scheduler's qu
 ``now + frontend_s`` (the profile's ``frontend_ms``; 0 joins at once).
 
 With ``fast_forward`` (the simulator's), steps that only decode the same requests, with nothing
-able to join them, are taken as one run (:meth:`profiles.llm.engine.Engine.decode_run`): their
-end times are summed step by step as the engine would time them, and the run is applied in one
-go when it ends, or up to the moment the driver polls. A request added meanwhile ends the run at
+able to join them, are taken as one run (:meth:`profiles.llm.engine.Engine.decode_run`). A decode
+step's time is linear in the KV tokens it reads, which grow by one per request each step, so the
+run's step times are an arithmetic series: the first step's time and the growth per step come
+from the profile's step time, and any step's end is summed in closed form. The run is applied in
+one go when it ends, or up to the moment the driver polls; a request added meanwhile ends it at
 the step it joins. A poll returns such steps as one :class:`RunOutput` (who got a token at each
-step's end) instead of one :class:`StepOutput` a step, and token times, tokens, KV blocks and
-counters are those of stepping one by one (``tests/test_llm_sim.py``).
+step's end) instead of one :class:`StepOutput` a step. Tokens, KV blocks, events and counters are
+those of stepping one by one, and token times agree to rounding (``tests/test_llm_sim.py``).
 
 Sans-IO: ``now`` comes in; sleeping and sending are the driver's.
 """
@@ -26,7 +28,6 @@ Sans-IO: ``now`` comes in; sleeping and sending are the driver's.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,18 +35,58 @@ from dataclasses import dataclass
 from profiles.llm.engine import DecodeRun, Engine, LlmRequest, Step, StepOutput
 from profiles.llm.kv import KvEvent
 
-MAX_RUN = 256  # steps a run is planned ahead (a request that joins ends it sooner)
+MAX_RUN = 4096  # steps a run takes at most (a request that joins ends it sooner)
+
+
+@dataclass(slots=True)
+class Series:
+    """The step ends of a decode run: it starts at ``start``, its first step takes ``first``
+    seconds and each next ``grow`` more."""
+
+    start: float
+    first: float
+    grow: float
+
+    def end(self, n: int) -> float:
+        """When ``n`` of its steps have ended (``start`` for none)."""
+        return self.start + n * self.first + self.grow * (n * (n - 1) / 2)
+
+    def ended(self, t: float, before: bool = False) -> int:
+        """How many steps have ended by ``t`` (``before``: strictly before it)."""
+        x = t - self.start
+        b = self.first - self.grow / 2
+        if self.grow > 0:
+            n = int(max(0.0, (math.sqrt(max(0.0, b * b + 2 * self.grow * x)) - b) / self.grow))
+        else:
+            n = int(max(0.0, x / self.first))
+        over = (lambda k: self.end(k) >= t) if before else (lambda k: self.end(k) > t)
+        while n > 0 and over(n):
+            n -= 1
+        while not over(n + 1):
+            n += 1
+        return n
 
 
 @dataclass(slots=True)
 class RunOutput:
-    """Steps of a decode run that have ended: each of ``ids`` sampled one token at each of
-    ``ends``; ``finished`` took their last token at ``ends[-1]``."""
+    """Steps ``done`` to ``done + steps`` of a decode run, which have ended: each of ``ids``
+    sampled one token at the end of each; ``finished`` took their last token at :attr:`last`."""
 
     ids: list[str]
-    ends: list[float]
+    series: Series
+    done: int
+    steps: int
     finished: list[str]
     events: list[KvEvent]
+
+    @property
+    def last(self) -> float:
+        return self.series.end(self.done + self.steps)
+
+    @property
+    def ends(self) -> list[float]:
+        """The end of each of these steps."""
+        return [self.series.end(n) for n in range(self.done + 1, self.done + self.steps + 1)]
 
 
 class EngineLoop:
@@ -62,7 +103,7 @@ class EngineLoop:
         self.arriving: deque[tuple[float, str]] = deque()  # (when it joins the queue, request id)
         self.step: Step | None = None
         self.run: DecodeRun | None = None
-        self.run_ends: list[float] = []  # the end of each of the run's steps
+        self.series = Series(0.0, 0.0, 0.0)  # the run's step ends
         self.started_at = 0.0
         self.ends_at = 0.0
         self.steps = 0  # steps started one by one
@@ -103,7 +144,7 @@ class EngineLoop:
         run = self.run
         if run is None:
             return pool.usage
-        started = min(bisect_right(self.run_ends, now) + 1, len(self.run_ends)) - run.done
+        started = min(self.series.ended(now) + 1, run.steps) - run.done
         bs = self.engine.config.block_size
         extra = sum(max(0, -(-(seq.computed + started) // bs) - len(seq.blocks)) for seq in run.seqs)
         return 1.0 - (len(pool.free) - extra) / pool.num_blocks
@@ -115,63 +156,59 @@ class EngineLoop:
     def _start(self, at: float) -> None:
         if self.fast_forward:
             run = self.engine.decode_run(self.max_run)
-            if run is not None:
-                self._plan(run, at)
+            if run is not None and self._plan(run, at):
                 return
         step = self.engine.schedule()
         if step is not None:
             self.step, self.started_at, self.ends_at = step, at, at + step.seconds
             self.steps += 1
 
-    def _plan(self, run: DecodeRun, at: float) -> None:
-        """Time the run's steps from ``at``, as the engine times each (the step after one that
-        ends when an arriving request joins is the first that may hold it: the run stops
-        there)."""
+    def _plan(self, run: DecodeRun, at: float) -> bool:
+        """Time the run's steps from ``at`` (the step under way when an arriving request joins
+        is its last: the next is the first that may hold it); False for steps that take no
+        time, which are left to be stepped."""
         shape, step_time = run.shape(), self.engine.step_time
-        joins = self.arriving[0][0] if self.arriving else math.inf
-        ends, t, grow = [], at, len(run.seqs)
-        for _ in range(run.steps):
-            t = t + step_time.seconds(shape)
-            ends.append(t)
-            if t >= joins:
-                break
-            shape.kv_read += grow
-        run.steps = len(ends)
-        self.run, self.run_ends, self.started_at, self.ends_at = run, ends, at, t
+        first = step_time.seconds(shape)
+        if not first > 0:
+            return False
+        shape.kv_read += len(run.seqs)
+        self.series = series = Series(at, first, max(0.0, step_time.seconds(shape) - first))
+        if self.arriving:
+            run.steps = min(run.steps, series.ended(self.arriving[0][0], before=True) + 1)
+        self.run, self.started_at, self.ends_at = run, at, series.end(run.steps)
         self.runs += 1
+        return True
 
     def _cut(self, joins: float) -> None:
         """A request joins the queue at ``joins``: the run ends with the step under way then
         (or the next to end, when one ends right then)."""
         run = self.run
-        j = bisect_left(self.run_ends, joins, lo=run.done)
-        if j < len(self.run_ends) - 1:
-            del self.run_ends[j + 1:]
-            run.steps = j + 1
-            self.ends_at = self.run_ends[-1]
+        steps = max(self.series.ended(joins, before=True), run.done) + 1
+        if steps < run.steps:
+            run.steps = steps
+            self.ends_at = self.series.end(steps)
 
     def _advance(self, until: float) -> RunOutput | None:
         """Apply the run's steps that have ended by ``until``; the run ends with its last."""
         run = self.run
         d = run.done
-        m = bisect_right(self.run_ends, until, lo=d) - d
-        if m == 0:
+        m = min(self.series.ended(until), run.steps) - d
+        if m <= 0:
             return None
         ids = [seq.req.id for seq in run.seqs]
-        ends = self.run_ends[d:d + m]
         finished, events = self.engine.advance(run, m)
         self.run_steps += m
         if run.done == run.steps:
-            self.run, self.run_ends = None, []
-        return RunOutput(ids, ends, finished, events)
+            self.run = None
+        return RunOutput(ids, self.series, d, m, finished, events)
 
     def _split(self, now: float | None) -> None:
         run = self.run
-        if now is None or self.run_ends[run.done] <= now:
+        if now is None or self.series.end(run.done + 1) <= now:
             raise ValueError("in a decode run, abort needs the time, with the run polled up to it")
-        start = self.run_ends[run.done - 1] if run.done else self.started_at
+        start = self.series.end(run.done)
         step = self.engine.run_step(run)
-        self.run, self.run_ends = None, []
+        self.run = None
         self.step, self.started_at, self.ends_at = step, start, start + step.seconds
         self.steps += 1
 
