@@ -3,10 +3,13 @@
 
 Per replica the router keeps (:class:`ReplicaModel`):
 - the prefill queue: the requests routed there whose first token has not come back, each with
-  the time its prefill is predicted to end. The engine prefills in arrival order, so a new
-  request's prefill starts when the last one's ends (``busy_until``) or, on an idle engine, after
-  the server's front end; when a first token comes back, the requests queued behind it move by
-  the prediction's error, so the queue corrects itself from what the engine does;
+  the engine time its prefill adds to the steps it rides in (its chunks' step times less the
+  decodes those steps run anyway: several prefills share a step, so they do not queue whole
+  steps). The engine prefills in arrival order, so a new request's prefill ends when the work
+  queued before it and its own are done (``busy_until``), plus the decode part of each step its
+  chunks and those ahead ride in; on an idle engine it starts after the server's front end. Each
+  first token or finish re-anchors the queue at that moment on what is still prefilling, so it
+  corrects itself from what the engine does;
 - the decoding requests, their count and their mean context;
 - the KV blocks the open requests will hold at their longest (prompt + ``max_tokens``);
 - the rate of prefill tokens sent there lately (an exponential average over ``tau`` seconds).
@@ -34,7 +37,7 @@ TAU_S = 5.0  # the prefill rate's averaging time
 
 @dataclass(slots=True)
 class Queued:
-    ends: float  # predicted end of its prefill (its first token)
+    work: float  # engine seconds its prefill adds
     uncached: int
     blocks: int  # KV blocks it holds at its longest
     context: float  # mean context while it decodes
@@ -94,50 +97,67 @@ class ReplicaModel:
         return self.context_sum / n if n else 0.0
 
     def predict(self, req: TokenRequest, cached: int, now: float) -> tuple[float, float, int, float]:
-        """(TTFT, TPOT, uncached tokens, its own prefill's seconds) of ``req`` routed here now
-        with ``cached`` prompt tokens found in the prefix cache. TTFT is ``inf`` when the engine
-        could not start it now (its KV or its sequence limit is full)."""
+        """(TTFT, TPOT, uncached tokens, the engine time its prefill adds) of ``req`` routed here
+        now with ``cached`` prompt tokens found in the prefix cache. TTFT is ``inf`` when the
+        engine could not start it now (its KV or its sequence limit is full)."""
         spec = self.spec
         cached = min(cached, ((req.prompt_len - 1) // spec.block_size) * spec.block_size)
         uncached = req.prompt_len - cached
-        decodes = len(self.decoding) + len(self.prefilling)
+        decoding = len(self.decoding)
         ctx = self.mean_context() or (req.prompt_len + req.max_tokens / 2)
-        start = max(now + spec.frontend_s, self.busy_until)
-        own = self.prefill_s(uncached, cached, len(self.decoding), ctx)
-        ttft = start - now + own
+        work = self.prefill_work_s(uncached, cached, decoding, ctx)
+        ttft = max(spec.frontend_s, self.busy_until - now) + work
+        if decoding:  # the step under way ends first; each step its prefill rides in carries the decodes
+            t_dec = self.decode_step_s(decoding, ctx)
+            room = max(1, spec.max_num_batched_tokens - decoding)
+            ttft += t_dec / 2 + t_dec * -(-(self.queued_tokens + uncached) // room)
         need = -(-(req.prompt_len + req.max_tokens) // spec.block_size)
-        if decodes + 1 > spec.max_num_seqs or (spec.num_blocks and self.blocks + need > spec.num_blocks):
+        if decoding + len(self.prefilling) + 1 > spec.max_num_seqs or (
+                spec.num_blocks and self.blocks + need > spec.num_blocks):
             ttft = math.inf
-        ctx_after = (self.context_sum + req.prompt_len + req.max_tokens / 2) / (len(self.decoding) + 1)
+        ctx_after = (self.context_sum + req.prompt_len + req.max_tokens / 2) / (decoding + 1)
         stretch = 1.0 - (self.prefill_rate(now) + uncached / TAU_S) * self.c_tok
-        tpot = self.decode_step_s(decodes + 1, ctx_after) / stretch if stretch > 0.05 else math.inf
-        return ttft, tpot, uncached, own
+        decodes = decoding + len(self.prefilling) + 1
+        tpot = self.decode_step_s(decodes, ctx_after) / stretch if stretch > 0.05 else math.inf
+        return ttft, tpot, uncached, work
 
-    def route(self, req: TokenRequest, uncached: int, ttft: float, now: float) -> None:
+    def prefill_work_s(self, uncached: int, cached: int, decodes: int, context: float) -> float:
+        """The engine time a prefill adds to the steps it rides in: its chunks' step times less
+        the decodes those steps run anyway."""
+        total = self.prefill_s(uncached, cached, decodes, context)
+        if decodes:
+            room = max(1, self.spec.max_num_batched_tokens - decodes)
+            total -= self.decode_step_s(decodes, context) * -(-uncached // room)
+        return max(total, 0.0)
+
+    @property
+    def queued_tokens(self) -> int:
+        return sum(q.uncached for q in self.prefilling.values())
+
+    def route(self, req: TokenRequest, uncached: int, work: float, now: float) -> None:
         blocks = -(-(req.prompt_len + req.max_tokens) // self.spec.block_size)
-        q = Queued(now + ttft, uncached, blocks, req.prompt_len + req.max_tokens / 2)
-        self.prefilling[req.id] = q
-        self.busy_until = max(self.busy_until, q.ends)
+        self.prefilling[req.id] = Queued(work, uncached, blocks, req.prompt_len + req.max_tokens / 2)
+        self.busy_until = max(self.busy_until, now + self.spec.frontend_s) + work
         self.blocks += blocks
         self.rate = self.prefill_rate(now) + uncached / TAU_S
         self.rate_at = max(self.rate_at, now)
+
+    def _requeue(self, now: float) -> None:
+        """The prefill queue re-anchored on what the engine did: what is still prefilling, from now."""
+        self.busy_until = now + sum(q.work for q in self.prefilling.values())
 
     def first_token(self, request_id: str, now: float) -> None:
         q = self.prefilling.pop(request_id, None)
         if q is None:
             return
-        error = now - q.ends
-        for other in self.prefilling.values():
-            if other.ends >= q.ends:  # queued behind it: moves by its error
-                other.ends = max(now, other.ends + error)
-        self.busy_until = max((o.ends for o in self.prefilling.values()), default=now)
+        self._requeue(now)
         self.decoding[request_id] = q
         self.context_sum += q.context
 
     def finish(self, request_id: str, now: float) -> None:
         q = self.prefilling.pop(request_id, None)
         if q is not None:
-            self.busy_until = max((o.ends for o in self.prefilling.values()), default=min(self.busy_until, now))
+            self._requeue(now)
         else:
             q = self.decoding.pop(request_id, None)
             if q is None:

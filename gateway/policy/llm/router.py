@@ -19,7 +19,9 @@ TPOT over its SLO) plus the engine time its uncached prefill takes from the requ
 it (over the same budget), so that a cache hit is worth what it saves the fleet, not only what it
 saves this request. With none feasible, the request is held in the flow-control queue (:mod:`.flow`: bands, VTC
 fairness, EDF on the TTFT deadline, bounded per band), and every change a replica reports (a
-first token, a finish) re-examines the queue in its order. A held request is refused (429) when
+first token, a finish) re-examines the queue in its order; within a band a request that cannot
+go yet is passed over (up to ``scan`` of them), but no lower band's request goes while a higher
+band's waits. A held request is refused (429) when
 waiting longer would leave too little time for its own prefill on an idle replica, or at once
 when the requests ahead of it would take longer to drain than its deadline allows (from the
 fleet's recent finish rate). Sheddable requests are refused while any higher band waits.
@@ -131,16 +133,17 @@ class SloRouter(RouterBase):
         if not self.flow:
             return out
         misses = 0
-        blocked_above: Band | None = None
+        blocked: Band | None = None  # the highest band with a request that cannot go yet
         for req in list(self.flow.order()):
-            if blocked_above is not None and req.band > blocked_above and req.band is Band.SHEDDABLE:
+            if blocked is not None and req.band > blocked:
+                if req.band is not Band.SHEDDABLE:
+                    break  # a lower band never takes the capacity a higher one waits for
                 self._drop(req)
                 out.append(Refuse(req, "shed: higher-priority requests are waiting", self._retry(now)))
                 continue
             d = self._try(req, now)
             if d is None:
-                if blocked_above is None:
-                    blocked_above = req.band
+                blocked = req.band if blocked is None else blocked
                 misses += 1
                 if misses > self.settings.scan:
                     break
@@ -169,10 +172,10 @@ class SloRouter(RouterBase):
         best = self._best(req, now)
         if best is None:
             return None
-        view, uncached, ttft = best
+        view, uncached, work = best
         model = self.models.get(view.id)
         if model is not None:
-            model.route(req, uncached, ttft, now)
+            model.route(req, uncached, work, now)
         self.flow.charge(req)
         return self.routed(req, view, now)
 
@@ -199,7 +202,7 @@ class SloRouter(RouterBase):
             # its SLO use, and the engine time it takes from the requests after it
             cost = (ttft + own) / max(budget, 1e-9) + tpot / req.tpot_slo
             if cost < best_cost:
-                best, best_cost = (v, uncached, ttft), cost
+                best, best_cost = (v, uncached, own), cost
         return best if best is not None else fallback
 
     def _hold(self, req: TokenRequest, now: float) -> list[Decision]:
