@@ -1,2 +1,2 @@
-"""Generative load: LLM workloads (Azure LLM 2023 and Mooncake trace replay, Poisson and Gamma
-with length distributions), an open-loop streaming driver, and TTFT/TPOT goodput reports."""
+"""Generative load: LLM workloads (Azure LLM 2023 and Mooncake replay, synthetic, llm-d's shared
+prefix), an open-loop streaming driver, the token-level simulator, and TTFT/TPOT goodput reports."""
