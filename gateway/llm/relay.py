@@ -311,7 +311,8 @@ class LlmService:
             await asyncio.gather(*(self._scrape(r) for r in reps))
             for name in {r.model for r in reps}:
                 self._availability(name)
-            await asyncio.sleep(self.scrape_interval)
+            wanted = [m.router.metrics_interval_s for m in self.routers.values() if m.router.metrics_interval_s]
+            await asyncio.sleep(min([self.scrape_interval, *wanted]))
 
     async def _scrape(self, rep: LlmReplica) -> None:
         up = self._upstreams.get(rep.id)

@@ -8,7 +8,8 @@ headrace's router or a baseline), on the same protocol:
 - an arrival is offered to ``router.submit`` at its scheduled time; a :class:`Route` sends it to
   its engine ``hop_s`` later (the gateway-to-engine way, one way), a :class:`Refuse` is answered
   429 at once;
-- each engine's ``/metrics`` is read every ``scrape_interval`` seconds (the gateway's default,
+- each engine's ``/metrics`` is read every ``scrape_interval`` seconds (the router's own
+  ``metrics_interval_s`` where it has one, as llm-d's 50 ms, else the gateway's default,
   :class:`gateway.llm.relay.LlmService`'s 0.5 s) from the engine's true state into
   ``router.on_load``; the KV events of each step go to ``router.on_kv_events``;
 - a first token goes to ``router.on_first_token``, a finish to ``router.on_finish``, and after
@@ -349,12 +350,15 @@ def simulate(work: Workload, engines: Sequence[EngineSpec], router: RouterBase,
              slo_ttft_s: float | Sequence[float] | np.ndarray = 2.0,
              slo_tpot_s: float | Sequence[float] | np.ndarray = 0.05,
              band: Sequence[int | str | Band] | np.ndarray | None = None, tenant: Sequence[str] | None = None,
-             scrape_interval: float = SCRAPE_INTERVAL_S, hop_s: float = 0.0, itl: bool = False,
+             scrape_interval: float | None = None, hop_s: float = 0.0, itl: bool = False,
              fast_forward: bool = True) -> SimResult:
     """Run ``work`` on ``engines`` behind ``router`` in virtual time. SLOs (seconds), bands (a
     :class:`Band`, its number or its name) and tenants are per request (a number is every
-    request's); the router must be fresh."""
+    request's); the router must be fresh. ``scrape_interval``: how often engines' metrics are
+    read (default: the router's own ``metrics_interval_s``, else the gateway's)."""
     n = len(work)
+    if scrape_interval is None:
+        scrape_interval = router.metrics_interval_s or SCRAPE_INTERVAL_S
     if not scrape_interval > 0:
         raise ValueError(f"scrape_interval must be positive seconds, got {scrape_interval}")
     if hop_s < 0:

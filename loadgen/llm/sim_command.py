@@ -31,7 +31,7 @@ DESCRIPTION = """\
 Simulate a fleet of LLM engines (continuous batching, paged KV cache and prefix cache, each step
 timed by the profile) behind one token-level router, in virtual time: headrace's router or any
 baseline, the same objects the gateway runs. Each engine's load is read every --scrape-interval
-seconds as the gateway reads /metrics; KV events reach the router as the engines publish them.
+seconds as the gateway reads /metrics (by default at the router's own period); KV events reach the router as the engines publish them.
 
 The report is headrace load llm's: TTFT, TPOT and end-to-end times from each request's scheduled
 send, throughput, SLO attainment and DistServe goodput. --json writes that summary with a `sim`
@@ -69,7 +69,8 @@ class LlmSimSettings(BaseModel):
     max_num_seqs: int = Field(_engine_default("max_num_seqs"), ge=1, description="running requests per engine")
     max_num_batched_tokens: int = Field(_engine_default("max_num_batched_tokens"), ge=1,
                                         description="token budget of a step")
-    scrape_interval_s: float = Field(SCRAPE_INTERVAL_S, gt=0, description="the gateway's /metrics read period")
+    scrape_interval_s: float | None = Field(None, gt=0, description="the /metrics read period (default: the "
+                                            "router's own, else the gateway's)")
     hop_s: float = Field(0.0, ge=0, description="gateway to engine, one way")
     fast_forward: bool = Field(True, description="take decode-only steps as runs (same results, faster)")
     itl: bool = Field(False, description="keep every inter-token gap")
@@ -124,8 +125,9 @@ def register(subparsers: Any) -> None:
                    help="running requests per engine (vLLM's default)")
     g.add_argument("--max-num-batched-tokens", type=int, default=_engine_default("max_num_batched_tokens"),
                    help="token budget of a step (vLLM's default)")
-    g.add_argument("--scrape-interval", type=float, default=SCRAPE_INTERVAL_S,
-                   help=f"seconds between the gateway's reads of each engine's load ({SCRAPE_INTERVAL_S})")
+    g.add_argument("--scrape-interval", type=float, default=None,
+                   help=f"seconds between reads of each engine's load (default: the router's own, as llm-d's "
+                   f"0.05, else the gateway's {SCRAPE_INTERVAL_S})")
     g.add_argument("--hop-ms", type=float, default=0.0, help="gateway to engine, one way (0)")
 
     add_workload_flags(p)

@@ -157,6 +157,8 @@ class RouterBase:
     draining or at ``max_inflight``) is refused."""
 
     name = "base"
+    # how often this router wants each engine's /metrics read (seconds); None: the driver's default
+    metrics_interval_s: float | None = None
 
     def __init__(self) -> None:
         self.replicas: dict[str, ReplicaView] = {}

@@ -56,6 +56,8 @@ MODEL_HASH = ROOT_HASH  # the first hash of every prompt: one model per router
 
 class LlmD(RouterBase):
     name = "llm-d"
+    # the endpoint picker refreshes every pod's metrics this often (EPP's --refresh-metrics-interval)
+    metrics_interval_s = 0.05
 
     def __init__(self, seed: int = 0, precise: bool = False, prefix_weight: float = 3.0,
                  queue_weight: float = 2.0, kv_weight: float = 2.0,
