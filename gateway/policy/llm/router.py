@@ -11,7 +11,8 @@ Per request, for every replica that can take it:
   and load balance are weighed in one unit, seconds, and a hot prefix does not pile onto one
   replica once its queue costs more than the hit saves;
 - it is **feasible** where both predictions are within the request's SLOs (its TTFT deadline
-  counts the time it has already waited). A sheddable request needs headroom
+  counts the time it has already waited; TPOT within ``tpot_margin`` of its SLO, since prefills
+  routed after it will stretch the steps it decodes in). A sheddable request needs headroom
   (``sheddable_headroom`` of both SLOs) so that it only takes spare capacity.
 
 The feasible replica with the least cost takes it: its SLO use (TTFT over the TTFT budget left,
@@ -60,12 +61,15 @@ FINISH_TAU_S = 10.0  # the fleet's finish rate's averaging time
 class RouterSettings:
     flow: FlowSettings = field(default_factory=FlowSettings)
     sheddable_headroom: float = 0.5  # a sheddable request's predictions must be within this share of its SLOs
+    # predicted TPOT must be within this share of the SLO: it is a mean over the request's life, and
+    # prefills routed after it stretch its steps
+    tpot_margin: float = 0.85
     scan: int = 16  # held requests examined past the first one that cannot go, per poll
     max_retry_after_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if not 0 < self.sheddable_headroom <= 1:
-            raise ValueError("sheddable_headroom must be in (0, 1]")
+        if not 0 < self.sheddable_headroom <= 1 or not 0 < self.tpot_margin <= 1:
+            raise ValueError("sheddable_headroom and tpot_margin must be in (0, 1]")
         if self.scan < 1:
             raise ValueError("scan must be at least 1")
 
@@ -197,7 +201,7 @@ class SloRouter(RouterBase):
                     fallback, fallback_key = (v, req.prompt_len - cached, 0.0), key
                 continue
             ttft, tpot, uncached, own = model.predict(req, cached, now)
-            if ttft > budget * head or tpot > req.tpot_slo * head:
+            if ttft > budget * head or tpot > req.tpot_slo * head * self.settings.tpot_margin:
                 continue
             # its SLO use, and the engine time it takes from the requests after it
             cost = (ttft + own) / max(budget, 1e-9) + tpot / req.tpot_slo
