@@ -102,7 +102,7 @@ class Gateway:
         self.tracing: Tracing | None = make_tracing(cfg.tracing)
         self.driver.tracing = self.tracing
         self.llm = LlmService(cfg.llm_models, self.driver.metrics, clock, routing=cfg.llm_routing,
-                              base_dir=cfg.base_dir)
+                              base_dir=cfg.base_dir, flow=cfg.flow_control)
         # None when the access log and tracing are both off: the front doors then see nothing
         self.observer = Observer.of(access_log(cfg), self.tracing, clock)
         self.info = ServerInfo([m.name for m in models], default_version=self.driver.fleet.default_version,

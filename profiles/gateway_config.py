@@ -27,7 +27,6 @@ the same models. Minimal shape::
             profile: llama-3.1-8b-instruct-bf16@H100-80GB/gpu   # the engine model routers predict with
     llm_routing:                  # how generative requests are spread over each model's engines
       router: headrace            # or round-robin, least-request, pow2, sglang, llm-d, llm-d-precise, dynamo, ...
-      flow_control: {queue: {critical: 1024, standard: 1024, sheddable: 256}, fairness: vtc}
 
 ``models`` or ``llm_models`` may be empty, not both.
 """
@@ -148,41 +147,19 @@ LlmRouterName = Literal["headrace", "round-robin", "least-request", "pow2", "sgl
                         "dynamo", "dynamo-approx"]
 
 
-class LlmQueueLimits(Strict):
-    """Requests held per priority band at once, per model; past it a request of the band is
-    refused (429). Unset: the router's default."""
-
-    critical: int | None = Field(default=None, ge=0, le=1_000_000, description="critical requests held at once")
-    standard: int | None = Field(default=None, ge=0, le=1_000_000, description="standard requests held at once")
-    sheddable: int | None = Field(default=None, ge=0, le=1_000_000,
-                                  description="sheddable requests held at once (0: never held, refused when no "
-                                  "engine takes them now)")
-
-
-class LlmFlowControlConfig(Strict):
-    """What the router does with requests no engine should take yet (headrace's router holds
-    them): a queue per priority band, and fairness across tenants within a band."""
-
-    queue: LlmQueueLimits = Field(default_factory=LlmQueueLimits, description="held requests per band")
-    fairness: Literal["vtc", "none"] = Field(
-        default="vtc", description="vtc: within a band, the tenant served the fewest tokens goes first (Virtual "
-        "Token Counter); none: earliest TTFT deadline first across the band")
-
-
 class LlmRoutingConfig(Strict):
     """Which router spreads a generative model's requests over its engines (one router per
     model). A request's band comes from its ``x-headrace-priority`` header (critical, standard,
     sheddable, or the KServe path's guaranteed = standard and best-effort = sheddable, mapped by
-    :func:`gateway.policy.llm.types.band_of`), else its model's ``priority``; its tenant from
-    ``x-headrace-tenant``, else the body's ``user``."""
+    :data:`profiles.schema.PRIORITY_BANDS`), else its model's ``priority``; its tenant from
+    ``x-headrace-tenant``, else the body's ``user``. Held requests follow the gateway's
+    ``flow_control``."""
 
     router: LlmRouterName = Field(
         default="headrace", description="headrace (predicted TTFT/TPOT from each engine's profile, with flow "
         "control), or a baseline: round-robin, least-request, pow2, sglang, llm-d, llm-d-precise, dynamo, "
         "dynamo-approx (Dynamo without KV events)")
     seed: int = Field(default=0, ge=0, le=2**63 - 1, description="seed of the routers that draw at random")
-    flow_control: LlmFlowControlConfig = Field(default_factory=LlmFlowControlConfig,
-                                               description="held requests: queue limits per band, fairness")
 
 
 class LlmReplicaConfig(Strict):

@@ -62,6 +62,9 @@ ModelName = Annotated[str, Field(min_length=1, max_length=200)]  # the name clie
 VariantName = Annotated[str, Field(min_length=1, max_length=200)]  # the Triton model name of a variant
 RequestSloMs = Annotated[float, Field(gt=0, le=3_600_000)]  # a request's latency objective, ms
 PriorityClass = Literal["guaranteed", "best-effort"]
+Band = Literal["critical", "standard", "sheddable"]  # priority bands, as the Gateway API Inference Extension names them
+# the one mapping of the KServe path's priority classes to the bands
+PRIORITY_BANDS: dict[str, str] = {"guaranteed": "standard", "best-effort": "sheddable"}
 Objective = Literal["accuracy", "cost"]  # which allowed variant a request takes
 
 
@@ -459,6 +462,29 @@ class TracingSpec(Strict):
                                 "traceparent is always followed, an unsampled one never")
 
 
+class QueueLimits(Strict):
+    """Requests held per priority band at once, per model; past it a request of the band is
+    refused (429). Unset: the router's default."""
+
+    critical: int | None = Field(default=None, ge=0, le=1_000_000, description="critical requests held at once")
+    standard: int | None = Field(default=None, ge=0, le=1_000_000, description="standard requests held at once")
+    sheddable: int | None = Field(default=None, ge=0, le=1_000_000,
+                                  description="sheddable requests held at once (0: never held, refused when no "
+                                  "replica takes them now)")
+
+
+class FlowControlSpec(Strict):
+    """What the gateway does with requests no replica should take yet: a bounded queue per
+    priority band (critical, standard, sheddable; the KServe classes map onto them by
+    ``PRIORITY_BANDS``: guaranteed is standard, best-effort sheddable) and fairness across
+    tenants within a band. headrace's token-level router holds generative requests by it."""
+
+    queue: QueueLimits = Field(default_factory=QueueLimits, description="held requests per band")
+    fairness: Literal["vtc", "none"] = Field(
+        default="vtc", description="vtc: within a band, the tenant served the fewest tokens goes first (Virtual "
+        "Token Counter); none: earliest TTFT deadline first across the band")
+
+
 class GatewaySettings(Strict):
     """What the gateway is configured with besides its models (``headrace serve`` YAML's top level)."""
 
@@ -485,6 +511,9 @@ class GatewaySettings(Strict):
                                       description="structured access logs (JSON lines; off by default)")
     tracing: TracingSpec = Field(default_factory=TracingSpec,
                                  description="OpenTelemetry tracing (off by default)")
+    flow_control: FlowControlSpec = Field(default_factory=FlowControlSpec,
+                                          description="requests held until a replica should take them: queue "
+                                          "limits per priority band, fairness across tenants")
 
     @model_validator(mode="after")
     def _tenants(self) -> GatewaySettings:

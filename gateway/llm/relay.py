@@ -58,6 +58,7 @@ from gateway.policy.llm.types import Band, Refuse
 from gateway.policy.types import Priority
 from profiles.gateway_config import LlmModelConfig, LlmReplicaConfig, LlmRoutingConfig
 from profiles.llm.kv import BLOCK_SIZE
+from profiles.schema import FlowControlSpec
 
 log = logging.getLogger("headrace.gateway")
 _PATHS = {"completion": b"/v1/completions", "chat": b"/v1/chat/completions"}
@@ -128,18 +129,20 @@ class LlmService:
     """The generative models of one gateway, their engines and their routers. ``await
     start()`` (the metrics reads and KV event streams), ``await stop()``. ``scrape_interval``:
     how often each engine's ``/metrics`` is read for its load. ``routing``: which router each
-    model gets (default: headrace's); ``base_dir``: where relative profile paths lie. A replica
+    model gets (default: headrace's); ``flow``: the gateway's flow control, by which headrace's
+    router holds requests; ``base_dir``: where relative profile paths lie. A replica
     whose profile cannot be found is a :class:`~profiles.profile.ProfileError`."""
 
     def __init__(self, models: list[LlmModelConfig], metrics: GatewayMetrics,
                  clock: Callable[[], float] = time.monotonic, scrape_interval: float = 0.5,
                  connect_timeout: float = 5.0, routing: LlmRoutingConfig | None = None,
-                 base_dir: Path | None = None, kv_retry_s: float = 1.0) -> None:
+                 base_dir: Path | None = None, kv_retry_s: float = 1.0, flow: FlowControlSpec | None = None) -> None:
         self.metrics = metrics
         self.clock = clock
         self.scrape_interval = scrape_interval
         self.connect_timeout = connect_timeout
         self.routing = routing or LlmRoutingConfig()
+        self.flow = flow
         self.base_dir = base_dir
         self.kv_retry_s = kv_retry_s
         self.models: dict[str, LlmModel] = {}
@@ -188,7 +191,8 @@ class LlmService:
         self.models[model.name] = LlmModel.of(model)
         self.replicas.setdefault(model.name, [])
         if model.name not in self.routers:
-            self.routers[model.name] = ModelRouter(model.name, make_router(self.routing), self.clock, self.metrics)
+            self.routers[model.name] = ModelRouter(model.name, make_router(self.routing, self.flow), self.clock,
+                                                   self.metrics)
 
     def drop_model(self, name: str) -> None:
         """Stop serving a model whose engines are all removed: clients get 404 for it."""

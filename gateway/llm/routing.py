@@ -35,17 +35,13 @@ from typing import Any, get_args
 from gateway.llm.api import TPOT_HEADER, TTFT_HEADER, LlmCall, OpenAiError, slo_ms
 from gateway.policy.llm.flow import FlowSettings
 from gateway.policy.llm.types import Band, ReplicaSpec, RouterBase, TokenRequest, band_of
-from profiles.gateway_config import (
-    LlmFlowControlConfig,
-    LlmReplicaConfig,
-    LlmRouterName,
-    LlmRoutingConfig,
-)
+from profiles.gateway_config import LlmReplicaConfig, LlmRouterName, LlmRoutingConfig
 from profiles.llm.engine import EngineConfig
 from profiles.llm.kv import BLOCK_SIZE, block_hashes
 from profiles.llm.profile import REFERENCE, LlmProfile, load_llm_profiles
 from profiles.llm.tokens import chat_prompt, encode
 from profiles.profile import ProfileError
+from profiles.schema import FlowControlSpec
 
 PRIORITY_HEADER = "x-headrace-priority"
 TENANT_HEADER = "x-headrace-tenant"
@@ -55,14 +51,14 @@ COMPLETION_MAX_TOKENS = 16  # vLLM's default for a completion that names none
 UNKNOWN_CONTEXT = 4096  # a chat's default max_tokens is the rest of this when no engine's profile says
 
 
-def make_router(routing: LlmRoutingConfig) -> RouterBase:
-    """The router ``routing`` names, new (each model gets its own); ValueError for a name no
-    router has, listing the known ones."""
+def make_router(routing: LlmRoutingConfig, flow: FlowControlSpec | None = None) -> RouterBase:
+    """The router ``routing`` names, new (each model gets its own), headrace's holding requests
+    by the gateway's ``flow`` control; ValueError for a name no router has, listing the known ones."""
     name = routing.router
     if name == "headrace":
         from gateway.policy.llm.router import RouterSettings, SloRouter
 
-        return SloRouter(RouterSettings(flow=flow_settings(routing.flow_control)))
+        return SloRouter(RouterSettings(flow=flow_settings(flow or FlowControlSpec())))
     from gateway.policy.llm.baselines import BASELINES, make
 
     if name not in BASELINES:
@@ -70,7 +66,7 @@ def make_router(routing: LlmRoutingConfig) -> RouterBase:
     return make(name, seed=routing.seed)
 
 
-def flow_settings(cfg: LlmFlowControlConfig) -> FlowSettings:
+def flow_settings(cfg: FlowControlSpec) -> FlowSettings:
     """The config's flow control as the router's settings (an unset queue limit: the router's)."""
     limits = dict(FlowSettings().queue_limit)
     for band in Band:

@@ -21,6 +21,7 @@ from enum import IntEnum
 
 from profiles.llm.kv import KvEvent
 from profiles.llm.steptime import StepTime
+from profiles.schema import PRIORITY_BANDS
 
 
 class Band(IntEnum):
@@ -36,13 +37,11 @@ BANDS = {b.name.lower(): b for b in Band}
 
 
 def band_of(priority: str) -> Band:
-    """The band of a priority class or band name: ``guaranteed`` is standard, ``best-effort``
-    sheddable; ``critical`` / ``standard`` / ``sheddable`` name themselves."""
-    p = priority.lower()
-    if p == "guaranteed":
-        return Band.STANDARD
-    if p in ("best-effort", "best_effort"):
-        return Band.SHEDDABLE
+    """The band of a priority class or band name: the KServe classes by the schema's one
+    mapping (:data:`profiles.schema.PRIORITY_BANDS`: guaranteed is standard, best-effort
+    sheddable); ``critical`` / ``standard`` / ``sheddable`` name themselves."""
+    p = priority.lower().replace("_", "-")
+    p = PRIORITY_BANDS.get(p, p)
     try:
         return BANDS[p]
     except KeyError:

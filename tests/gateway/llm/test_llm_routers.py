@@ -49,7 +49,7 @@ def test_every_router_serves_completions_streams_and_chats(engine: Engine, route
 
 @pytest.fixture(scope="module")
 def narrow(engine: Engine) -> Iterator[Gateway]:
-    cfg = gateway_config(engine.url, llm_routing={"router": "headrace", "flow_control": {"queue": {"sheddable": 0}}})
+    cfg = gateway_config(engine.url, llm_routing={"router": "headrace"}, flow_control={"queue": {"sheddable": 0}})
     cfg.llm_models[0].replicas[0].max_inflight = 1
     with GatewayThread(cfg) as gw:
         yield gw

@@ -37,9 +37,10 @@ from gateway.policy.llm.types import (
 )
 from profiles.emulator.llm_openai import read_generation
 from profiles.emulator.llm_server import kv_event_dicts
-from profiles.gateway_config import LlmFlowControlConfig, LlmReplicaConfig, LlmRoutingConfig
+from profiles.gateway_config import LlmReplicaConfig, LlmRoutingConfig
 from profiles.llm.kv import ROOT_HASH, BlockRemoved, BlockStored, block_hashes
 from profiles.profile import ProfileError
+from profiles.schema import FlowControlSpec
 
 TINY = Path(__file__).resolve().parents[3] / "profiles/llm/measured/tiny-llama-cpu.yaml"
 
@@ -59,11 +60,11 @@ def test_every_router_the_config_names_is_made_fresh_by_name() -> None:
 
 
 def test_flow_control_settings_come_from_the_config_unset_limits_the_routers_own() -> None:
-    default = flow_settings(LlmFlowControlConfig()).queue_limit
-    s = flow_settings(LlmFlowControlConfig.model_validate({"queue": {"sheddable": 0}, "fairness": "none"}))
+    default = flow_settings(FlowControlSpec()).queue_limit
+    s = flow_settings(FlowControlSpec.model_validate({"queue": {"sheddable": 0}, "fairness": "none"}))
     assert s.queue_limit[Band.SHEDDABLE] == 0 and s.queue_limit[Band.CRITICAL] == default[Band.CRITICAL]
-    assert not s.fairness and flow_settings(LlmFlowControlConfig()).fairness
-    router = make_router(LlmRoutingConfig.model_validate({"flow_control": {"queue": {"standard": 3}}}))
+    assert not s.fairness and flow_settings(FlowControlSpec()).fairness
+    router = make_router(LlmRoutingConfig(), FlowControlSpec.model_validate({"queue": {"standard": 3}}))
     assert router.settings.flow.queue_limit[Band.STANDARD] == 3  # type: ignore[attr-defined]
 
 
