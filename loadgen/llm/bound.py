@@ -12,8 +12,11 @@ Per request, the least engine time it can cost:
   holds each reused prefix once per engine (the workload's reused blocks spread evenly over the
   engines) and, per sequence, its own tokens (prompt less the reused prefix, and half its output).
 
-The fleet serves at most ``engines / mean(cost)`` requests per second. Every router's goodput
-is below it: it ignores TTFT queueing, the prefill steps that stretch decodes, and imbalance.
+For ``share`` of the requests to meet their SLOs, at least that share must be served, and the
+cheapest way is to serve the cheapest ones: the fleet meets the share at most at
+``engines * n / (sum of the cheapest share of the n costs)`` requests per second. Every router's
+goodput rate is below it: it ignores TTFT queueing, the prefill steps that stretch decodes, and
+imbalance.
 
 Sans-IO and pure.
 """
@@ -36,10 +39,11 @@ class Bound:
     decode_s: float  # mean engine seconds per request of decode
     batch: int  # the decode batch the bound assumes
     unique_share: float  # share of prompt tokens that must be computed
+    share: float  # of the requests the bound serves (the cheapest)
 
     def as_dict(self) -> dict[str, float | int]:
         return {"rate": self.rate, "prefill_s": self.prefill_s, "decode_s": self.decode_s, "batch": self.batch,
-                "unique_share": self.unique_share}
+                "unique_share": self.unique_share, "share": self.share}
 
 
 def unique_tokens(work: Workload, first_only: bool = True) -> np.ndarray:
@@ -90,7 +94,8 @@ def _step(st: StepTime, prefill: int, decodes: int, context: float, work: float 
     return st.seconds(s)
 
 
-def fleet_bound(work: Workload, st: StepTime, cfg: EngineConfig, engines: int, tpot_slo_s: float) -> Bound:
+def fleet_bound(work: Workload, st: StepTime, cfg: EngineConfig, engines: int, tpot_slo_s: float,
+                share: float = 0.9) -> Bound:
     ins = work.rows.input_len.astype(np.float64)
     outs = work.rows.output_len.astype(np.float64)
     uniq = unique_tokens(work).astype(np.float64)
@@ -110,6 +115,9 @@ def fleet_bound(work: Workload, st: StepTime, cfg: EngineConfig, engines: int, t
         d += 1
     per_out = _step(st, 0, d, context) / d
     decode = outs * per_out
-    cost = float(np.mean(prefill + decode)) if len(ins) else 1.0
-    return Bound(engines / cost, float(np.mean(prefill)), float(np.mean(decode)), d,
-                 float(uniq.sum() / max(1.0, ins.sum())))
+    if not len(ins):
+        return Bound(0.0, 0.0, 0.0, d, 0.0, share)
+    keep = np.argsort(prefill + decode, kind="stable")[:max(1, int(np.ceil(share * len(ins))))]
+    cost = float((prefill[keep] + decode[keep]).sum()) / len(ins)
+    return Bound(engines / cost, float(np.mean(prefill[keep])), float(np.mean(decode[keep])), d,
+                 float(uniq.sum() / max(1.0, ins.sum())), share)
