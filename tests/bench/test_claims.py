@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from bench.claims import BEGIN, END, PAGE, RESULTS, claims, load, render, splice
+from bench.claims import claims, render, splice
+from bench.claims_common import BEGIN, END, PAGE, RESULTS, load
 
 
 def test_the_page_states_what_the_committed_results_say() -> None:
