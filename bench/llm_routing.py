@@ -14,8 +14,8 @@ Dynamo's KV router with KV events and without). Workloads and SLOs, fixed by the
 
 Each router is swept in the token-level simulator (:mod:`loadgen.llm.sim`) from light load up,
 in shares of the fleet's upper bound (:mod:`loadgen.llm.bound`): a light point, then from half
-the bound up by 1.25x while it passes, then two bisections between its last passing and first
-failing rate. Its **goodput rate** is the highest
+the bound up by 1.25x while it passes (down by 0.8x while it fails), then one bisection between
+its last passing and first failing rate: a goodput rate is known to within 12%. Its **goodput rate** is the highest
 rate at which 90% of requests meet both SLOs (a refused request is a miss). Then every router
 runs at 2x the best knee: its goodput there against its peak, and headrace with a priority mix
 (critical / standard / sheddable) for the bands' attainment.
@@ -39,8 +39,7 @@ from typing import Any
 import numpy as np
 
 from bench.output import write_results
-from gateway.policy.llm.baselines import BASELINES, make
-from gateway.policy.llm.router import SloRouter
+from gateway.policy.llm.routers import NAMES, make
 from gateway.policy.llm.types import Band, RouterBase
 from loadgen.llm.bound import fleet_bound
 from loadgen.llm.sim import fleet, simulate, tenants_of
@@ -56,6 +55,7 @@ PROFILE = "llama-3.1-8b-instruct-bf16@H100-80GB/gpu"
 TARGET = 0.9  # share of requests meeting both SLOs
 ROUTERS = ("headrace", "round-robin", "least-request", "pow2", "sglang", "llm-d", "llm-d-precise", "dynamo",
            "dynamo-approx")
+BISECTIONS = 1
 LIGHT, START, MAX_SHARE = 0.1, 0.5, 2.0  # shares of the bound: the light point, the search's start, its end
 # critical and standard together 0.8 of the knee at 2x it: room for both once sheddable is refused
 MIX = {Band.CRITICAL: 0.2, Band.STANDARD: 0.2, Band.SHEDDABLE: 0.6}
@@ -67,15 +67,12 @@ class Case:
     engines: int
     ttft_s: float
     tpot_s: float
-    duration_s: float  # of arrivals per point: many times a request's own length, so the run is past its ramp
+    requests: int  # per point: the same requests at every rate, spanning many request lengths at the knee
     note: str
 
-    def requests(self, rate: float) -> int:
-        return max(MIN_REQUESTS, round(rate * self.duration_s))
-
     def work(self, rate: float, seed: int = 0) -> Workload:
-        """``duration_s`` of the workload's arrivals at ``rate`` per second on average."""
-        n = self.requests(rate)
+        """The case's requests arriving at ``rate`` per second on average."""
+        n = self.requests
         if self.name == "shared-prefix":
             rows = shared_prefix("poisson", rate, 1.0, None, n, LengthDist("fixed", 1000), seed)
             return Workload(self.name, rows, seed)
@@ -95,15 +92,13 @@ def _trace(kind: str) -> TraceRows:
     return _TRACES[kind]
 
 
-MIN_REQUESTS = 200
-BOUND_REQUESTS = 3000  # the sample the bound reads its lengths and reuse from
 CASES = (
-    Case("mooncake", 16, 2.0, 0.05, 60.0, "Mooncake conversation trace, shared prefixes"),
-    Case("shared-prefix", 8, 1.0, 0.05, 120.0, "llm-d shared prefix: 150 tenants x 6k system prompt + 1.2k question, "
+    Case("mooncake", 16, 2.0, 0.05, 2000, "Mooncake conversation trace, shared prefixes"),
+    Case("shared-prefix", 8, 1.0, 0.05, 2000, "llm-d shared prefix: 150 tenants x 6k system prompt + 1.2k question, "
          "1,000 output tokens"),
-    Case("azure-llm", 8, 0.5, 0.05, 40.0, "Azure LLM 2023 conversation trace, no prefix information"),
+    Case("azure-llm", 8, 0.5, 0.05, 4000, "Azure LLM 2023 conversation trace, no prefix information"),
 )
-QUICK_S = 10.0  # seconds of arrivals per point in a smoke run
+QUICK = 300  # requests per point in a smoke run
 
 
 def profile():
@@ -111,7 +106,7 @@ def profile():
 
 
 def router_of(name: str, seed: int = 0) -> RouterBase:
-    return SloRouter() if name == "headrace" else make(name, seed)
+    return make(name, seed)
 
 
 def run_point(case: Case, name: str, rate: float, bands: np.ndarray | None = None) -> dict[str, Any]:
@@ -136,7 +131,7 @@ def run_point(case: Case, name: str, rate: float, bands: np.ndarray | None = Non
 
 def sweep(case: Case, name: str, bound: float, log: Callable[[str], None]) -> dict[str, Any]:
     """The router's goodput rate: a light point, then from half the bound up by 1.25x while it
-    passes (down by 0.8x while it fails), then two bisections between its last passing and first
+    passes (down by 0.8x while it fails), then BISECTIONS between its last passing and first
     failing rate."""
     points: list[dict[str, Any]] = []
 
@@ -162,7 +157,7 @@ def sweep(case: Case, name: str, bound: float, log: Callable[[str], None]) -> di
         else:
             bad = rate
     if ok is not None and bad is not None:
-        for _ in range(2):
+        for _ in range(BISECTIONS):
             mid = (ok + bad) / 2
             if at(mid, "(bisect)"):
                 ok = mid
@@ -186,14 +181,14 @@ def _point_job(args: tuple[Case, str, float, np.ndarray | None]) -> dict[str, An
 def run_case(case: Case, routers: tuple[str, ...], log: Callable[[str], None], jobs: int = 2) -> dict[str, Any]:
     p = profile()
     cfg = p.engine_config()
-    bound = fleet_bound(case.work(BOUND_REQUESTS / case.duration_s), p.step_time, cfg, case.engines, case.tpot_s)
+    bound = fleet_bound(case.work(1.0), p.step_time, cfg, case.engines, case.tpot_s, TARGET)
     log(f"{case.name}: {case.engines} engines, bound {bound.rate:.2f} req/s")
     with ProcessPoolExecutor(jobs) as pool:
         results = dict(zip(routers, pool.map(_sweep_job, [(case, name, bound.rate) for name in routers]),
                            strict=True))
         knee = max(r["goodput_rate"] for r in results.values())
         rng = np.random.default_rng(7)
-        bands = rng.choice([int(b) for b in MIX], size=case.requests(2 * knee), p=list(MIX.values()))
+        bands = rng.choice([int(b) for b in MIX], size=case.requests, p=list(MIX.values()))
         jobs_at = [(case, name, 2 * knee, None) for name in routers]
         if "headrace" in routers:
             jobs_at.append((case, "headrace", 2 * knee, bands))
@@ -235,7 +230,8 @@ def markdown(doc: dict[str, Any]) -> str:
         case = c["case"]
         lines += [f"## {name}: {case['note']}", "",
                   f"{case['engines']} engines, TTFT SLO {case['ttft_s'] * 1e3:.0f} ms, TPOT SLO "
-                  f"{case['tpot_s'] * 1e3:.0f} ms, {case['duration_s']:.0f} s of arrivals per point. Upper bound (token capacity, "
+                  f"{case['tpot_s'] * 1e3:.0f} ms, the same {case['requests']} requests at every rate. Upper bound "
+                  f"(token capacity, "
                   f"perfect balance and reuse): **{c['bound']['rate']:.2f} req/s**.", "",
                   "| router | goodput rate (req/s) | share of bound | TTFT p50 / p90 (ms) | TPOT p50 / p90 (ms) | "
                   "prefix hits | at 2x knee: goodput, share of peak |", "|---|---|---|---|---|---|---|"]
@@ -278,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="simulations run at once (processes)")
     a = ap.parse_args(argv)
     routers = tuple(r.strip() for r in a.routers.split(",") if r.strip())
-    unknown = [r for r in routers if r != "headrace" and r not in BASELINES]
+    unknown = [r for r in routers if r not in NAMES]
     if unknown:
         ap.error(f"unknown routers {unknown}")
     t0 = time.perf_counter()
@@ -288,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.only and case.name not in a.only:
             continue
         if a.quick:
-            case = Case(case.name, case.engines, case.ttft_s, case.tpot_s, QUICK_S, case.note)
+            case = Case(case.name, case.engines, case.ttft_s, case.tpot_s, QUICK, case.note)
         doc["cases"][case.name] = run_case(case, routers, print, a.jobs)
     doc["verdicts"] = verdicts(doc)
     doc["wall_s"] = time.perf_counter() - t0

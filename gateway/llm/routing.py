@@ -26,7 +26,6 @@ a :class:`~gateway.policy.llm.types.ReplicaSpec`, and each request as a
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -38,9 +37,8 @@ from gateway.policy.llm.types import Band, ReplicaSpec, RouterBase, TokenRequest
 from profiles.gateway_config import LlmReplicaConfig, LlmRouterName, LlmRoutingConfig
 from profiles.llm.engine import EngineConfig
 from profiles.llm.kv import BLOCK_SIZE, block_hashes
-from profiles.llm.profile import REFERENCE, LlmProfile, load_llm_profiles
+from profiles.llm.profile import find_llm_profile
 from profiles.llm.tokens import chat_prompt, encode
-from profiles.profile import ProfileError
 from profiles.schema import FlowControlSpec
 
 PRIORITY_HEADER = "x-headrace-priority"
@@ -54,16 +52,9 @@ UNKNOWN_CONTEXT = 4096  # a chat's default max_tokens is the rest of this when n
 def make_router(routing: LlmRoutingConfig, flow: FlowControlSpec | None = None) -> RouterBase:
     """The router ``routing`` names, new (each model gets its own), headrace's holding requests
     by the gateway's ``flow`` control; ValueError for a name no router has, listing the known ones."""
-    name = routing.router
-    if name == "headrace":
-        from gateway.policy.llm.router import RouterSettings, SloRouter
+    from gateway.policy.llm.routers import make
 
-        return SloRouter(RouterSettings(flow=flow_settings(flow or FlowControlSpec())))
-    from gateway.policy.llm.baselines import BASELINES, make
-
-    if name not in BASELINES:
-        raise ValueError(f"unknown LLM router {name!r}; known: headrace, {', '.join(BASELINES)}")
-    return make(name, seed=routing.seed)
+    return make(routing.router, routing.seed, flow_settings(flow or FlowControlSpec()))
 
 
 def flow_settings(cfg: FlowControlSpec) -> FlowSettings:
@@ -77,31 +68,6 @@ def flow_settings(cfg: FlowControlSpec) -> FlowSettings:
 
 
 # ---- engines
-
-@functools.cache
-def _reference() -> tuple[LlmProfile, ...]:
-    return tuple(load_llm_profiles()) if REFERENCE.is_dir() else ()
-
-
-def find_llm_profile(ref: str, base_dir: Path | None = None) -> LlmProfile:
-    """The LLM profile ``ref`` names: a YAML file of one LlmProfile (relative to ``base_dir``),
-    else a reference profile's name (``variant@gpu/slice[/tpN]``); ProfileError naming the
-    known ones otherwise."""
-    path = Path(ref)
-    if base_dir is not None and not path.is_absolute():
-        path = base_dir / path
-    if path.is_file():
-        found = load_llm_profiles(path)
-        if len(found) != 1:
-            raise ProfileError(f"{path} holds {len(found)} LLM profiles; a replica's profile file holds one")
-        return found[0]
-    known = _reference()
-    match = [p for p in known if p.name == ref]
-    if not match:
-        raise ProfileError(f"no LLM profile file or reference profile named {ref!r}; known: "
-                           f"{', '.join(p.name for p in known) or 'none'}")
-    return match[0]
-
 
 @dataclass(frozen=True, slots=True)
 class EngineModel:

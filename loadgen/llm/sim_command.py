@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
+from gateway.policy.llm.routers import HEADRACE, make
 from loadgen.arrivals import TraceError
 from loadgen.describe import validation_message
 from loadgen.llm import report
@@ -21,11 +22,10 @@ from loadgen.llm.run import LlmLoadSpec, build_workload, run_record
 from loadgen.llm.sim import GPU_MEMORY_UTILIZATION, SCRAPE_INTERVAL_S, fleet, simulate, tenants_of
 from loadgen.llm.stats import summarize
 from profiles.llm.engine import EngineConfig
-from profiles.llm.profile import REFERENCE, LlmProfile, load_llm_profiles
+from profiles.llm.profile import find_llm_profile
 from profiles.profile import ProfileError
 
 SIM_URL = "http://simulator:1"  # the load spec's target: nothing is sent
-HEADRACE = "headrace"
 
 DESCRIPTION = """\
 Simulate a fleet of LLM engines (continuous batching, paged KV cache and prefix cache, each step
@@ -74,39 +74,6 @@ class LlmSimSettings(BaseModel):
     hop_s: float = Field(0.0, ge=0, description="gateway to engine, one way")
     fast_forward: bool = Field(True, description="take decode-only steps as runs (same results, faster)")
     itl: bool = Field(False, description="keep every inter-token gap")
-
-
-def find_profile(spec: str) -> LlmProfile:
-    """``spec``: a YAML file holding one LlmProfile, a reference profile's name
-    (``variant@gpu/slice[/tpN]``), or a variant only one reference profile has."""
-    path = Path(spec)
-    if path.is_file():
-        found = load_llm_profiles(path)
-        if len(found) != 1:
-            raise ProfileError(f"{spec} holds {len(found)} LLM profiles; name one of them: "
-                               + ", ".join(p.name for p in found))
-        return found[0]
-    known = load_llm_profiles() if REFERENCE.is_dir() else []
-    match = [p for p in known if p.name == spec] or [p for p in known if p.variant == spec]
-    if len(match) == 1:
-        return match[0]
-    if match:
-        raise ProfileError(f"{spec!r} is served on several devices; name one: {', '.join(p.name for p in match)}")
-    raise ProfileError(f"no profile file or reference LLM profile named {spec!r}; known: "
-                       f"{', '.join(p.name for p in known)}")
-
-
-def make_router(name: str, seed: int):  # noqa: ANN201  (a RouterBase; its modules load only when asked)
-    """A fresh router by name: ``headrace`` or a baseline; ValueError listing the known ones."""
-    if name == HEADRACE:
-        from gateway.policy.llm.router import SloRouter
-
-        return SloRouter()
-    from gateway.policy.llm.baselines import BASELINES, make
-
-    if name not in BASELINES:
-        raise ValueError(f"unknown router {name!r}; known: {HEADRACE}, {', '.join(BASELINES)}")
-    return make(name, seed)
 
 
 def register(subparsers: Any) -> None:
@@ -159,12 +126,12 @@ def main(a: argparse.Namespace) -> int:
             profile=a.profile, engines=a.engines, router=a.router, gpu_memory_utilization=a.gpu_memory_utilization,
             max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
             scrape_interval_s=a.scrape_interval, hop_s=a.hop_ms / 1e3, fast_forward=not a.no_fast_forward, itl=a.itl)
-        profile = find_profile(settings.profile)
+        profile = find_llm_profile(settings.profile)
         spec = LlmLoadSpec(url=SIM_URL, model=profile.name, slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms,
                            priority_mix=parse_mix(a.priority_mix) if a.priority_mix else None, **workload_fields(a))
         engines = fleet(profile, settings.engines, settings.gpu_memory_utilization,
                         max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_num_batched_tokens)
-        router = make_router(settings.router, spec.seed)
+        router = make(settings.router, spec.seed)
         work = build_workload(spec)
         slos: dict[str, Any] = {}
         if spec.slo_ttft_ms is not None:

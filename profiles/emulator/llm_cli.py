@@ -7,9 +7,8 @@ import argparse
 import asyncio
 import signal
 import sys
-from pathlib import Path
 
-from profiles.llm.profile import REFERENCE, LlmProfile, load_llm_profiles
+from profiles.llm.profile import find_llm_profile
 from profiles.profile import ProfileError
 
 
@@ -17,33 +16,11 @@ class _Refusal(Exception):
     """Bad input: one line, exit 2."""
 
 
-def find_profile(spec: str) -> LlmProfile:
-    """The profile ``spec`` names: a YAML file holding one LlmProfile, else a reference profile's
-    name (``variant@gpu/slice[/tpN]``) or a variant that only one reference profile has."""
-    path = Path(spec)
-    if path.is_file():
-        found = load_llm_profiles(path)
-        if len(found) != 1:
-            raise _Refusal(f"{spec} holds {len(found)} LLM profiles; name one of them: "
-                           + ", ".join(p.name for p in found))
-        return found[0]
-    if not REFERENCE.is_dir():
-        raise _Refusal(f"no profile file {spec!r}, and no reference LLM profiles to find it among")
-    known = load_llm_profiles()
-    match = [p for p in known if p.name == spec] or [p for p in known if p.variant == spec]
-    if len(match) == 1:
-        return match[0]
-    names = ", ".join(p.name for p in (match or known))
-    if match:
-        raise _Refusal(f"{spec!r} is served on several devices; name one: {names}")
-    raise _Refusal(f"no profile file or reference LLM profile named {spec!r}; known: {names}")
-
-
 def _build(args: argparse.Namespace):  # noqa: ANN202
     from profiles.emulator.llm_server import EmulatedEngine, make_app
     from profiles.llm.engine import Engine
 
-    profile = find_profile(args.profile)
+    profile = find_llm_profile(args.profile)
     if not 0 < args.gpu_memory_utilization <= 1:
         raise _Refusal(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
     settings: dict[str, object] = {"prefix_caching": args.enable_prefix_caching,

@@ -8,6 +8,7 @@ activations, at vLLM's ``gpu_memory_utilization``: :meth:`LlmProfile.engine_conf
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -189,3 +190,32 @@ def load_llm_profiles(*paths: str | Path) -> list[LlmProfile]:
                 raise ProfileError(f"{f}: cannot read: {' '.join(str(e).split())}") from None
             out += [llm_profile_from_dict(d, f"{f} document {i}") for i, d in enumerate(docs)]
     return out
+
+
+@functools.cache
+def reference_llm_profiles() -> tuple[LlmProfile, ...]:
+    """The shipped reference profiles, read once."""
+    return tuple(load_llm_profiles()) if REFERENCE.is_dir() else ()
+
+
+def find_llm_profile(ref: str, base_dir: Path | None = None) -> LlmProfile:
+    """The LLM profile ``ref`` names: a YAML file holding one LlmProfile (relative to
+    ``base_dir``), else a reference profile's name (``variant@gpu/slice[/tpN]``) or a variant only
+    one reference profile has; ProfileError naming the candidates otherwise."""
+    path = Path(ref)
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
+    if path.is_file():
+        found = load_llm_profiles(path)
+        if len(found) != 1:
+            raise ProfileError(f"{path} holds {len(found)} LLM profiles; name one of them: "
+                               + ", ".join(p.name for p in found))
+        return found[0]
+    known = reference_llm_profiles()
+    match = [p for p in known if p.name == ref] or [p for p in known if p.variant == ref]
+    if len(match) == 1:
+        return match[0]
+    if match:
+        raise ProfileError(f"{ref!r} is served on several devices; name one: {', '.join(p.name for p in match)}")
+    raise ProfileError(f"no LLM profile file or reference profile named {ref!r}; known: "
+                       f"{', '.join(p.name for p in known) or 'none'}")
