@@ -16,7 +16,8 @@ For ``share`` of the requests to meet their SLOs, at least that share must be se
 cheapest way is to serve the cheapest ones: the fleet meets the share at most at
 ``engines * n / (sum of the cheapest share of the n costs)`` requests per second. Every router's
 goodput rate is below it: it ignores TTFT queueing, the prefill steps that stretch decodes, and
-imbalance.
+imbalance. A run of finitely many requests may pass it by the work done after its last arrival:
+:meth:`Bound.finite` bounds such a run.
 
 Sans-IO and pure.
 """
@@ -40,10 +41,20 @@ class Bound:
     batch: int  # the decode batch the bound assumes
     unique_share: float  # share of prompt tokens that must be computed
     share: float  # of the requests the bound serves (the cheapest)
+    engines: int = 1
+    cost_s: float = 0.0  # engine seconds per request of the workload, the served share's over all
+
+    def finite(self, n: int, tail_s: float) -> float:
+        """The bound for a run of ``n`` requests, whose served work may also run up to ``tail_s``
+        after the last arrival (a request's TTFT SLO plus its decode at the TPOT SLO): with the
+        arrivals spanning ``n / rate``, the work ``n * cost_s`` fits ``engines * (n / rate + tail_s)``."""
+        spare = n * self.cost_s - self.engines * tail_s
+        return self.engines * n / spare if spare > 0 else float("inf")
 
     def as_dict(self) -> dict[str, float | int]:
         return {"rate": self.rate, "prefill_s": self.prefill_s, "decode_s": self.decode_s, "batch": self.batch,
-                "unique_share": self.unique_share, "share": self.share}
+                "unique_share": self.unique_share, "share": self.share, "engines": self.engines,
+                "cost_s": self.cost_s}
 
 
 def unique_tokens(work: Workload, first_only: bool = True) -> np.ndarray:
@@ -120,4 +131,4 @@ def fleet_bound(work: Workload, st: StepTime, cfg: EngineConfig, engines: int, t
     keep = np.argsort(prefill + decode, kind="stable")[:max(1, int(np.ceil(share * len(ins))))]
     cost = float((prefill[keep] + decode[keep]).sum()) / len(ins)
     return Bound(engines / cost, float(np.mean(prefill[keep])), float(np.mean(decode[keep])), d,
-                 float(uniq.sum() / max(1.0, ins.sum())), share)
+                 float(uniq.sum() / max(1.0, ins.sum())), share, engines, cost)
