@@ -282,8 +282,8 @@ def markdown(doc: dict[str, Any]) -> str:
         m = c.get("priorities")
         if m:
             lines += ["", f"headrace at 2x the knee ({m['rate']:.2f} req/s) with 20% critical, 20% standard, 60% "
-                      f"sheddable: critical within both SLOs {_pct(m['critical_attainment'])} "
-                      f"({_pct(m.get('critical_attainment_feasible'))} of those an idle engine could serve in time), "
+                      f"sheddable: critical within both SLOs {_pct(m['critical_attainment'], 1)} "
+                      f"({_pct(m.get('critical_attainment_feasible'), 1)} of those an idle engine could serve in time), "
                       f"standard {_pct(m['standard_attainment'])}, sheddable {_pct(m['sheddable_attainment'])} "
                       f"(refused {_pct(m['sheddable_refused'])})."]
         lines.append("")
@@ -309,8 +309,8 @@ def _n(v: float | None, digits: int = 0) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{v:.0%}"
+def _pct(v: float | None, digits: int = 0) -> str:
+    return "-" if v is None else f"{v:.{digits}%}"
 
 
 def main(argv: list[str] | None = None) -> int:
