@@ -75,7 +75,7 @@ def test_held_until_capacity_frees_then_routed():
     r = SloRouter()
     r.add_replica(small)
     a = r.submit(req(0, 1000, 100), 0.0)
-    b = r.submit(req(1, 1000, 100), 0.0)
+    b = r.submit(req(1, [10**6 + k for k in range(1000)], 100), 0.0)
     assert isinstance(a[0], Route) and b == []  # KV for the second does not fit: held
     assert r.queued == 1 and r.wake is not None and r.wake < 2.0
     r.on_first_token("q0", 0.1)
@@ -88,7 +88,7 @@ def test_a_held_request_is_refused_before_its_deadline_passes():
     r = SloRouter()
     r.add_replica(ReplicaSpec("s", step_time=PROFILE.step_time, num_blocks=100))
     r.submit(req(0, 1000, 500), 0.0)
-    assert r.submit(req(1, 1000, 100, ttft=1.0), 0.0) == []
+    assert r.submit(req(1, [10**6 + k for k in range(1000)], 100, ttft=1.0), 0.0) == []
     wake = r.wake
     assert wake is not None and 0.9 < wake < 1.0
     out = r.poll(wake)
@@ -102,6 +102,14 @@ def test_sheddable_is_refused_while_a_higher_band_waits():
     assert r.submit(req(1, 1000, 100, band=Band.CRITICAL), 0.0) == []
     d = r.submit(req(2, 100, 10, band=Band.SHEDDABLE), 0.0)
     assert isinstance(d[0], Refuse) and d[0].reason.startswith("shed")
+
+
+def test_a_cached_prefix_takes_no_new_kv():
+    small = ReplicaSpec("s", step_time=PROFILE.step_time, num_blocks=100, max_num_seqs=8)
+    r = SloRouter()
+    r.add_replica(small)
+    assert isinstance(r.submit(req(0, 1000, 100), 0.0)[0], Route)  # 69 blocks
+    assert isinstance(r.submit(req(1, 1000, 100), 0.0)[0], Route)  # the same prompt: only its tail and output
 
 
 def test_a_withdrawn_request_is_forgotten():

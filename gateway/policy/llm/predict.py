@@ -11,7 +11,8 @@ Per replica the router keeps (:class:`ReplicaModel`):
   first token or finish re-anchors the queue at that moment on what is still prefilling, so it
   corrects itself from what the engine does;
 - the decoding requests, their count and their mean context;
-- the KV blocks the open requests will hold at their longest (prompt + ``max_tokens``);
+- the KV blocks the open requests will hold at their longest (their uncached prompt tokens and
+  ``max_tokens``: a prefix found cached is shared with the requests that hold it);
 - the rate of prefill tokens sent there lately (an exponential average over ``tau`` seconds).
 
 A prefill of ``n`` uncached tokens after ``c`` cached ones runs in chunks of the token budget
@@ -111,7 +112,7 @@ class ReplicaModel:
             t_dec = self.decode_step_s(decoding, ctx)
             room = max(1, spec.max_num_batched_tokens - decoding)
             ttft += t_dec / 2 + t_dec * -(-(self.queued_tokens + uncached) // room)
-        need = -(-(req.prompt_len + req.max_tokens) // spec.block_size)
+        need = -(-(uncached + req.max_tokens) // spec.block_size)  # a cached prefix's blocks are shared
         if decoding + len(self.prefilling) + 1 > spec.max_num_seqs or (
                 spec.num_blocks and self.blocks + need > spec.num_blocks):
             ttft = math.inf
@@ -135,7 +136,7 @@ class ReplicaModel:
         return sum(q.uncached for q in self.prefilling.values())
 
     def route(self, req: TokenRequest, uncached: int, work: float, now: float) -> None:
-        blocks = -(-(req.prompt_len + req.max_tokens) // self.spec.block_size)
+        blocks = -(-(uncached + req.max_tokens) // self.spec.block_size)
         self.prefilling[req.id] = Queued(work, uncached, blocks, req.prompt_len + req.max_tokens / 2)
         self.busy_until = max(self.busy_until, now + self.spec.frontend_s) + work
         self.blocks += blocks
