@@ -234,6 +234,32 @@ def _point_at(sweep: dict[str, Any], rate: float) -> dict[str, Any] | None:
     return next((p for p in sweep["points"] if abs(p["rate"] - rate) < 1e-6 * rate), None)
 
 
+def rerun(doc: dict[str, Any], routers: tuple[str, ...], jobs: int) -> None:
+    """Sweep ``routers`` again on every case of ``doc`` (the others' sweeps kept), then run every
+    router at 2x the new knee and headrace's priority mix there."""
+    cases = {name: Case(**c["case"]) for name, c in doc["cases"].items()}
+    with ProcessPoolExecutor(jobs) as pool:
+        todo = [(name, r) for name in cases for r in routers]
+        done = pool.map(_sweep_job, [(cases[n], r, doc["cases"][n]["bound"]["rate"]) for n, r in todo])
+        for (name, r), res in zip(todo, done, strict=True):
+            doc["cases"][name]["routers"][r] = res
+        points = []
+        for name, c in doc["cases"].items():
+            c["knee"] = max(x["goodput_rate"] for x in c["routers"].values())
+            bands = np.random.default_rng(7).choice([int(b) for b in MIX], size=cases[name].requests,
+                                                    p=list(MIX.values()))
+            points += [(cases[name], r, 2 * c["knee"], None) for r in c["routers"]]
+            points.append((cases[name], "headrace", 2 * c["knee"], bands))
+        rows = list(pool.map(_point_job, points))
+    for (case, r, _, bands), pt in zip(points, rows, strict=True):
+        c = doc["cases"][case.name]
+        if bands is not None:
+            c["priorities"] = pt
+        else:
+            c["overload"][r] = {**pt, "share_of_peak": (pt["goodput_rps"] or 0)
+                                / max(c["routers"][r]["peak_goodput_rps"], 1e-9)}
+
+
 def verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for name, c in doc["cases"].items():
@@ -321,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--jobs", type=int, default=2, help="simulations run at once (processes)")
     ap.add_argument("--render", action="store_true", help="recompute the bounds and the page from the last results")
+    ap.add_argument("--rerun", metavar="ROUTERS",
+                    help="sweep these routers again into the last results, then every router at the new 2x knee")
     ap.add_argument("--priorities", action="store_true",
                     help="run again only headrace's priority mix at 2x each case's knee, into the last results")
     a = ap.parse_args(argv)
@@ -328,6 +356,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [r for r in routers if r not in NAMES]
     if unknown:
         ap.error(f"unknown routers {unknown}")
+    if a.rerun:
+        doc = json.loads((a.out / "llm_routing.json").read_text())
+        rerun(doc, tuple(r.strip() for r in a.rerun.split(",") if r.strip()), a.jobs)
+        doc["rerun"] = {"routers": a.rerun, "version": headrace_version(), "date": time.strftime("%Y-%m-%d")}
+        doc["verdicts"] = verdicts(doc)
+        write_results(a.out, "llm_routing", doc, markdown(doc))
+        print(markdown(doc))
+        return 0
     if a.render or a.priorities:
         doc = json.loads((a.out / "llm_routing.json").read_text())
         if a.priorities:
