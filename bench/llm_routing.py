@@ -238,6 +238,8 @@ def rerun(doc: dict[str, Any], routers: tuple[str, ...], jobs: int) -> None:
     """Sweep ``routers`` again on every case of ``doc`` (the others' sweeps kept), then run every
     router at 2x the new knee and headrace's priority mix there."""
     cases = {name: Case(**c["case"]) for name, c in doc["cases"].items()}
+    for name, c in doc["cases"].items():
+        c["bound"] = bounds(cases[name])
     with ProcessPoolExecutor(jobs) as pool:
         todo = [(name, r) for name in cases for r in routers]
         done = pool.map(_sweep_job, [(cases[n], r, doc["cases"][n]["bound"]["rate"]) for n, r in todo])
