@@ -31,7 +31,14 @@ from bench.claims_common import (
     pct,
     result,
 )
-from bench.claims_llm import frontdoor_gap, llm_engine, llm_gateway, vllm_gap
+from bench.claims_llm import (
+    frontdoor_gap,
+    llm_engine,
+    llm_gateway,
+    llm_routing,
+    routing_gaps,
+    vllm_gap,
+)
 
 # ----------------------------------------------------------------------------- the claims
 
@@ -377,7 +384,7 @@ def scaleout(r: Results) -> list[Claim]:
 
 CLAIMS: tuple[Callable[[Results], list[Claim]], ...] = (
     emulator, policy, gateway_slo, overhead, loadgen, placement, sharing, capacity, replan, variants,
-    simulator, scaleout, llm_engine, llm_gateway,
+    simulator, scaleout, llm_engine, llm_gateway, llm_routing,
 )
 
 
@@ -455,6 +462,7 @@ def gaps(r: Results) -> list[str]:
         + " (`policy_study`).",
         vllm_gap(r["llm_engine_fidelity"]["vllm"]),
         *frontdoor_gap(r["llm_frontdoor"]),
+        *routing_gaps(r),
     ]
 
 
