@@ -4,7 +4,6 @@ llm-d's shared-prefix workload."""
 from __future__ import annotations
 
 import json
-import math
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -20,7 +19,7 @@ from loadgen.llm.stats import per_request, summarize
 from loadgen.llm.workload import BLOCK_TOKENS, LengthDist, TraceRows, Workload, shared_prefix
 from profiles.llm.engine import Engine, EngineConfig, LlmRequest
 from profiles.llm.kv import block_hashes
-from profiles.llm.loop import EngineLoop, RunOutput
+from profiles.llm.loop import EngineLoop, replay
 from profiles.llm.profile import LlmProfile, llm_profile_to_dict
 from profiles.llm.steptime import StepShape, StepTime
 
@@ -135,23 +134,8 @@ def mixed(seed: int, n: int = 60) -> list[tuple[float, LlmRequest]]:
 
 def drive(lp: EngineLoop, arrivals: list[tuple[float, LlmRequest]]) -> tuple[dict[str, list[float]], list]:
     """Every token's time and every KV event, the loop polled whenever it wakes."""
-    times: dict[str, list[float]] = {r.id: [] for _, r in arrivals}
     events: list = []
-    k = 0
-    while k < len(arrivals) or lp.wake is not None:
-        now = min(arrivals[k][0] if k < len(arrivals) else math.inf, lp.wake if lp.wake is not None else math.inf)
-        while k < len(arrivals) and arrivals[k][0] <= now:
-            lp.add(arrivals[k][1], arrivals[k][0])
-            k += 1
-        out = lp.poll(now)
-        if isinstance(out, RunOutput):
-            for rid in out.ids:
-                times[rid] += out.ends
-        elif out is not None:
-            for rid, _ in out.tokens:
-                times[rid].append(now)
-        events += out.events if out is not None else []
-    return times, events
+    return replay(lp, arrivals, events), events
 
 
 @pytest.mark.parametrize(("blocks", "seqs", "budget", "frontend_s", "share"), [

@@ -244,10 +244,12 @@ class EngineLoop:
         return out
 
 
-def replay(loop: EngineLoop, arrivals: Sequence[tuple[float, LlmRequest]]) -> dict[str, list[float]]:
+def replay(loop: EngineLoop, arrivals: Sequence[tuple[float, LlmRequest]],
+           events: list | None = None) -> dict[str, list[float]]:
     """Each request's token times when ``arrivals`` (time, request; sorted by time) come to
     ``loop`` in virtual time, steps back to back: a token is stamped with the end of the step
-    that made it; a request arriving as a step ends is in the queue the next step starts from."""
+    that made it; a request arriving as a step ends is in the queue the next step starts from.
+    ``events``, when given, collects the engine's KV events in order."""
     times: dict[str, list[float]] = {r.id: [] for _, r in arrivals}
     k, n = 0, len(arrivals)
     while k < n or loop.wake is not None:
@@ -262,4 +264,6 @@ def replay(loop: EngineLoop, arrivals: Sequence[tuple[float, LlmRequest]]) -> di
         elif out is not None:
             for rid, _ in out.tokens:
                 times[rid].append(now)
+        if events is not None and out is not None:
+            events += out.events
     return times
