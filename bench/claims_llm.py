@@ -125,6 +125,13 @@ def routing_gaps(r: Results) -> list[str]:
            "client-gateway-engine path, which on this 2-core host costs tens of milliseconds a request (the "
            "engines' own TTFT agrees with the simulator's more closely; `llm_routing_live.md` splits where TTFT "
            "goes). The simulator has not been compared with vLLM on CPU behind the router."]
+    sag = [(name, c["overload"]["headrace"]) for name, c in d["cases"].items()
+           if c["overload"].get("headrace") and c["overload"]["headrace"]["share_of_peak"] < 0.95]
+    if sag:
+        out.append("**Goodput at 2x the knee >= 95% of peak** is not met on "
+                   + ", ".join(f"{name} ({pct(o['share_of_peak'], 0)}: {o['goodput_rps']:.1f} req/s)" for name, o in sag)
+                   + ": with short prompts the decode batches, not prefill, fill first, and requests routed at the "
+                   "knee's edge stretch each other's TPOT past its SLO; every baseline there keeps 1-3% of its peak.")
     short = [(name, c["priorities"]) for name, c in d["cases"].items()
              if c.get("priorities") and c["priorities"]["critical_attainment_feasible"] < 0.99]
     if short:
