@@ -130,8 +130,7 @@ def routing_gaps(r: Results) -> list[str]:
     if sag:
         out.append("**Goodput at 2x the knee >= 95% of peak** is not met on "
                    + ", ".join(f"{name} ({pct(o['share_of_peak'], 0)}: {o['goodput_rps']:.1f} req/s)" for name, o in sag)
-                   + ": with short prompts the decode batches, not prefill, fill first, and requests routed at the "
-                   "knee's edge stretch each other's TPOT past its SLO; every baseline there keeps 1-3% of its peak.")
+                   + "; why is not yet measured. Every baseline there keeps 0-3% of its peak.")
     short = [(name, c["priorities"]) for name, c in d["cases"].items()
              if c.get("priorities") and c["priorities"]["critical_attainment_feasible"] < 0.99]
     if short:
