@@ -288,7 +288,9 @@ def verdicts(doc: dict[str, Any]) -> list[dict[str, Any]]:
 def markdown(doc: dict[str, Any]) -> str:
     lines = ["# Token-level routing: goodput rate against today's routers", "",
              f"Measured {doc['date']} at {doc['version'].get('commit')}, in the token-level simulator; "
-             f"profile {PROFILE}; {TARGET:.0%} of requests within both SLOs; a refused request is a miss.", ""]
+             f"profile {PROFILE}; {TARGET:.0%} of requests within both SLOs; a refused request is a miss."
+             + (f" Then {doc['rerun']['routers']}'s sweeps, every router's 2x-knee point and the priority mix ran "
+                f"again at {doc['rerun']['version'].get('commit')}." if doc.get("rerun") else ""), ""]
     for name, c in doc["cases"].items():
         case = c["case"]
         lines += [f"## {name}: {case['note']}", "",
