@@ -238,3 +238,14 @@ def test_tenant_shares_converge_under_contention():
         q.charge(head)
         served[head.tenant] += head.prompt_len + 2 * head.max_tokens
     assert abs(served["a"] - served["b"]) <= 1600 + 200
+
+
+def test_an_unreachable_replica_takes_nothing_and_coming_back_does_not_undo_a_drain():
+    r = SloRouter()
+    r.add_replica(ReplicaSpec("a"))
+    r.add_replica(ReplicaSpec("b"))
+    r.set_reachable("a", False)
+    assert {r.submit(req(i, 64), 0.0)[0].replica for i in range(3)} == {"b"}  # type: ignore[union-attr]
+    r.drain_replica("a")
+    r.set_reachable("a", True)
+    assert {r.submit(req(i, 64), 0.0)[0].replica for i in range(3, 6)} == {"b"}  # type: ignore[union-attr]

@@ -37,7 +37,6 @@ class ModelRouter:
         self.clock = clock
         self.metrics = metrics
         self.waiting: dict[str, asyncio.Future[Decision]] = {}  # by request id, until decided
-        self.benched: set[str] = set()  # replicas out of routing while unreachable
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None  # the wake it is set for
         self._ids = itertools.count()
@@ -51,30 +50,22 @@ class ModelRouter:
         self.poll()
 
     def drain_replica(self, replica_id: str) -> None:
-        self.benched.discard(replica_id)  # draining for good
         if replica_id in self.router.replicas:
             self.router.drain_replica(replica_id)
             self.poll()
 
     def remove_replica(self, replica_id: str) -> None:
-        self.benched.discard(replica_id)
         if replica_id in self.router.replicas:
             self.router.remove_replica(replica_id)
             self.poll()
 
     def set_available(self, replica_id: str, available: bool) -> None:
-        """Take a replica out of routing while its engine cannot be reached, and back (a
-        replica being drained stays drained). The router's ``draining`` flag does it: a
-        draining replica takes nothing new, and its open requests finish as they would."""
+        """Take a replica out of routing while its engine cannot be reached, and back."""
         view = self.router.replicas.get(replica_id)
-        if view is None:
+        if view is None or view.reachable == available:
             return
-        if not available and not view.draining:
-            view.draining = True
-            self.benched.add(replica_id)
-        elif available and replica_id in self.benched:
-            view.draining = False
-            self.benched.discard(replica_id)
+        self.router.set_reachable(replica_id, available)
+        if available:
             self.poll()
 
     # ---- requests

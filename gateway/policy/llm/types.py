@@ -130,6 +130,7 @@ class ReplicaView:
     load: EngineLoad = field(default_factory=EngineLoad)
     load_at: float | None = None  # when ``load`` was read
     draining: bool = False
+    reachable: bool = True  # its engine answers (the driver's view); unreachable, it takes nothing new
 
     @property
     def id(self) -> str:
@@ -146,7 +147,7 @@ class ReplicaView:
 
     @property
     def full(self) -> bool:
-        return self.draining or len(self.open) >= self.spec.max_inflight
+        return self.draining or not self.reachable or len(self.open) >= self.spec.max_inflight
 
 
 class RouterBase:
@@ -171,6 +172,13 @@ class RouterBase:
 
     def drain_replica(self, replica_id: str) -> None:
         self.replicas[replica_id].draining = True
+
+    def set_reachable(self, replica_id: str, reachable: bool) -> None:
+        """The driver's word on whether the replica's engine answers: an unreachable one takes
+        nothing new until it answers again; its open requests finish as they would."""
+        view = self.replicas.get(replica_id)
+        if view is not None:
+            view.reachable = reachable
 
     def remove_replica(self, replica_id: str) -> None:
         view = self.replicas.pop(replica_id)
