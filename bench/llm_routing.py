@@ -48,7 +48,7 @@ from loadgen.llm.sim import fleet, simulate, tenants_of
 from loadgen.llm.stats import summarize
 from loadgen.llm.workload import LengthDist, TraceRows, Workload, read_trace, shared_prefix, window
 from loadgen.record import headrace_version
-from profiles.llm.profile import REFERENCE, load_llm_profiles
+from profiles.llm.profile import LlmProfile, find_llm_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -103,8 +103,8 @@ CASES = (
 QUICK = 300  # requests per point in a smoke run
 
 
-def profile():
-    return next(p for p in load_llm_profiles(REFERENCE / "llama-3.1-8b-instruct-h100-80gb.yaml") if p.name == PROFILE)
+def profile() -> LlmProfile:
+    return find_llm_profile(PROFILE)  # the reference profiles, read once
 
 
 def router_of(name: str, seed: int = 0) -> RouterBase:

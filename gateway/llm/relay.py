@@ -54,7 +54,7 @@ from gateway.llm.routing import (
 )
 from gateway.llm.upstream import EngineConnection, Upstream
 from gateway.observe.metrics import GatewayMetrics
-from gateway.policy.llm.types import Band, Refuse
+from gateway.policy.llm.types import METRICS_INTERVAL_S, Band, Refuse
 from gateway.policy.types import Priority
 from profiles.gateway_config import LlmModelConfig, LlmReplicaConfig, LlmRoutingConfig
 from profiles.llm.kv import BLOCK_SIZE
@@ -134,7 +134,7 @@ class LlmService:
     whose profile cannot be found is a :class:`~profiles.profile.ProfileError`."""
 
     def __init__(self, models: list[LlmModelConfig], metrics: GatewayMetrics,
-                 clock: Callable[[], float] = time.monotonic, scrape_interval: float = 0.5,
+                 clock: Callable[[], float] = time.monotonic, scrape_interval: float = METRICS_INTERVAL_S,
                  connect_timeout: float = 5.0, routing: LlmRoutingConfig | None = None,
                  base_dir: Path | None = None, kv_retry_s: float = 1.0, flow: FlowControlSpec | None = None) -> None:
         self.metrics = metrics

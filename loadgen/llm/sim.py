@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from gateway.policy.llm.types import (
+    METRICS_INTERVAL_S,
     Band,
     EngineLoad,
     Refuse,
@@ -55,7 +56,7 @@ from profiles.llm.kv import BLOCK_SIZE, block_hashes
 from profiles.llm.loop import EngineLoop, RunOutput
 from profiles.llm.profile import LlmProfile
 
-SCRAPE_INTERVAL_S = 0.5  # the gateway's metrics read (gateway.llm.relay.LlmService's default)
+SCRAPE_INTERVAL_S = METRICS_INTERVAL_S  # the gateway's metrics read
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
 BLOCK_CACHE = 65536  # Mooncake blocks kept to build prompts from (128 MB; a third of the trace's are reused)
 IDLE_READS = 2  # metrics reads with nothing left to do but requests the router holds, then it ends

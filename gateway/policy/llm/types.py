@@ -23,6 +23,8 @@ from profiles.llm.kv import KvEvent
 from profiles.llm.steptime import StepTime
 from profiles.schema import PRIORITY_BANDS
 
+METRICS_INTERVAL_S = 0.5  # how often a driver reads each engine's /metrics unless its router wants otherwise
+
 
 class Band(IntEnum):
     """Priority bands, as the Gateway API Inference Extension names them; sheddable requests are
