@@ -352,6 +352,27 @@ class LimitsSpec(Strict):
                                     "new bodies get 503 with Retry-After")
     max_json_depth: int = Field(default=64, ge=4, le=10_000,
                                 description="nesting depth of a JSON request (400 past it)")
+    max_address_connections: int = Field(default=1024, ge=1, le=1_000_000,
+                                         description="connections from one client address at once, probe "
+                                         "room included; past it new ones from that address are closed, so "
+                                         "one host cannot fill the room kept for others' health probes")
+    max_client_buffered_bytes: int = Field(default=128 << 20, ge=1 << 20, le=1 << 40,
+                                           description="request bytes buffered for one client (its tenant, or "
+                                           "its address where the gateway has no API keys); past it its new "
+                                           "bodies get 429 with Retry-After")
+    max_queued_requests: int = Field(default=100_000, ge=1, le=100_000_000,
+                                     description="inference requests admitted and not yet answered, all "
+                                     "clients together (Triton's max_queue_size); past it 429")
+    max_queued_bytes: int = Field(default=1 << 30, ge=1 << 20, le=1 << 42,
+                                  description="input bytes of the requests admitted and not yet answered, "
+                                  "all clients together; past it 429")
+    max_client_queued_requests: int = Field(default=10_000, ge=1, le=100_000_000,
+                                            description="inference requests admitted and not yet answered "
+                                            "for one client (its tenant, or its address where the gateway has "
+                                            "no API keys); past it 429")
+    max_client_queued_bytes: int = Field(default=256 << 20, ge=1 << 20, le=1 << 42,
+                                         description="input bytes admitted and not yet answered for one "
+                                         "client; past it 429")
 
 
 class CertificateSpec(Strict):
