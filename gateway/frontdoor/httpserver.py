@@ -108,6 +108,7 @@ class HttpRequest:
     headers: dict[str, str]  # names lower-cased
     body: bytes
     received: float | None = None  # server clock when its first bytes were read (see the module doc)
+    peer: str = ""  # the client's address (host only): who the per-client limits count it against
 
 
 @dataclass(slots=True)
@@ -203,10 +204,13 @@ class _Connection(asyncio.Protocol):
         self.deadline = 0.0
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = math.inf
+        self.peer = ""  # the client's host address
 
     # ---- transport events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = self.raw = transport  # type: ignore[assignment]
+        addr = transport.get_extra_info("peername")
+        self.peer = addr[0] if isinstance(addr, tuple) and addr else ""
         if not self.server._admit(self):
             self.closing = self.broken = True
             transport.close()
@@ -327,7 +331,7 @@ class _Connection(asyncio.Protocol):
         path = bytes(m.url).split(b"?", 1)[0].decode("latin-1")
         body = m.body[0] if len(m.body) == 1 else b"".join(m.body)
         self._enqueue(_Pending(HttpRequest(p.get_method().decode("latin-1"), path, m.headers, body,
-                                           m.received), p.should_keep_alive()))
+                                           m.received, self.peer), p.should_keep_alive()))
 
     # ---- limits
     def _reserve(self, m: _Message, n: int) -> None:
