@@ -43,7 +43,20 @@ from profiles.schema import LimitsSpec
 
 log = logging.getLogger("headrace.gateway")
 _METRICS_MAX_BODY = 64 << 10  # the metrics listener reads no bodies
-_METRICS_LIMITS = LimitsSpec(max_connections=256, probe_connections=16, max_buffered_bytes=1 << 20)
+# the metrics listener serves a few scrapers (one keep-alive connection each) and probes: room
+# for 256 of them, 16 from one address, each closed after 15 s idle (a scraper connects again)
+_METRICS_LIMITS = LimitsSpec(max_connections=256, probe_connections=16, max_address_connections=16,
+                             header_timeout_s=5.0, body_timeout_s=5.0, idle_timeout_s=15.0,
+                             max_buffered_bytes=1 << 20, max_client_buffered_bytes=1 << 20)
+_METRICS_BOUNDED = ("max_connections", "probe_connections", "max_address_connections", "max_header_bytes",
+                    "max_headers", "max_url_bytes", "header_timeout_s", "body_timeout_s", "idle_timeout_s")
+
+
+def metrics_limits(limits: LimitsSpec) -> LimitsSpec:
+    """The metrics listener's limits: :data:`_METRICS_LIMITS`, or the gateway's own ``limits``
+    where they are tighter (a connection cap, a timeout, the connections of one address)."""
+    return _METRICS_LIMITS.model_copy(update={k: min(getattr(limits, k), getattr(_METRICS_LIMITS, k))
+                                              for k in _METRICS_BOUNDED})
 
 
 def make_core(cfg: GatewayConfig) -> SchedulerCore:
@@ -97,7 +110,7 @@ class Gateway:
         self.driver = Driver(
             models, core or make_core(cfg), clock=clock, metrics=GatewayMetrics(),
             health_interval=cfg.health_interval_s, max_message_bytes=cfg.max_message_bytes,
-            expose_replicas=cfg.expose_replicas, replica_factory=replica_factory,
+            expose_replicas=cfg.expose_replicas, replica_factory=replica_factory, limits=cfg.limits,
         )
         self.tracing: Tracing | None = make_tracing(cfg.tracing)
         self.driver.tracing = self.tracing
@@ -114,12 +127,14 @@ class Gateway:
         self._http = HttpServer(door, cfg.max_message_bytes, clock, limits=cfg.limits,
                                 ssl_context=None if tls is None else tls.ssl_context(),
                                 stream_write_timeout_s=cfg.write_timeout_s)
+        if self.security.tenants is not None:
+            self._http.identify = door.body_client  # keys checked before bodies are read
         if self.observer is not None:
             self._http.on_refusal = self.observer.http_refused
         if cfg.llm_models:
             self._http.refusal_shape = openai_refusal
         self._metrics = None if cfg.metrics_listen is None else HttpServer(
-            metrics_door(self.driver, self.llm), _METRICS_MAX_BODY, clock, limits=_METRICS_LIMITS)
+            metrics_door(self.driver, self.llm), _METRICS_MAX_BODY, clock, limits=metrics_limits(cfg.limits))
         self._grpc: grpc.aio.Server | None = None
         self.http_port = 0
         self.grpc_port = 0
@@ -151,7 +166,7 @@ class Gateway:
         try:
             await self.llm.start()
             self._grpc = create_server(self.driver, self.info, self.cfg.max_message_bytes, self.security.tenants,
-                                       self.observer, self.reuse_port, self.llm)
+                                       self.observer, self.reuse_port, self.llm, self.cfg.limits)
             addr, tls = f"{host}:{listen.grpc_port}", self.security.tls
             try:
                 self.grpc_port = (self._grpc.add_insecure_port(addr) if tls is None

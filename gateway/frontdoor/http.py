@@ -10,8 +10,9 @@ With tenants configured (:mod:`gateway.frontdoor.security`), every route but the
 API key (``Authorization: Bearer KEY`` or ``x-api-key: KEY``): without a valid one the answer
 is 401 with ``WWW-Authenticate: Bearer``. A tenant's inferences take its priority class and
 spend its quota (429, reason ``quota``), and every answer is counted by tenant and status in
-``headrace_tenant_requests_total``. With a separate metrics listener, ``/metrics`` is served
-there (:func:`metrics_door`) and not here.
+``headrace_tenant_requests_total``. ``/metrics`` here answers only a tenant with ``metrics:
+true`` (403 for the others: it shows every tenant's counts). With a separate metrics listener,
+``/metrics`` is served there (:func:`metrics_door`), without a key, and not here.
 
 Generative models (:mod:`gateway.llm`) answer on the OpenAI API: ``GET /v1/models``, ``POST
 /v1/completions`` and ``POST /v1/chat/completions`` (whole or streamed), with their errors in
@@ -38,6 +39,7 @@ from gateway.contract import choice_headers
 from gateway.driver import SLO_HEADER, Driver, InferResult
 from gateway.errors import (
     REASON_HEADER,
+    Forbidden,
     GatewayError,
     InvalidRequest,
     ModelNotFound,
@@ -46,6 +48,7 @@ from gateway.errors import (
 )
 from gateway.fleet import Model
 from gateway.frontdoor.httpserver import Handler, HttpRequest, HttpResponse, Later, error_response
+from gateway.frontdoor.limits import Refusal
 from gateway.frontdoor.security import OPEN_HTTP_PATHS, Tenant, Tenants, bearer_key
 from gateway.frontdoor.stats import ServerInfo, model_config_dict, model_metadata_dict
 from gateway.frontdoor.stream import StreamResponse
@@ -62,6 +65,7 @@ _JSON = "application/json"
 _OK = HttpResponse(200)
 _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _CHALLENGE = (("WWW-Authenticate", "Bearer"),)
+_UNREAD_401 = HttpResponse(401)  # what a refusal before the body counts as
 
 
 class TooLarge(GatewayError):
@@ -147,6 +151,20 @@ class HttpFrontDoor:
 
         return Later(fut, made)
 
+    def body_client(self, path: str, headers: dict[str, str], peer: str) -> str:
+        """Whom a request's body is counted against as it arrives (the HTTP server's
+        ``identify``): its tenant, its key checked before a byte of the body is read. A missing
+        or unknown key is refused unread (:class:`Refusal` 401), so a client without a key
+        holds no buffer; the health probes are counted by address."""
+        if self.tenants is None or path in OPEN_HTTP_PATHS:
+            return peer
+        try:
+            tenant = self.tenants.identify(bearer_key(headers.get("authorization"), headers.get("x-api-key")))
+        except Unauthenticated as e:
+            self._counted(UNAUTHENTICATED, _UNREAD_401)
+            raise Refusal(401, str(e), headers=_CHALLENGE) from None
+        return "tenant:" + tenant.name
+
     def _as_tenant(self, req: HttpRequest, tenants: Tenants, seen: Seen | None = None) -> HttpResponse | Later:
         """``req`` answered for the tenant its key names (401 without one), and counted."""
         h = req.headers
@@ -183,6 +201,8 @@ class HttpFrontDoor:
             raise _NotFound(f"no route for {req.method} {req.path}")
         method, fn = route
         _allow(req, method)
+        if parts == ["metrics"] and tenant is not None and not tenant.metrics and self.serve_metrics:
+            raise Forbidden(f"tenant '{tenant.name}' may not read /metrics (it shows every tenant's counts)")
         return fn(self, req)
 
     def _model_route(self, req: HttpRequest, name: str, rest: list[str],
@@ -348,7 +368,8 @@ class HttpFrontDoor:
             seen.parsed(inp, model.info is not None and model.info.signature.batched)
         result = driver.submit(name, inp, req.headers.get(SLO_HEADER), req.received, version=version,
                                priority=None if tenant is None else tenant.priority,
-                               hints=choice_headers(req.headers), trace=None if seen is None else seen.trace)
+                               hints=choice_headers(req.headers), trace=None if seen is None else seen.trace,
+                               client=(req.peer or None) if tenant is None else tenant.name)
 
         def answer(f: asyncio.Future[InferResult]) -> HttpResponse:
             e = f.exception()

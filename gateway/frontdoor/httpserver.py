@@ -20,13 +20,24 @@ aborted.
 
 What a client may ask of it is bounded (:mod:`gateway.frontdoor.limits`, each compared on the parse
 callbacks): connections (past ``max_connections`` a few more may only ask for
-``/v2/health/*``; past those a new connection is closed at once), the request head (414,
-431), the time a head, a body or an idle keep-alive connection may take (408 / close; one
-timer per connection, moved only when a deadline comes earlier), a body past ``max_body``
-(413, on its declared length when there is one) and the bytes of bodies still arriving across
-all connections (503 with ``Retry-After``). A refusal is answered as soon as the answers
-ahead of it on the connection are written; what the client still sends is then read and
-dropped for a moment, so it sees the answer, and the connection closes.
+``/v2/health/*``, one probe each; past those a new connection is closed at once, and so is
+one past ``max_address_connections`` from its address), the request head (414, 431), the
+time a head, a body or an idle keep-alive connection may take (408 / close; one timer per
+connection, moved only when a deadline comes earlier) and a body past ``max_body`` (413, on
+its declared length when there is one). A body's bytes are charged as they arrive, never from
+its declared length, to its client (``identify``: its tenant, its key checked before a byte of
+the body is read; else its address), and stay charged until the handler takes it, pipelined
+ones included: past ``max_client_buffered_bytes`` for its client the answer is 429, past
+``max_buffered_bytes`` for all of them 503, both with ``Retry-After``. A refusal is answered
+as soon as the answers ahead of it on the connection are written; what the client still sends
+is then read and dropped for a moment, so it sees the answer, and the connection closes.
+
+Answers wait for their client: while the connection's socket is full (the transport paused
+writing), no further request of it is handed to the handler and nothing more is read from it,
+so a client that pipelines requests and reads nothing holds a socket's worth of answers; one
+that reads nothing for ``stream_write_timeout_s`` is cut off. A request asking to upgrade the
+protocol (``Upgrade:``) is answered as plain HTTP/1.1, and ``CONNECT`` with 405; either closes
+the connection after its one answer.
 
 Given an :class:`ssl.SSLContext`, every connection speaks TLS (:class:`~gateway.frontdoor.tls.TlsTransport`,
 set up as the connection is accepted, so the limits above hold from its first byte: its
@@ -155,26 +166,30 @@ class _Pending:
     request: HttpRequest | None  # None: answer ``early`` (a refusal) without calling the handler
     keep_alive: bool
     early: HttpResponse | None = None
+    client: str = ""  # who its body's bytes are counted against until the handler takes it
+    reserved: int = 0  # those bytes
 
 
 class _Message:
     """The request being parsed (a plain class: one is made per request)."""
 
-    __slots__ = ("url", "headers", "body", "size", "reserved", "head", "nheaders", "received")
+    __slots__ = ("url", "headers", "body", "size", "reserved", "client", "head", "nheaders", "received")
 
     def __init__(self, received: float = 0.0) -> None:
         self.url = bytearray()
         self.headers: dict[str, str] = {}
         self.body: list[bytes] = []
         self.size = 0  # body bytes received
-        self.reserved = 0  # bytes counted in the server's buffered total (the declared length, if any)
+        self.reserved = 0  # bytes counted in the server's buffered totals (all of them received)
+        self.client = ""  # whom they are counted against: the server's identify(), else the address
         self.head = 0  # bytes of URL and headers (each header counted with ": " and CRLF)
         self.nheaders = 0
         self.received = received
 
 
 def _refusal_response(r: Refusal) -> HttpResponse:
-    return error_response(r.status, r.message, () if r.retry_after is None else (("Retry-After", str(r.retry_after)),))
+    headers = r.headers if r.retry_after is None else (*r.headers, ("Retry-After", str(r.retry_after)))
+    return error_response(r.status, r.message, headers)
 
 
 class _Connection(asyncio.Protocol):
@@ -205,6 +220,8 @@ class _Connection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.timer_at = math.inf
         self.peer = ""  # the client's host address
+        self.admitted = False  # counted in the server's connections (and its address's)
+        self.stall: asyncio.TimerHandle | None = None  # answers wait on a client that does not read
 
     # ---- transport events
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -227,8 +244,10 @@ class _Connection(asyncio.Protocol):
         if self.waiting is not None and not self.waiting.done():
             self.waiting.cancel()  # the client is gone: a queued request leaves the scheduler
         self._release(self.msg)
+        self._drop_queue()
         self._stop_timer()
-        self.server._conns.discard(self)
+        self._unstall()
+        self.server._left(self)
 
     def pause_writing(self) -> None:
         self.write_paused = self.now()
@@ -239,6 +258,23 @@ class _Connection(asyncio.Protocol):
         self.write_paused = 0.0
         if self.writer is not None:
             self.writer.resume()
+        elif self.stall is not None:  # answers held for the client to read: go on with them
+            self._unstall()
+            if not self.busy:
+                self._next()
+
+    def _unstall(self) -> None:
+        if self.stall is not None:
+            self.stall.cancel()
+            self.stall = None
+
+    def _stalled(self) -> None:
+        """The client has read none of its answers for stream_write_timeout_s: it is cut off."""
+        self.stall = None
+        self.closing = True
+        self._drop_queue()
+        if self.transport is not None:
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         if self.broken:
@@ -254,7 +290,10 @@ class _Connection(asyncio.Protocol):
             self._callback_failed(e)
             return
         except httptools.HttpParserUpgrade:
-            self._answer_and_close(error_response(400, "protocol upgrades are not supported"))
+            # the request asking to upgrade (or CONNECT) is answered as plain HTTP/1.1 and closes
+            # the connection (on_message_complete saw it): what follows it is not HTTP to read
+            self.broken = True
+            self.transport.pause_reading()  # type: ignore[union-attr]
             return
         except httptools.HttpParserError as e:
             self._answer_and_close(error_response(400, f"malformed HTTP request: {e}"))
@@ -301,50 +340,71 @@ class _Connection(asyncio.Protocol):
         m.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        m, lim = self.msg, self.limits
+        m, lim, h = self.msg, self.limits, self.msg.headers
         if self.probe_only and not m.url.startswith(PROBE_PREFIX):
             raise lim.probes_only()
-        length = m.headers.get("content-length")
-        if length is not None and length.isdigit():
-            n = int(length)
-            if n > lim.max_body:
-                raise lim.body_too_large()  # before reading it: answered now, what comes is dropped
-            if n:
-                self._reserve(m, n)
-        if m.headers.get("expect", "").lower() == "100-continue":
+        length = h.get("content-length")
+        if length is not None and length.isdigit() and int(length) > lim.max_body:
+            raise lim.body_too_large()  # before reading it: answered now, what comes is dropped
+        # a body is charged as its bytes arrive, to its client: known (its key checked) first
+        identify = self.server.identify
+        if identify is None:
+            m.client = self.peer
+        elif (length is not None and length != "0") or "transfer-encoding" in h:
+            m.client = identify(bytes(m.url).split(b"?", 1)[0].decode("latin-1"), h, self.peer)
+        if h.get("expect", "").lower() == "100-continue":
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
         self.phase = _BODY
 
     def on_body(self, body: bytes) -> None:
         m = self.msg
         m.size += len(body)
-        if m.size > m.reserved:  # no declared length (chunked): counted as it comes
-            if m.size > self.limits.max_body:
-                raise self.limits.body_too_large()
-            self._reserve(m, m.size - m.reserved)
+        if m.size > self.limits.max_body:
+            raise self.limits.body_too_large()
+        self._reserve(m, len(body))
         m.body.append(body)
 
     def on_message_complete(self) -> None:
         m, p = self.msg, self.parser
-        self._release(m)  # the body is the handler's now: no longer "being received"
         self.phase = self.armed = _NONE
         path = bytes(m.url).split(b"?", 1)[0].decode("latin-1")
+        method = p.get_method().decode("latin-1")
+        if method == "CONNECT":  # a tunnel: not what a gateway offers (answered once, then closed)
+            self._release(m)
+            self.queue.append(_Pending(None, False, error_response(405, "CONNECT is not supported")))
+            if not self.busy:
+                self._next()
+            return
         body = m.body[0] if len(m.body) == 1 else b"".join(m.body)
-        self._enqueue(_Pending(HttpRequest(p.get_method().decode("latin-1"), path, m.headers, body,
-                                           m.received, self.peer), p.should_keep_alive()))
+        # its bytes stay counted (to its client) until the handler takes it: pipelined bodies too
+        pending = _Pending(HttpRequest(method, path, m.headers, body, m.received, self.peer),
+                           p.should_keep_alive() and not p.should_upgrade(), None, m.client, m.reserved)
+        m.reserved = 0
+        self._enqueue(pending)
 
     # ---- limits
     def _reserve(self, m: _Message, n: int) -> None:
-        server = self.server
-        if server.buffered + n > self.limits.max_buffered_bytes:
-            raise self.limits.buffers_full()
+        server, lim = self.server, self.limits
+        if server.buffered + n > lim.max_buffered_bytes:
+            raise lim.buffers_full()
+        held = server.client_buffered.get(m.client, 0)
+        if held + n > lim.max_client_buffered_bytes:
+            raise lim.client_buffers_full()
         server.buffered += n
+        server.client_buffered[m.client] = held + n
         m.reserved += n
 
     def _release(self, m: _Message) -> None:
         if m.reserved:
-            self.server.buffered -= m.reserved
+            self.server._release(m.client, m.reserved)
             m.reserved = 0
+
+    def _drop_queue(self) -> None:
+        """Forget the requests waiting on this connection, and the bytes they held."""
+        for pending in self.queue:
+            if pending.reserved:
+                self.server._release(pending.client, pending.reserved)
+        self.queue.clear()
 
     def _expect(self, phase: int, timeout: float) -> None:
         """From now the connection is in ``phase`` until ``timeout`` seconds have passed. The
@@ -394,10 +454,16 @@ class _Connection(asyncio.Protocol):
 
     def _next(self) -> None:
         while self.queue and not self.closing:
+            if self.write_paused:  # the client is not reading its answers: no more until it does
+                self._hold()
+                return
             pending = self.queue.popleft()
             if pending.request is None:
                 self._write(pending.early, False, linger=True)  # type: ignore[arg-type]
                 continue
+            if pending.reserved:  # the body is the handler's now
+                self.server._release(pending.client, pending.reserved)
+                pending.reserved = 0
             try:
                 answer = self.server.handler(pending.request)
             except Exception as e:  # noqa: BLE001  (a bug answers 500; the server goes on)
@@ -426,6 +492,17 @@ class _Connection(asyncio.Protocol):
             self.transport.resume_reading()  # type: ignore[union-attr]
         if self.phase == _NONE and not self.broken:  # no request under way: idle until one begins
             self._expect(_IDLE, self.limits.idle_timeout_s)
+
+    def _hold(self) -> None:
+        """Answers wait until the client reads the ones written: reading stops (so what it
+        pipelines stays in its socket), and a client that reads nothing for
+        stream_write_timeout_s is cut off."""
+        self.busy = False
+        if not self.paused:
+            self.paused = True
+            self.transport.pause_reading()  # type: ignore[union-attr]
+        if self.stall is None:
+            self.stall = self.loop.call_later(self.server.stream_write_timeout_s, self._stalled)
 
     def _done(self, task: asyncio.Future, keep_alive: bool,
               make: Callable[[asyncio.Future], HttpResponse | StreamResponse]) -> None:
@@ -470,7 +547,8 @@ class _Connection(asyncio.Protocol):
     def _write(self, resp: HttpResponse, keep_alive: bool, linger: bool = False) -> None:
         if self.closing:
             return
-        keep_alive = keep_alive and not self.server.stopping
+        # a connection let in past max_connections serves one probe: the room is for others too
+        keep_alive = keep_alive and not self.server.stopping and not self.probe_only
         self.transport.write(resp.encode(keep_alive))  # type: ignore[union-attr]
         if not keep_alive:
             self._close(linger)
@@ -497,7 +575,7 @@ class _Connection(asyncio.Protocol):
         """Close; with ``linger`` (after a refusal) first send EOF and drop what the client
         still sends for up to LINGER_S, so it reads the answer instead of a reset."""
         self.closing = True
-        self.queue.clear()
+        self._drop_queue()
         self._release(self.msg)
         t = self.transport
         if t is None or t.is_closing():
@@ -535,7 +613,13 @@ class HttpServer:
         self.read_time = TurnClock(clock)
         self.stopping = False
         self.buffered = 0
+        self.client_buffered: dict[str, int] = {}  # the same bytes by client (only those holding some)
+        self.address_connections: dict[str, int] = {}  # open connections by client address
         self.refused_connections = 0  # closed at once: past max_connections + probe_connections
+        # (path, headers, address) -> the client a request body is counted against (its tenant),
+        # called before the body is read; raises Refusal (a missing or unknown key: 401) to refuse
+        # it unread. None: every client is its address.
+        self.identify: Callable[[str, dict[str, str], str], str] | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[_Connection] = set()
@@ -557,8 +641,17 @@ class HttpServer:
 
     def _admit(self, conn: _Connection) -> bool:
         """Count a new connection in: past max_connections it may only serve health probes,
-        past the probe room it is refused (False)."""
+        past the probe room, or past max_address_connections from its address, it is refused
+        (False)."""
         lim, n = self.limits, len(self._conns)
+        mine = self.address_connections.get(conn.peer, 0)
+        if mine >= lim.max_address_connections:
+            self.refused_connections += 1
+            if not self._warned_full:
+                self._warned_full = True
+                log.warning("%d connections from %s (limits.max_address_connections): closing new ones from it",
+                            mine, conn.peer)
+            return False
         if n >= lim.max_connections:
             if n >= lim.max_connections + lim.probe_connections:
                 self.refused_connections += 1
@@ -571,7 +664,29 @@ class HttpServer:
         elif self._warned_full and n < lim.max_connections // 2:
             self._warned_full = False
         self._conns.add(conn)
+        self.address_connections[conn.peer] = mine + 1
+        conn.admitted = True
         return True
+
+    def _left(self, conn: _Connection) -> None:
+        """``conn`` closed: counted out."""
+        if conn.admitted:
+            conn.admitted = False
+            self._conns.discard(conn)
+            mine = self.address_connections[conn.peer] - 1
+            if mine:
+                self.address_connections[conn.peer] = mine
+            else:
+                del self.address_connections[conn.peer]
+
+    def _release(self, client: str, n: int) -> None:
+        """``n`` bytes of ``client``'s requests no longer held here."""
+        self.buffered -= n
+        held = self.client_buffered[client] - n
+        if held:
+            self.client_buffered[client] = held
+        else:
+            del self.client_buffered[client]
 
     @property
     def connections(self) -> int:

@@ -25,11 +25,13 @@ class Refusal(Exception):
     """A request refused by a limit: answered ``status`` with ``{"error": message}`` (and
     ``Retry-After`` when the refusal is temporary), then its connection closes."""
 
-    def __init__(self, status: int, message: str, retry_after: int | None = None) -> None:
+    def __init__(self, status: int, message: str, retry_after: int | None = None,
+                 headers: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.retry_after = retry_after
+        self.headers = headers  # answered with these too (e.g. WWW-Authenticate on a 401)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,13 +48,15 @@ class Limits:
     body_timeout_s: float
     idle_timeout_s: float
     max_buffered_bytes: int
+    max_address_connections: int
+    max_client_buffered_bytes: int
 
     @classmethod
     def of(cls, spec: LimitsSpec | None, max_body: int) -> Limits:
         s = spec or LimitsSpec()
         return cls(max_body, s.max_connections, s.probe_connections, s.max_header_bytes, s.max_headers,
                    s.max_url_bytes, s.header_timeout_s, s.body_timeout_s, s.idle_timeout_s,
-                   s.max_buffered_bytes)
+                   s.max_buffered_bytes, s.max_address_connections, s.max_client_buffered_bytes)
 
     # ---- refusals, each naming its limit
     def url_too_long(self) -> Refusal:
@@ -70,6 +74,11 @@ class Limits:
     def buffers_full(self) -> Refusal:
         return Refusal(503, "request bodies being received would exceed limits.max_buffered_bytes "
                        f"({self.max_buffered_bytes} bytes); retry later", retry_after=1)
+
+    def client_buffers_full(self) -> Refusal:
+        return Refusal(429, "this client's request bytes being received or waiting on its connections would "
+                       f"exceed limits.max_client_buffered_bytes ({self.max_client_buffered_bytes} bytes); "
+                       "retry later", retry_after=1)
 
     def probes_only(self) -> Refusal:
         return Refusal(503, f"the gateway is at limits.max_connections ({self.max_connections}); this "
