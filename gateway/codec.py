@@ -5,7 +5,9 @@ Inside the gateway a tensor is its name, datatype, shape and little-endian row-m
 slicing, so a request's data is never converted to numbers unless it came in (or must go
 out) as JSON. Every decoding error raises :class:`~gateway.errors.InvalidRequest` naming the
 tensor and the offending value. A JSON request is refused (before it is parsed) when it nests
-deeper than ``limits.max_json_depth``, and float tensors refuse NaN and infinities.
+deeper than ``limits.max_json_depth``, and float tensors refuse NaN and infinities. An input
+naming a shared-memory region (:data:`SHM_PARAMS`) is refused: the gateway does not offer
+Triton's shared-memory extension.
 """
 
 from __future__ import annotations
@@ -44,6 +46,15 @@ _GRPC_CONTENTS: dict[str, str] = {
 }
 _LEN = struct.Struct("<I")
 _FLOATS = frozenset({"FP16", "FP32", "FP64"})  # JSON float data must be finite
+# Triton's shared-memory extension's tensor parameters: not offered, refused wherever they appear
+SHM_PARAMS = frozenset({"shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"})
+
+
+def refuse_shm(name: str, params: Any) -> None:
+    """:class:`InvalidRequest` when input ``name``'s ``params`` name a shared-memory region."""
+    for k in SHM_PARAMS:
+        if k in params:
+            raise InvalidRequest(f"input '{name}': parameter {k!r}: shared memory is not offered by this server")
 
 
 @dataclass(slots=True)
@@ -422,6 +433,8 @@ def _layout_of(head: bytes, max_depth: int) -> _RequestLayout:
         params = inp.get("parameters") or {}
         if not isinstance(params, dict):
             raise InvalidRequest(f"input '{name}': parameters must be an object")
+        if params:
+            refuse_shm(name, params)
         bds = params.get("binary_data_size")
         if bds is not None:
             if not isinstance(bds, int) or isinstance(bds, bool) or bds < 0:
@@ -514,6 +527,8 @@ def parse_grpc_infer(req: pb.ModelInferRequest) -> InferInput:
         shape = list(inp.shape)
         if any(d < 0 for d in shape):
             raise InvalidRequest(f"input '{inp.name}': shape {shape} has a negative dimension")
+        if inp.parameters:
+            refuse_shm(inp.name, inp.parameters)
         if raws:
             raw: bytes = raws[i]
         else:

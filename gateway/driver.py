@@ -10,6 +10,10 @@ each batch to its replica, answers each reject at once and arms a single timer a
 Invariant: every admitted request's future is resolved exactly once: with its outputs, with
 a reject from the core, or with a definite error (failed batch, replica removed with its batch
 in flight, model no longer served, shutdown).
+
+What it holds is bounded (:mod:`gateway.queue_bounds`): a request is charged to its client
+when admitted and released when it leaves ``_pending`` (:meth:`Driver._drop`), whichever way
+it leaves: answered, failed, rejected, cancelled, or removed with its replica.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from gateway.errors import (
     BackendError,
     GatewayError,
     InvalidRequest,
+    Rejected,
     Unavailable,
     rejection,
 )
@@ -49,6 +54,8 @@ from gateway.fleet import Fleet, Model, Removal, Replica
 from gateway.frontdoor.stats import Statistics
 from gateway.observe.metrics import GatewayMetrics
 from gateway.policy.types import Batch, Priority, Request, SchedulerCore
+from gateway.queue_bounds import QueueBounds
+from profiles.schema import LimitsSpec
 
 log = logging.getLogger("headrace.gateway")
 
@@ -83,6 +90,8 @@ class _Pending:
     batch: list[_Pending] | None = None  # once sent: its batch's members
     task: asyncio.Task | None = None  # once sent: the wait for its batch's answer
     trace: Any = None  # its spans (gateway.observe.tracing.RequestTrace) when tracing is on
+    client: str | None = None  # whom its queue bounds charge (tenant or address; None: only the totals)
+    nbytes: int = 0  # its input bytes, as charged
 
 
 class Driver:
@@ -100,8 +109,10 @@ class Driver:
         max_message_bytes: int = 64 << 20,
         replica_factory: Callable[[str, str], Any] | None = None,
         expose_replicas: bool = False,
+        limits: LimitsSpec | None = None,
     ) -> None:
         self.core = core
+        self.bounds = QueueBounds.of(limits)  # requests admitted and not yet answered, by client
         self.expose_replicas = expose_replicas  # answers name their replica (headrace_replica)
         self._queued = core.queued  # bound once: read on every arrival and completion
         self.clock = clock
@@ -175,7 +186,7 @@ class Driver:
             elif out.model_gone:
                 self._fail(p, Unavailable(f"model '{model}' is no longer served"))
             elif (rj := self.core.submit(r, now)) is not None:
-                self._pending.pop(r.id, None)
+                self._drop(r.id)
                 self.metrics.of(self.metrics.rejections, r.model, rj.reason).inc()
                 if not p.future.done():
                     p.future.set_exception(rejection(rj.message, rj.reason, rj.retry_after))
@@ -204,13 +215,20 @@ class Driver:
         for p in list(self._pending.values()):
             if not p.future.done():
                 p.future.set_exception(Unavailable("gateway is shutting down"))
-        self._pending.clear()
+            self._drop(p.request.id)
         for t in list(self._tasks):
             t.cancel()
         await self.fleet.close()
 
+    def _drop(self, request_id: int) -> _Pending | None:
+        """``request_id`` leaves ``_pending`` (if there): what it held is free again."""
+        p = self._pending.pop(request_id, None)
+        if p is not None:
+            self.bounds.release(p.client, p.nbytes)
+        return p
+
     def _fail(self, p: _Pending, err: GatewayError) -> None:
-        self._pending.pop(p.request.id, None)
+        self._drop(p.request.id)
         self.metrics.of(self.metrics.failures, p.request.model).inc()
         self.stats.answered(p.request.model, _version([p]), "", False, self.clock() - p.request.arrival)
         if not p.future.done():
@@ -251,15 +269,15 @@ class Driver:
     async def infer(self, name: str, inp: InferInput, slo_header: str | None = None,
                     received: float | None = None, *, version: str = "", deadline: float | None = None,
                     priority: Priority | None = None, trace: Any = None,
-                    hints: dict[str, str] | None = None) -> InferResult:
+                    hints: dict[str, str] | None = None, client: str | None = None) -> InferResult:
         """Admit, queue and run one request; raises a :class:`GatewayError` when it cannot."""
         return await self.submit(name, inp, slo_header, received, version=version, deadline=deadline,
-                                 priority=priority, trace=trace, hints=hints)
+                                 priority=priority, trace=trace, hints=hints, client=client)
 
     def submit(self, name: str, inp: InferInput, slo_header: str | None = None,
                received: float | None = None, *, version: str = "", deadline: float | None = None,
                priority: Priority | None = None, trace: Any = None,
-               hints: dict[str, str] | None = None) -> asyncio.Future[InferResult]:
+               hints: dict[str, str] | None = None, client: str | None = None) -> asyncio.Future[InferResult]:
         """Admit and queue one request, without awaiting: a refusal raises here and now
         (:class:`GatewayError`), else the future answers it. ``received`` is when the front
         door read it (default: now); its deadline counts from then, so time spent waiting to
@@ -271,7 +289,8 @@ class Driver:
         caller's tenant imposes, overriding the request's own ``priority`` parameter. ``trace``:
         its spans (:class:`gateway.observe.tracing.RequestTrace`), ended by its batch's spans. ``hints``:
         variant constraints from headers (:func:`gateway.contract.choice_headers`); request
-        parameters win over them."""
+        parameters win over them. ``client``: whom the queue bounds charge it to (its tenant,
+        else its address; None: the totals only); past a bound, :class:`Rejected` (``queue_full``)."""
         fleet = self.fleet
         m = fleet.model(name, version)
         if self.draining:
@@ -306,14 +325,22 @@ class Driver:
                           variant=choice.variant)
         if seq is not None:
             req = replace(req, sequence=seq.id, sequence_start=seq.start, sequence_end=seq.end)
-        reject = self.core.submit(req, now)
-        if reject is not None:
-            self.metrics.of(self.metrics.rejections, name, reject.reason).inc()
+        nbytes = 0
+        for t in inp.inputs:
+            nbytes += len(t.raw)
+        try:
+            self.bounds.admit(client, nbytes)
+            reject = self.core.submit(req, now)
+            if reject is not None:
+                self.bounds.release(client, nbytes)
+                raise rejection(reject.message, reject.reason, reject.retry_after)
+        except Rejected as e:
+            self.metrics.of(self.metrics.rejections, name, e.reason).inc()
             self.stats.answered(name, version, "", False, now - arrival)
             self.metrics.of(self.metrics.refusal_wait, name).observe(now - arrival)
-            raise rejection(reject.message, reject.reason, reject.retry_after)
+            raise
         fut = self._loop.create_future()  # type: ignore[union-attr]
-        self._pending[req.id] = _Pending(req, inp, fut, fwd, trace=trace)
+        self._pending[req.id] = _Pending(req, inp, fut, fwd, trace=trace, client=client, nbytes=nbytes)
         if trace is not None:
             trace.admitted()  # its queue span starts before a poll can send it
         fut.add_done_callback(partial(self._gone, req.id))
@@ -330,7 +357,7 @@ class Driver:
         if not fut.cancelled():
             return
         if self.core.cancel(request_id, self.clock()):
-            p = self._pending.pop(request_id, None)
+            p = self._drop(request_id)
             if p is not None:
                 self.metrics.of(self.metrics.cancelled, p.request.model).inc()
             return
@@ -360,7 +387,7 @@ class Driver:
             self._fail_all(Unavailable("gateway scheduler error"))
             return
         for rj in d.rejects:
-            p = self._pending.pop(rj.request.id, None)
+            p = self._drop(rj.request.id)
             if p is None:
                 continue
             self.metrics.of(self.metrics.rejections, rj.request.model, rj.reason).inc()
@@ -387,10 +414,10 @@ class Driver:
         self._poll()
 
     def _fail_all(self, err: GatewayError) -> None:
-        for p in self._pending.values():
+        for p in list(self._pending.values()):
             if not p.future.done():
                 p.future.set_exception(err)
-        self._pending.clear()
+            self._drop(p.request.id)
 
     def _dispatch(self, b: Batch) -> None:
         """Send ``b`` now and leave the wait for its answer to a task: a replica client whose
@@ -434,7 +461,7 @@ class Driver:
         keep = 1.0 - (served.served.margin if served else 0.0)
         met = []
         for p, outs in zip(live, results, strict=True):
-            self._pending.pop(p.request.id, None)
+            self._drop(p.request.id)
             r = p.request
             met.append(ok := now <= r.arrival + (r.deadline - r.arrival) / keep)
             if not p.future.done():
@@ -454,7 +481,7 @@ class Driver:
         except Exception:
             log.exception("policy core failed in on_complete")
         for p in live:
-            if self._pending.pop(p.request.id, None) is not None:
+            if self._drop(p.request.id) is not None:
                 self.metrics.of(self.metrics.cancelled, p.request.model).inc()
         if rep.batch_done is not None:
             rep.batch_done.set()
@@ -559,7 +586,7 @@ class Driver:
         for p in live:
             if p.request.id in retried:
                 continue
-            self._pending.pop(p.request.id, None)
+            self._drop(p.request.id)
             self.metrics.of(self.metrics.failures, model).inc()
             self.stats.answered(model, _version([p]), b.variant, False, now - p.request.arrival)
             if not p.future.done():

@@ -23,6 +23,7 @@ import json
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -77,6 +78,19 @@ async def _abort(context: grpc.aio.ServicerContext, e: GatewayError) -> None:
         context.set_trailing_metadata((("retry-after", str(max(1, math.ceil(e.retry_after)))),
                                        (REASON_HEADER, e.reason)))
     await context.abort(e.grpc_code, str(e))
+
+
+def _client(context: grpc.aio.ServicerContext, tenant: Tenant | None) -> str | None:
+    """Whom the driver's queue bounds charge a call to: its tenant, else its peer's host
+    (``ipv4:10.0.0.7:5123`` -> ``10.0.0.7``, ``ipv6:[::1]:5123`` -> ``::1``; another kind of
+    peer, a unix socket, as it is)."""
+    if tenant is not None:
+        return tenant.name
+    peer = unquote(context.peer() or "")
+    kind, _, addr = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return addr.rpartition(":")[0].strip("[]") or None
+    return peer or None
 
 
 def _reason(e: GatewayError) -> str:
@@ -143,11 +157,12 @@ class InferenceServicer:
     async def _infer(self, req: pb.ModelInferRequest, slo: str | None,
                      deadline: float | None = None, tenant: Tenant | None = None,
                      hints: dict[str, str] | None = None, seen: Seen | None = None,
-                     received: float | None = None) -> pb.ModelInferResponse:
+                     received: float | None = None, client: str | None = None) -> pb.ModelInferResponse:
         """``deadline``: seconds the client still waits (its gRPC deadline), a cap on the SLO,
         counted from ``received`` (the driver's clock when it was read; default: now);
         ``tenant``: whose request it is (its quota is spent, its priority class applies);
-        ``seen``: the access log's and tracing's view of it, answered here when it is served."""
+        ``seen``: the access log's and tracing's view of it, answered here when it is served;
+        ``client``: whom the driver's queue bounds charge it to (:func:`_client`)."""
         name = req.model_name
         model = self.driver.model(name, req.model_version)
         if tenant is not None:
@@ -157,7 +172,7 @@ class InferenceServicer:
             seen.parsed(inp, model.info is not None and model.info.signature.batched)
         res = await self.driver.infer(name, inp, slo, received, version=req.model_version, deadline=deadline,
                                       priority=None if tenant is None else tenant.priority, hints=hints,
-                                      trace=None if seen is None else seen.trace)
+                                      trace=None if seen is None else seen.trace, client=client)
         if seen is not None:
             seen.answered("OK", variant=res.variant, queue_s=res.queue_s)
         return encode_grpc_response(name, req.model_version or model.default_version, inp, res.outputs,
@@ -167,13 +182,15 @@ class InferenceServicer:
                          tenant: Tenant | None = None) -> pb.ModelInferResponse:
         received, remaining = _client_wait(context, self.driver.clock)
         return await self._infer(_parse(pb.ModelInferRequest, raw), _slo_header(context), remaining, tenant,
-                                 choice_headers(context.invocation_metadata() or ()), received=received)
+                                 choice_headers(context.invocation_metadata() or ()), received=received,
+                                 client=_client(context, tenant))
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext, tenant: Tenant | None = None
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         slo = _slo_header(context)
         hints = choice_headers(context.invocation_metadata() or ())
+        client = _client(context, tenant)
         out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         tasks: set[asyncio.Task] = set()
 
@@ -192,7 +209,7 @@ class InferenceServicer:
                     seen = self.observer.grpc_request(req.model_name, req.model_version, context.invocation_metadata())
                     seen.tenant = None if tenant is None else tenant.name
                 msg = pb.ModelStreamInferResponse(infer_response=await self._infer(req, slo, tenant=tenant, hints=hints,
-                                                                                   seen=seen))
+                                                                                   seen=seen, client=client))
             except GatewayError as e:
                 code = e.grpc_code.name
                 if self.observer is not None:
