@@ -373,6 +373,40 @@ class LimitsSpec(Strict):
     max_client_queued_bytes: int = Field(default=256 << 20, ge=1 << 20, le=1 << 42,
                                          description="input bytes admitted and not yet answered for one "
                                          "client; past it 429")
+    # the gRPC listener: grpc core's channel arguments (gateway.frontdoor.grpc.server_options);
+    # the keepalive fields default to Triton's own --grpc-* keepalive defaults
+    grpc_max_connections: int = Field(default=10_000, ge=1, le=1_000_000,
+                                      description="gRPC client connections open at once; past it a new one "
+                                      "is closed as it is accepted (grpc.max_allowed_incoming_connections)")
+    grpc_idle_timeout_s: float = Field(default=300.0, gt=0, le=86_400,
+                                       description="a gRPC connection with no call open is closed after this "
+                                       "(GOAWAY; grpc.max_connection_idle_ms); a client's channel connects "
+                                       "again on its next call")
+    grpc_handshake_timeout_s: float = Field(default=10.0, gt=0, le=3600,
+                                            description="a new gRPC connection must finish its TLS handshake and "
+                                            "send its HTTP/2 settings within this, else it is closed "
+                                            "(grpc.server_handshake_timeout_ms)")
+    grpc_max_concurrent_streams: int = Field(default=4096, ge=1, le=2**31 - 1,
+                                             description="calls open at once on one gRPC connection (HTTP/2 "
+                                             "SETTINGS_MAX_CONCURRENT_STREAMS); a client holds back those "
+                                             "past it until one ends")
+    grpc_keepalive_time_s: float = Field(default=7200.0, gt=0, le=86_400 * 365,
+                                         description="the gateway pings a gRPC client after this without "
+                                         "traffic (grpc.keepalive_time_ms; Triton: 7200 s)")
+    grpc_keepalive_timeout_s: float = Field(default=20.0, gt=0, le=3600,
+                                            description="a client that does not answer the gateway's ping "
+                                            "within this is disconnected (grpc.keepalive_timeout_ms; Triton: 20 s)")
+    grpc_keepalive_permit_without_calls: bool = Field(
+        default=False, description="clients may ping on a connection with no call open as often as "
+        "grpc_min_ping_interval_s (false: once per 2 hours; grpc.keepalive_permit_without_calls; Triton: false)")
+    grpc_min_ping_interval_s: float = Field(default=300.0, gt=0, le=86_400,
+                                            description="a client's pings closer together than this while no "
+                                            "data flows are strikes (grpc.http2.min_ping_interval_without_data_ms;"
+                                            " Triton: 300 s)")
+    grpc_max_ping_strikes: int = Field(default=2, ge=0, le=1000,
+                                       description="past this many strikes the connection gets GOAWAY "
+                                       "(ENHANCE_YOUR_CALM, too_many_pings) and is closed; 0: never "
+                                       "(grpc.http2.max_ping_strikes; Triton: 2)")
 
 
 class CertificateSpec(Strict):

@@ -14,6 +14,21 @@ else UNAUTHENTICATED; a tenant's inferences take its priority class and spend it
 With an access log or tracing on (``observer``, :mod:`gateway.observe.request`), ModelInfer is served
 by a handler that sees each call from arrival to answer, refusals included (it is chosen when
 the server is made: off, the RPCs run as they are).
+
+The listener's limits (:func:`server_options`, the ``grpc_*`` fields of
+:class:`~profiles.schema.LimitsSpec`) are grpc core's own channel arguments, as named in grpc's
+``include/grpc/impl/channel_arg_names.h`` and read by the installed grpcio (1.85):
+``grpc.max_allowed_incoming_connections`` (a connection past the cap is closed as it is
+accepted: ``ConnectionQuota::AllowIncomingConnection`` in
+``src/core/ext/transport/chttp2/server/chttp2_server.cc``), ``grpc.max_connection_idle_ms``
+(GOAWAY, then close, once a connection has had no call open that long),
+``grpc.server_handshake_timeout_ms`` (also the time a connection has to send its HTTP/2
+SETTINGS; grpc's default is 120 s), ``grpc.max_concurrent_streams`` and the keepalive
+policing of ``src/core/ext/transport/chttp2/transport/ping_abuse_policy.cc``. The keepalive
+defaults are Triton's (``KeepAliveOptions`` in triton-inference-server/server
+``src/grpc/grpc_server.h``: keepalive_time_ms 7200000, keepalive_timeout_ms 20000,
+keepalive_permit_without_calls false, http2_max_pings_without_data 2,
+http2_min_recv_ping_interval_without_data_ms 300000, http2_max_ping_strikes 2).
 """
 
 from __future__ import annotations
@@ -48,7 +63,7 @@ from gateway.llm.relay import LlmService
 from gateway.llm.routing import LlmAsk
 from gateway.observe.metrics import GatewayMetrics
 from gateway.observe.request import Observer, Seen
-from profiles.schema import UNAUTHENTICATED
+from profiles.schema import UNAUTHENTICATED, LimitsSpec
 
 SERVICE = "inference.GRPCInferenceService"
 
@@ -421,15 +436,42 @@ def generic_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 
-def create_server(driver: Driver, info: ServerInfo, max_message_bytes: int = 64 << 20,
-                  tenants: Tenants | None = None, observer: Observer | None = None,
-                  reuse_port: bool = False, llm: LlmService | None = None) -> grpc.aio.Server:
-    """The gRPC server; ``reuse_port``: its port may be shared with other gateway processes
-    (SO_REUSEPORT), else binding a port in use fails."""
-    server = grpc.aio.server(options=[
+_TRITON_MAX_PINGS_WITHOUT_DATA = 2  # pings the gateway itself sends with no data between (Triton's)
+
+
+def _ms(seconds: float) -> int:
+    return min(2**31 - 1, max(1, round(seconds * 1000)))  # grpc reads an int of milliseconds
+
+
+def server_options(max_message_bytes: int, limits: LimitsSpec | None = None,
+                   reuse_port: bool = False) -> list[tuple[str, int]]:
+    """grpc core's channel arguments for the gRPC listener: message sizes, the port's sharing
+    and ``limits``' ``grpc_*`` fields (None: their defaults)."""
+    s = limits or LimitsSpec()
+    return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
         ("grpc.so_reuseport", int(reuse_port)),
-    ])
+        ("grpc.max_allowed_incoming_connections", s.grpc_max_connections),
+        ("grpc.max_connection_idle_ms", _ms(s.grpc_idle_timeout_s)),
+        ("grpc.server_handshake_timeout_ms", _ms(s.grpc_handshake_timeout_s)),
+        ("grpc.max_concurrent_streams", s.grpc_max_concurrent_streams),
+        ("grpc.keepalive_time_ms", _ms(s.grpc_keepalive_time_s)),
+        ("grpc.keepalive_timeout_ms", _ms(s.grpc_keepalive_timeout_s)),
+        ("grpc.keepalive_permit_without_calls", int(s.grpc_keepalive_permit_without_calls)),
+        ("grpc.http2.max_pings_without_data", _TRITON_MAX_PINGS_WITHOUT_DATA),
+        ("grpc.http2.min_ping_interval_without_data_ms", _ms(s.grpc_min_ping_interval_s)),
+        ("grpc.http2.max_ping_strikes", s.grpc_max_ping_strikes),
+    ]
+
+
+def create_server(driver: Driver, info: ServerInfo, max_message_bytes: int = 64 << 20,
+                  tenants: Tenants | None = None, observer: Observer | None = None,
+                  reuse_port: bool = False, llm: LlmService | None = None,
+                  limits: LimitsSpec | None = None) -> grpc.aio.Server:
+    """The gRPC server; ``reuse_port``: its port may be shared with other gateway processes
+    (SO_REUSEPORT), else binding a port in use fails; ``limits``: its connection cap, idle and
+    handshake timeouts, streams per connection and keepalive (:func:`server_options`)."""
+    server = grpc.aio.server(options=server_options(max_message_bytes, limits, reuse_port))
     server.add_generic_rpc_handlers((generic_handler(InferenceServicer(driver, info, tenants, observer, llm)),))
     return server
