@@ -29,6 +29,7 @@ from gateway.driver import Driver
 from gateway.frontdoor.grpc import create_server
 from gateway.frontdoor.http import HttpFrontDoor, metrics_door, openai_refusal
 from gateway.frontdoor.httpserver import HttpServer
+from gateway.frontdoor.limits import Limits, ensure_fd_room
 from gateway.frontdoor.security import load_security
 from gateway.frontdoor.stats import ServerInfo
 from gateway.llm.relay import LlmService
@@ -164,6 +165,7 @@ class Gateway:
             check_bindable("metrics", mlisten.host, mlisten.port)
         await self.driver.start(self.cfg.startup_timeout_s)
         try:
+            ensure_fd_room(Limits.of(self.cfg.limits, self.cfg.max_message_bytes), others=self._other_connections())
             await self.llm.start()
             self._grpc = create_server(self.driver, self.info, self.cfg.max_message_bytes, self.security.tenants,
                                        self.observer, self.reuse_port, self.llm, self.cfg.limits)
@@ -188,6 +190,14 @@ class Gateway:
         except BaseException:
             await self._shutdown()
             raise
+
+    def _other_connections(self) -> int:
+        """Connections the gRPC and metrics listeners may hold at once besides the HTTP port's."""
+        m = self.cfg.limits.grpc_max_connections
+        if self.cfg.metrics_listen is not None:
+            mlim = metrics_limits(self.cfg.limits)
+            m += mlim.max_connections + mlim.probe_connections
+        return m
 
     def replica_ids(self) -> dict[str, list[str]]:
         """What the gateway serves: each model's replica ids (generative models' included)."""

@@ -91,10 +91,12 @@ class Limits:
         return Refusal(408, f"request body not received within limits.body_timeout_s ({self.body_timeout_s:g} s)")
 
 
-def ensure_fd_room(limits: Limits) -> None:
-    """Raise the soft open-file limit (up to the hard one) so the connection cap can be reached:
-    past the open-file limit, accepting fails for every client, health probes included."""
-    need = limits.max_connections + limits.probe_connections + FD_RESERVE
+def ensure_fd_room(limits: Limits, others: int = 0) -> None:
+    """Raise the soft open-file limit (up to the hard one) so the connection cap can be reached
+    while the process's other listeners hold ``others`` connections (the gRPC port's cap, the
+    metrics listener's): past the open-file limit, accepting fails for every client, health
+    probes included."""
+    need = limits.max_connections + limits.probe_connections + others + FD_RESERVE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= need:
         return
@@ -106,7 +108,7 @@ def ensure_fd_room(limits: Limits) -> None:
         except (ValueError, OSError) as e:
             log.warning("cannot raise the open-file limit from %d to %d: %s", soft, target, e)
     if soft < need:
-        log.warning("open-file limit %d is below limits.max_connections + probe_connections + %d (%d): "
-                    "past about %d connections new ones fail, health probes included; lower "
-                    "max_connections or raise the limit (ulimit -n)", soft, FD_RESERVE, need,
-                    soft - FD_RESERVE)
+        log.warning("open-file limit %d is below limits.max_connections + probe_connections + the other "
+                    "listeners' %d + %d (%d): past about %d connections new ones fail, health probes "
+                    "included; lower max_connections or grpc_max_connections or raise the limit (ulimit -n)",
+                    soft, others, FD_RESERVE, need, soft - FD_RESERVE)

@@ -14,6 +14,7 @@ import contextlib
 import http.client
 import json
 import os
+import resource
 import select
 import socket
 import struct
@@ -276,6 +277,21 @@ def test_a_client_that_pings_without_calls_is_sent_away_as_triton_does():
         assert goaway[0] == GOAWAY, got
         assert int.from_bytes(goaway[2][4:8], "big") == ENHANCE_YOUR_CALM
         assert b"too_many_pings" in goaway[2][8:]
+
+
+def test_the_open_file_limit_holds_every_listeners_cap_at_once():
+    # NOTE: the gRPC port at its cap must leave the HTTP port its own: at the open-file limit
+    # accepting fails everywhere, health probes included
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.skip(f"the open-file hard limit ({hard}) is below what the test asks")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (512, hard))
+    try:
+        with gateway(metrics=True, max_connections=300, probe_connections=10, grpc_max_connections=1500):
+            raised = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert raised >= 300 + 10 + 1500 + 256 + 16  # HTTP, gRPC, metrics (256 + 16) and the reserve
 
 
 # --------------------------------------------------------------------------- the metrics listener
