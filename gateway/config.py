@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from gateway.backends.tls import load_backend_tls
 from gateway.errors import ConfigError
+from gateway.partition import replica_id
 from gateway.policy.config import SchedulerConfig
 from gateway.policy.types import Priority
 from profiles.gateway_config import GatewayConfig
@@ -138,7 +139,7 @@ def resolve(cfg: GatewayConfig) -> list[ServedModel]:
             if r.tls is not None:
                 tls = load_backend_tls(r.tls.ca_file, r.tls.cert_file, r.tls.key_file, r.tls.server_name,
                                        f"models.{i}.replicas.{j}.tls", cfg.base_dir)
-            replicas.append(ServedReplica(r.id or f"{r.variant}@{r.url}", r.url, r.protocol, r.variant, prof,
+            replicas.append(ServedReplica(replica_id(r), r.url, r.protocol, r.variant, prof,
                                          r.max_inflight, tls, r.price_per_hour))
         prio = Priority.GUARANTEED if m.priority == "guaranteed" else Priority.BEST_EFFORT
         out.append(ServedModel(m.name, m.slo_ms / 1e3, m.max_batch, prio, tuple(replicas), m.deadline_margin,

@@ -582,7 +582,8 @@ class Driver:
         retried = {r.id for r in retry}
         self.stats.batch(model, _version(live), b.variant, b.rows, [sent - p.request.arrival for p in live],
                          now - sent, False)
-        err = e if isinstance(e, GatewayError) else Unavailable(f"batch failed on {rep.id}: {e}")
+        err = (e.at(rep.id) if isinstance(e, BackendError) else e if isinstance(e, GatewayError)
+               else Unavailable(f"batch failed on {rep.id}: {e}"))
         for p in live:
             if p.request.id in retried:
                 continue

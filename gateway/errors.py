@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+import os
+import re
+
 import grpc
 
 from gateway.policy.types import RejectReason
@@ -36,6 +39,14 @@ class Unauthenticated(GatewayError):
 
     http_status = 401
     grpc_code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class Forbidden(GatewayError):
+    """The request's key is valid but its tenant may not make this call (``/metrics`` on the
+    main port for a tenant without ``metrics: true``)."""
+
+    http_status = 403
+    grpc_code = grpc.StatusCode.PERMISSION_DENIED
 
 
 class ModelNotFound(GatewayError):
@@ -85,13 +96,48 @@ class Unavailable(GatewayError):
 
 
 class BackendError(GatewayError):
-    """A replica answered with an error that retrying elsewhere would not fix."""
+    """A replica answered with an error, or could not be reached (``retryable``: another
+    replica may well succeed). The message is what the client reads, so it never names the
+    backend's address: the replica clients say which variant failed and how, with
+    :func:`transport_text` for a connection's failure and :func:`hide_address` over what
+    Triton said; the driver adds the replica's id (:meth:`at`). The address goes to the
+    gateway's own log only."""
 
     def __init__(self, message: str, code: grpc.StatusCode, retryable: bool) -> None:
         super().__init__(message)
         self.grpc_code = code
         self.retryable = retryable
         self.http_status = _HTTP_OF_GRPC.get(code, 500)
+
+    def at(self, replica: str) -> BackendError:
+        """This error, its message naming the replica (by id) it came from (itself when it
+        names it already)."""
+        if str(self).startswith(f"replica {replica}: "):
+            return self
+        return BackendError(f"replica {replica}: {self}", self.grpc_code, self.retryable)
+
+
+def transport_text(e: BaseException) -> str:
+    """What went wrong with a connection, without the address the exception's text may carry
+    (``Connect call failed ('10.0.0.5', 8001)``): its type, and for an ``OSError`` with an
+    errno the system's words for it."""
+    if isinstance(e, OSError) and e.errno:
+        return f"{type(e).__name__}: {os.strerror(e.errno)}"
+    return type(e).__name__
+
+
+# an IPv4 or [IPv6] address with its port, as Python and gRPC (ipv4:, ipv6:%5B...%5D) write them
+_HOST_PORT = re.compile(r"(?:ipv[46]:)?(?:\d{1,3}(?:\.\d{1,3}){3}|\[[\w:.%]+\]|%5B[\w:.%]+?%5D):\d{1,5}")
+
+
+def hide_address(text: str, url: str) -> str:
+    """``text`` (a backend's error message) with ``url`` (``host:port``), its host and any
+    ``IP:port`` replaced by ``<replica>``: an address never reaches a client."""
+    text = _HOST_PORT.sub("<replica>", text).replace(url, "<replica>")
+    host = url.rpartition(":")[0]
+    if not host:
+        return text
+    return re.sub(rf"(?<![\w.-]){re.escape(host)}(?![\w-])", "<replica>", text)
 
 
 _HTTP_OF_GRPC = {

@@ -37,8 +37,13 @@ from profiles.gateway_config import GatewayConfig, ModelConfig, ReplicaConfig
 
 
 def replica_id(r: ReplicaConfig) -> str:
-    """The id the gateway gives a replica (its configured id, else ``variant@url``)."""
-    return r.id or f"{r.variant}@{r.url}"
+    """The id the gateway gives a replica: its configured one, else the one its
+    :class:`GatewayConfig` gave it when validated (``variant#k``,
+    :func:`~profiles.gateway_config.default_replica_id`; never its url)."""
+    if r.id is None:
+        raise ConfigError(f"replica of {r.variant} has no id: it is not part of a validated gateway config")
+    return r.id
+
 
 
 @dataclass(frozen=True)

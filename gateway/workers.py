@@ -44,6 +44,7 @@ from gateway.config import (
     with_ports,
 )
 from gateway.errors import ConfigError
+from gateway.frontdoor.security import with_key_digests
 from gateway.partition import Partition, partition
 from profiles.gateway_config import GatewayConfig
 from profiles.schema import ListenAddress
@@ -126,8 +127,9 @@ def _die_with_parent() -> None:
 
 class Supervisor:
     """The parent of ``--workers N``: starts the workers, restarts the ones that die, stops
-    them all by process group. ``doc``: the config file's text, read once, so every worker
-    (and every restart) splits the same fleet the same way."""
+    them all by process group. ``doc``: the config as read once, its API keys as digests
+    (:func:`~gateway.frontdoor.security.with_key_digests`), so every worker (and every restart)
+    splits the same fleet the same way and admits the same keys."""
 
     def __init__(self, doc_path: Path, base_dir: Path, lay: Layout, log_level: str,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -217,6 +219,8 @@ def supervise(args: argparse.Namespace) -> int:
     with_ports(cfg, grpc_port=args.grpc_port, where="--grpc-port")
     local_partition(cfg, n)
     resolve(cfg)  # a bad profile is one line here, not N
+    # keys read once, here: every worker, and every restart, gets their digests
+    served = with_key_digests(yaml.safe_load(path.read_text()), cfg, cfg.base_dir or path.parent)
     lay = layout(cfg, n)
     check_bindable("HTTP", lay.host, lay.http_port, reuse_port=True)
     check_bindable("gRPC", lay.host, lay.grpc_port, reuse_port=True)
@@ -230,7 +234,7 @@ def supervise(args: argparse.Namespace) -> int:
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     with tempfile.TemporaryDirectory(prefix="headrace-workers-") as tmp:
         doc = Path(tmp) / "gateway.yaml"
-        doc.write_text(path.read_text())
+        doc.write_text(yaml.safe_dump(served, sort_keys=False))
         sup = Supervisor(doc, cfg.base_dir or path.parent, lay, args.log_level)
         try:
             sup.start(cfg.startup_timeout_s + 30.0)

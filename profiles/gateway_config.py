@@ -33,6 +33,7 @@ the same models. Minimal shape::
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
@@ -95,7 +96,8 @@ class ReplicaConfig(Strict):
         description="time every batch takes beyond the profile (network, Triton, gateway), added to "
         "the profile's latencies the scheduler plans with",
     )
-    id: str | None = Field(default=None, description="replica id (default: variant@url)")
+    id: str | None = Field(default=None, min_length=1, description="replica id, shown in /metrics labels and "
+                           "errors (default: variant#k, the variant's k-th replica without one; never its url)")
     price_per_hour: float | None = Field(
         default=None, ge=0, le=1e6,
         description="what the replica's hardware costs per hour (its slice's share of its GPU's price); a "
@@ -175,7 +177,8 @@ class LlmReplicaConfig(Strict):
                                     "Triton's metrics port, else only its readiness is read)")
     model: VariantName | None = Field(default=None, description="the engine's served model name (default: the "
                                       "model's name)")
-    id: str | None = Field(default=None, min_length=1, description="replica id (default: model@url)")
+    id: str | None = Field(default=None, min_length=1, description="replica id, shown in /metrics labels and "
+                           "errors (default: name#k, the model's k-th engine without one; never its url)")
     max_inflight: int = Field(default=256, ge=1, le=100_000,
                               description="requests the gateway keeps open at the engine at once; past it on "
                               "every replica, a request is held or refused 429")
@@ -212,8 +215,19 @@ class LlmModelConfig(Strict):
     replicas: list[LlmReplicaConfig] = Field(
         description="the engines it runs on; none: addressable and answered 503 until one is added")
 
-    def replica_id(self, r: LlmReplicaConfig) -> str:
-        return r.id or f"{r.model or self.name}@{r.url}"
+    def replica_id(self, r: LlmReplicaConfig, taken: Collection[str] = ()) -> str:
+        """``r``'s id: its own, else :func:`default_replica_id` of this model past ``taken``."""
+        return r.id or default_replica_id(self.name, taken)
+
+
+def default_replica_id(name: str, taken: Collection[str]) -> str:
+    """The id of a replica configured without one: ``name#k`` for the lowest k >= 1 not in
+    ``taken``. It never names the replica's address: ids show in ``/metrics`` labels and in
+    errors clients read, where backends stay hidden."""
+    k = 1
+    while f"{name}#{k}" in taken:
+        k += 1
+    return f"{name}#{k}"
 
 
 class GatewayConfig(GatewaySettings):
@@ -240,9 +254,20 @@ class GatewayConfig(GatewaySettings):
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"model names must be unique; repeated: {sorted(dup)}")
-        ids = [r.id or f"{r.variant}@{r.url}" for m in self.models for r in m.replicas]
-        ids += [m.replica_id(r) for m in self.llm_models for r in m.replicas]
+        ids = [r.id for m in self.models for r in m.replicas if r.id is not None]
+        ids += [r.id for m in self.llm_models for r in m.replicas if r.id is not None]
         dup = {i for i in ids if ids.count(i) > 1}
         if dup:
             raise ValueError(f"replica ids must be unique; repeated: {sorted(dup)}")
+        taken = set(ids)  # each replica without an id gets one here, in config order: stable
+        for m in self.models:
+            for r in m.replicas:
+                if r.id is None:
+                    r.id = default_replica_id(r.variant, taken)
+                    taken.add(r.id)
+        for lm in self.llm_models:
+            for lr in lm.replicas:
+                if lr.id is None:
+                    lr.id = default_replica_id(lm.name, taken)
+                    taken.add(lr.id)
         return self

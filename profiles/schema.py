@@ -428,21 +428,27 @@ class TlsSpec(CertificateSpec):
 
 
 class ApiKeySpec(Strict):
-    """One API key of a tenant, named by where it is kept or by its digest, never written out."""
+    """One API key of a tenant, named by where it is kept or by its digest, never written out.
+    Keys are read once at start and only their digests are kept; a key given by environment
+    variable stays readable in /proc/PID/environ to the same user for the process's life."""
 
     env: str | None = Field(default=None, min_length=1, max_length=256, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
-                            description="environment variable holding the key (read at start; unset is an error)")
+                            description="environment variable holding the key (read at start; unset is an error); "
+                            "it stays readable in /proc/PID/environ to the same user (file or fd do not)")
     file: str | None = Field(default=None, min_length=1, json_schema_extra=PATH,
                              description="file holding the key (surrounding "
                              "whitespace dropped); a relative path is read from the YAML file's folder")
+    fd: int | None = Field(default=None, ge=0, le=65_535,
+                           description="open file descriptor the key is read from once at start: its first line, "
+                           "or up to end of file (headrace serve ... 3< keyfile, or 3< <(vault read ...))")
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$",
                                description="hex SHA-256 digest of the key (printf %s \"$KEY\" | sha256sum)")
 
     @model_validator(mode="after")
     def _one(self) -> ApiKeySpec:
-        given = [k for k in ("env", "file", "sha256") if getattr(self, k) is not None]
+        given = [k for k in ("env", "file", "fd", "sha256") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"a key is exactly one of env, file or sha256 (got {given or 'none'})")
+            raise ValueError(f"a key is exactly one of env, file, fd or sha256 (got {given or 'none'})")
         if self.sha256 is not None:
             self.sha256 = self.sha256.lower()
         return self
@@ -472,6 +478,9 @@ class TenantSpec(Strict):
         "own priority parameter, else its model's class")
     quota: QuotaSpec | None = Field(default=None, description="inference rate limit (none when absent); "
                                     "past it: 429 with Retry-After and x-headrace-reject-reason: quota")
+    metrics: bool = Field(default=False, description="the tenant's keys may read /metrics on the main port, "
+                          "which shows every tenant's names and counts (the scraper's or an operator's key); "
+                          "another tenant's key gets 403 there. The metrics_listen listener needs no key")
 
     @field_validator("name")
     @classmethod
@@ -553,15 +562,18 @@ class GatewaySettings(Strict):
                                       description="policy core settings (headrace explain Scheduler)")
     limits: LimitsSpec = Field(default_factory=LimitsSpec, description="what the front door accepts")
     expose_replicas: bool = Field(default=False, description="debug: answers name the replica that served "
-                                  "them (headrace_replica: model@host:port); off, backends stay hidden")
+                                  "them (headrace_replica: its id); off, they do not. Errors, headers and "
+                                  "/metrics name replicas by id, never by address")
     tls: TlsSpec | None = Field(default=None, description="TLS on the HTTP and gRPC listeners (plain text "
                                 "when absent); with client_ca_file, mutual TLS")
     tenants: list[TenantSpec] = Field(default_factory=list, max_length=10_000,
                                       description="API-key tenants; when any is set, every call but the health "
-                                      "probes needs a key (Authorization: Bearer KEY or x-api-key: KEY)")
+                                      "probes needs a key (Authorization: Bearer KEY or x-api-key: KEY), and "
+                                      "/metrics on the main port a key of a tenant with metrics: true")
     metrics_listen: ListenAddress | None = Field(default=None, description="serve /metrics (and the health "
                                                  "probes) on this plain-HTTP address without a key, and not "
-                                                 "on the main port")
+                                                 "on the main port: for the scraper, bound where tenants "
+                                                 "cannot reach it")
     access_log: AccessLogSpec = Field(default_factory=AccessLogSpec,
                                       description="structured access logs (JSON lines; off by default)")
     tracing: TracingSpec = Field(default_factory=TracingSpec,

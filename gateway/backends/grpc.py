@@ -3,10 +3,15 @@ tensor bytes, model metadata/config at startup, and ready probes.
 
 A batch is one ``ModelInferRequest`` whose inputs are the requests' inputs concatenated
 along the batch dimension, sent as raw bytes; the driver splits the response back by rows.
+
+An error names the variant and what went wrong, never the server's address, which clients
+must not learn (:class:`~gateway.errors.BackendError`); the address is in the gateway's log,
+once when the server stops answering and once when it answers again.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import grpc
@@ -17,10 +22,33 @@ from tritonclient.grpc import service_pb2_grpc as pbg
 from gateway.backends.tls import BackendTls
 from gateway.codec import Signature, Tensor, TensorSig, set_grpc_param
 from gateway.contract import Forward
-from gateway.errors import BackendError
+from gateway.errors import BackendError, hide_address
 
 # codes after which another replica may well succeed (the server is down or went away)
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN})
+
+log = logging.getLogger("headrace.gateway")
+
+
+class Reachability:
+    """Logs a server's address when it stops answering and when it answers again: once each,
+    not per failed call (a probe fails every period while it is down)."""
+
+    __slots__ = ("url", "down")
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.down = False
+
+    def failed(self, variant: str, detail: str) -> None:
+        if not self.down:
+            self.down = True
+            log.warning("Triton at %s (%s) does not answer: %s", self.url, variant, detail)
+
+    def answered(self) -> None:
+        if self.down:
+            self.down = False
+            log.info("Triton at %s answers again", self.url)
 
 _DTYPE_OF_CONFIG = {v: k.removeprefix("TYPE_") for k, v in mc.DataType.items()}
 _DTYPE_OF_CONFIG[mc.TYPE_STRING] = "BYTES"
@@ -51,7 +79,8 @@ class TritonReplica:
     """A client of one Triton server (shared by every variant served from it)."""
 
     def __init__(self, url: str, max_message_bytes: int = 64 << 20, tls: BackendTls | None = None) -> None:
-        self.url = url
+        self.url = url  # for the gateway's log, never for a client's eyes
+        self.reach = Reachability(url)
         options = channel_options(max_message_bytes)
         if tls is None:
             self._channel = grpc.aio.insecure_channel(url, options=options)
@@ -85,26 +114,38 @@ class TritonReplica:
         try:
             resp = await self._stub.ModelInfer(req, timeout=timeout, metadata=trace_headers)
         except grpc.aio.AioRpcError as e:
-            code = e.code()
-            raise BackendError(
-                f"replica {self.url} ({variant}): {code.name}: {e.details()}", code, code in RETRYABLE
-            ) from None
+            raise self._error(variant, e) from None
         outs = []
         raws = resp.raw_output_contents
         if len(raws) != len(resp.outputs):
-            raise BackendError(
-                f"replica {self.url} ({variant}): {len(raws)} raw outputs for {len(resp.outputs)} outputs",
-                grpc.StatusCode.INTERNAL, False,
-            )
+            raise BackendError(f"{variant}: INTERNAL: {len(raws)} raw outputs for {len(resp.outputs)} outputs",
+                               grpc.StatusCode.INTERNAL, False)
         for o, raw in zip(resp.outputs, raws, strict=True):
             outs.append(Tensor(o.name, o.datatype, list(o.shape), raw))
         return outs
 
+    def _error(self, variant: str, e: grpc.aio.AioRpcError) -> BackendError:
+        """The client's view of a failed call: the server's words without its address. A
+        server that cannot be reached (UNAVAILABLE: gRPC's words name the address it
+        tried) is said to be unreachable, and the address goes to the log."""
+        code = e.code()
+        if code == grpc.StatusCode.UNAVAILABLE:
+            self.reach.failed(variant, f"{code.name}: {e.details()}")
+            detail = "the replica cannot be reached"
+        else:
+            detail = hide_address(e.details() or "", self.url)
+        return BackendError(f"{variant}: {code.name}: {detail}", code, code in RETRYABLE)
+
     async def ready(self, variant: str, timeout: float = 1.0) -> bool:
         try:
             r = await self._stub.ModelReady(pb.ModelReadyRequest(name=variant), timeout=timeout)
-        except (TimeoutError, grpc.aio.AioRpcError):
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                self.reach.failed(variant, f"{e.code().name}: {e.details()}")
             return False
+        except TimeoutError:
+            return False
+        self.reach.answered()
         return bool(r.ready)
 
     async def model_info(self, variant: str, timeout: float = 5.0) -> ModelInfo:
@@ -112,9 +153,8 @@ class TritonReplica:
             md = await self._stub.ModelMetadata(pb.ModelMetadataRequest(name=variant), timeout=timeout)
             cfg = await self._stub.ModelConfig(pb.ModelConfigRequest(name=variant), timeout=timeout)
         except grpc.aio.AioRpcError as e:
-            code = e.code()
-            raise BackendError(f"replica {self.url} ({variant}): {code.name}: {e.details()}", code,
-                               code in RETRYABLE) from None
+            raise self._error(variant, e) from None
+        self.reach.answered()
         return ModelInfo(signature_of(cfg.config), md, cfg.config)
 
 

@@ -5,7 +5,9 @@ outputs come back as raw bytes sliced out of one body.
 It costs about half of a grpc.aio call per request (measured in
 ``bench/gateway_overhead.py``), which is most of what the gateway adds at low load.
 Connections are pooled per server; a broken connection is dropped and reported as
-UNAVAILABLE (retryable), so the driver retries the batch on another replica.
+UNAVAILABLE (retryable), so the driver retries the batch on another replica. As over gRPC,
+an error never names the server's address (:class:`~gateway.errors.BackendError`); the
+gateway's log does, once when the server stops answering and once when it answers again.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
-from gateway.backends.grpc import ModelInfo, signature_of
+from gateway.backends.grpc import ModelInfo, Reachability, signature_of
 from gateway.backends.http1 import Connection, Headers, request_head
 from gateway.backends.tls import BackendTls
 from gateway.codec import Memo, Tensor, TensorLayout, json_to_raw
 from gateway.contract import Forward
-from gateway.errors import BackendError
+from gateway.errors import BackendError, hide_address, transport_text
 
 _GRPC_OF_HTTP = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -112,7 +114,8 @@ class TritonHttpReplica:
 
     def __init__(self, url: str, max_message_bytes: int = 64 << 20, max_idle: int = 16,
                  tls: BackendTls | None = None) -> None:
-        self.url = url
+        self.url = url  # for the gateway's log, never for a client's eyes
+        self.reach = Reachability(url)
         host, _, port = url.rpartition(":")
         self._host, self._port = host, int(port)
         self._ssl = tls.ssl_context() if tls is not None else None
@@ -138,7 +141,7 @@ class TritonHttpReplica:
         return None
 
     def _request(self, method: bytes, path: str, headers: bytes, body: bytes | list[bytes],
-                 timeout: float | None) -> Awaitable[tuple[int, Headers, bytes]]:
+                 timeout: float | None, what: str) -> Awaitable[tuple[int, Headers, bytes]]:
         """Send a request and return the wait for its answer (status, headers, body). On a
         pooled connection the request is written in this call (the hot path: no connect, no
         loop turn before it leaves); else a new connection is opened once awaited."""
@@ -147,8 +150,8 @@ class TritonHttpReplica:
         head = request_head(method, path.encode(), self._authority, size, headers)
         conn = self._idle_conn()
         if conn is None:
-            return self._connect_and_send([head, *parts], timeout)
-        return self._answer(conn, *self._send(conn, [head, *parts], timeout), timeout)
+            return self._connect_and_send([head, *parts], timeout, what)
+        return self._answer(conn, *self._send(conn, [head, *parts], timeout), timeout, what)
 
     def _send(self, conn: _Conn, parts: list[bytes], timeout: float | None
               ) -> tuple[asyncio.Future, asyncio.TimerHandle | None]:
@@ -158,7 +161,7 @@ class TritonHttpReplica:
         conn.send(parts)
         return fut, timer
 
-    async def _connect_and_send(self, parts: list[bytes], timeout: float | None
+    async def _connect_and_send(self, parts: list[bytes], timeout: float | None, what: str
                                 ) -> tuple[int, Headers, bytes]:
         try:
             async with asyncio.timeout(timeout):  # None: no limit
@@ -166,16 +169,16 @@ class TritonHttpReplica:
                     lambda: _Conn(self._max_body), self._host, self._port, ssl=self._ssl,
                     server_hostname=self._server_name)
         except (OSError, ValueError) as e:
-            raise self._transport_error(e, timeout) from None
-        return await self._answer(conn, *self._send(conn, parts, timeout), timeout)
+            raise self._transport_error(e, timeout, what) from None
+        return await self._answer(conn, *self._send(conn, parts, timeout), timeout, what)
 
     async def _answer(self, conn: _Conn, fut: asyncio.Future, timer: asyncio.TimerHandle | None,
-                      timeout: float | None) -> tuple[int, Headers, bytes]:
+                      timeout: float | None, what: str) -> tuple[int, Headers, bytes]:
         try:
             status, hdrs, data = await fut
         except (OSError, ValueError) as e:
             conn.close()
-            raise self._transport_error(e, timeout) from None
+            raise self._transport_error(e, timeout, what) from None
         except BaseException:
             conn.close()  # cancelled mid-request: its answer must not reach a later request
             raise
@@ -189,12 +192,13 @@ class TritonHttpReplica:
             conn.close()
         return status, hdrs, data
 
-    def _transport_error(self, e: Exception, timeout: float | None) -> BackendError:
+    def _transport_error(self, e: Exception, timeout: float | None, what: str) -> BackendError:
         if isinstance(e, TimeoutError):  # before OSError, of which it is a subclass
-            return BackendError(f"replica {self.url}: DEADLINE_EXCEEDED: no answer in {timeout:.3f}s",
+            return BackendError(f"{what}: DEADLINE_EXCEEDED: no answer in {timeout:.3f}s",
                                 grpc.StatusCode.DEADLINE_EXCEEDED, retryable=False)
-        return BackendError(f"replica {self.url}: UNAVAILABLE: {type(e).__name__}: {e}",
-                            grpc.StatusCode.UNAVAILABLE, retryable=True)
+        self.reach.failed(what, f"{type(e).__name__}: {e}")
+        return BackendError(f"{what}: UNAVAILABLE: {transport_text(e)}", grpc.StatusCode.UNAVAILABLE,
+                            retryable=True)
 
     def _error(self, status: int, data: bytes, what: str) -> BackendError:
         try:
@@ -202,7 +206,7 @@ class TritonHttpReplica:
         except (ValueError, AttributeError):
             msg = data[:200].decode(errors="replace")
         code = _GRPC_OF_HTTP.get(status, grpc.StatusCode.INTERNAL)
-        return BackendError(f"replica {self.url} ({what}): {code.name}: {msg}", code,
+        return BackendError(f"{what}: {code.name}: {hide_address(str(msg), self.url)}", code,
                             retryable=code == grpc.StatusCode.UNAVAILABLE)
 
     def infer(self, variant: str, inputs: list[Tensor], timeout: float | None,
@@ -220,7 +224,7 @@ class TritonHttpReplica:
             headers += "".join(f"{k}: {v}\r\n" for k, v in trace_headers).encode("latin-1")
         path = (f"/v2/models/{variant}/versions/{forward.version}/infer" if forward is not None and forward.version
                 else f"/v2/models/{variant}/infer")
-        answer = self._request(b"POST", path, headers, [head, *(t.raw for t in inputs)], timeout)
+        answer = self._request(b"POST", path, headers, [head, *(t.raw for t in inputs)], timeout, variant)
         return self._outputs(variant, answer)
 
     async def _outputs(self, variant: str, answer: Awaitable[tuple[int, Headers, bytes]]
@@ -241,23 +245,24 @@ class TritonHttpReplica:
                     raw, off = view[off : off + o.size], off + o.size
                 outs.append(Tensor(o.name, o.datatype, o.shape, raw))
         except (ValueError, KeyError, TypeError) as e:
-            raise BackendError(f"replica {self.url} ({variant}): INTERNAL: unreadable response: {e}",
+            raise BackendError(f"{variant}: INTERNAL: unreadable response: {hide_address(str(e), self.url)}",
                                grpc.StatusCode.INTERNAL, retryable=False) from None
         if off > len(data):
-            raise BackendError(f"replica {self.url} ({variant}): INTERNAL: unreadable response: "
+            raise BackendError(f"{variant}: INTERNAL: unreadable response: "
                                f"outputs claim {off - n} binary bytes, {len(data) - n} sent",
                                grpc.StatusCode.INTERNAL, retryable=False)
         return outs
 
     async def ready(self, variant: str, timeout: float = 1.0) -> bool:
         try:
-            status, _, _ = await self._request(b"GET", f"/v2/models/{variant}/ready", b"", b"", timeout)
+            status, _, _ = await self._request(b"GET", f"/v2/models/{variant}/ready", b"", b"", timeout, variant)
         except BackendError:
             return False
+        self.reach.answered()
         return status == 200
 
     async def _get_json(self, path: str, what: str, timeout: float) -> dict:
-        status, _, data = await self._request(b"GET", path, b"", b"", timeout)
+        status, _, data = await self._request(b"GET", path, b"", b"", timeout, what)
         if status != 200:
             raise self._error(status, data, what)
         return json.loads(data)

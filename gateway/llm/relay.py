@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.errors import REASON_HEADER
+from gateway.errors import REASON_HEADER, transport_text
 from gateway.frontdoor.httpserver import HttpResponse
 from gateway.frontdoor.stream import StreamResponse
 from gateway.llm import kvevents, measure, triton
@@ -168,7 +168,7 @@ class LlmService:
         """Serve ``model`` on engine ``r`` from now on (a new model is addressable at once)."""
         if model.name not in self.models:
             self.set_model(model)
-        rid = model.replica_id(r)
+        rid = model.replica_id(r, self._engines)
         engine = engine_model(rid, r, self.base_dir)  # a bad profile fails here, before anything changes
         rep = LlmReplica(rid, model.name, r.url, r.engine, r.model or model.name, r.max_inflight)
         self.replicas[model.name].append(rep)
@@ -430,8 +430,9 @@ class LlmService:
                     return _cut_short(call.model, opened.reason)
                 rep.reachable = False
                 self._availability(rep.model)
+                log.warning("engine %s at %s is unreachable: %s: %s", rep.id, rep.url, type(e).__name__, e)
                 return error_response(503, f"engine of model {call.model!r} is unreachable ({rep.id}): "
-                                      f"{type(e).__name__}: {e}", None, (("Retry-After", "1"),))
+                                      f"{transport_text(e)}", None, (("Retry-After", "1"),))
             answer: EngineConnection | triton.TritonAnswer = conn
             if rep.engine == "triton":
                 answer = triton.TritonAnswer(conn, call, rep.served, status, prompt)
@@ -439,7 +440,7 @@ class LlmService:
                 try:
                     raw = await answer.whole()
                 except (OSError, ValueError) as e:
-                    return _cut_short(call.model, opened.reason or f"{type(e).__name__}: {e}")
+                    return _cut_short(call.model, opened.reason or transport_text(e))
                 kind = answer.headers.get(b"content-type", b"application/json").decode("latin-1")
                 if isinstance(answer, triton.TritonAnswer):
                     status = answer.status  # an error event is its status

@@ -245,9 +245,9 @@ def test_answers_name_the_variant_but_no_backend_address_by_default(gateway, tri
 def test_expose_replicas_names_the_replica_that_served(triton):
     with GatewayThread(parse_config(gateway_doc(triton.http_url, expose_replicas=True))) as gw:
         _, _, data = call(gw.http_url, "POST", "/v2/models/affine/infer", infer_doc())
-        assert json.loads(data)["parameters"]["headrace_replica"] == f"affine-v1@{triton.http_url}"
+        assert json.loads(data)["parameters"]["headrace_replica"] == "affine-v1#1"
         params = stub(gw.grpc_url).ModelInfer(infer_pb(), timeout=10).parameters
-        assert params["headrace_replica"].string_param == f"affine-v1@{triton.http_url}"
+        assert params["headrace_replica"].string_param == "affine-v1#1"
 
 
 # --------------------------------------------------------------------------- 4. config parameters

@@ -151,7 +151,7 @@ def _cfg(**model) -> dict:
 def test_config_resolves_reference_profile_capped_at_max_batch():
     (m,) = resolve(parse_config(_cfg(max_batch=16)))
     assert m.slo == pytest.approx(0.1) and m.replicas[0].profile.max_batch == 16
-    assert m.replicas[0].id == "resnet50@127.0.0.1:8001"
+    assert m.replicas[0].id == "resnet50#1"  # the variant's first replica: an id, never its address
 
 
 def test_replica_overhead_is_added_to_every_planned_latency():

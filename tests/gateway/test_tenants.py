@@ -166,8 +166,8 @@ def test_one_key_for_two_tenants_is_refused_without_showing_it():
 
 
 @pytest.mark.parametrize(("doc", "says"), [
-    ({"tenants": [{"name": "a", "keys": [{"env": "K", "sha256": "0" * 64}]}]}, "exactly one of env, file or sha256"),
-    ({"tenants": [{"name": "a", "keys": [{}]}]}, "exactly one of env, file or sha256"),
+    ({"tenants": [{"name": "a", "keys": [{"env": "K", "sha256": "0" * 64}]}]}, "exactly one of env, file, fd or sha256"),
+    ({"tenants": [{"name": "a", "keys": [{}]}]}, "exactly one of env, file, fd or sha256"),
     ({"tenants": [{"name": "a", "keys": [{"sha256": "xyz"}]}]}, "tenants.0.keys.0.sha256"),
     ({"tenants": [{"name": "a", "keys": [{"key": "plain"}]}]}, "tenants.0.keys.0.key"),  # no plain-text keys
     ({"tenants": [{"name": "a", "keys": []}]}, "tenants.0.keys"),

@@ -20,7 +20,7 @@ def test_a_config_of_generative_models_alone_is_valid() -> None:
     cfg = parse_config({"llm_models": [LLM]})
     m = cfg.llm_models[0]
     assert cfg.models == [] and m.slo_ttft_ms == 1000 and m.slo_tpot_ms == 100
-    assert m.replica_id(m.replicas[0]) == "meta-llama/Llama-3.1-8B-Instruct@http://127.0.0.1:9100"
+    assert m.replica_id(m.replicas[0]) == "llama#1"  # the model's first engine: an id, never its url
     assert cfg.write_timeout_s == 30
 
 
