@@ -101,11 +101,14 @@ def _client(context: grpc.aio.ServicerContext, tenant: Tenant | None) -> str | N
     peer, a unix socket, as it is)."""
     if tenant is not None:
         return tenant.name
-    peer = unquote(context.peer() or "")
+    peer = context.peer() or ""
     kind, _, addr = peer.partition(":")
-    if kind in ("ipv4", "ipv6"):
-        return addr.rpartition(":")[0].strip("[]") or None
-    return peer or None
+    if kind == "ipv4":
+        return addr.rpartition(":")[0] or None
+    if kind == "ipv6":  # grpc writes the brackets percent-encoded: ipv6:%5B::1%5D:5123
+        host = addr.rpartition(":")[0]
+        return unquote(host[3:-3] if host.startswith("%5B") else host.strip("[]")) or None
+    return unquote(peer) or None
 
 
 def _reason(e: GatewayError) -> str:
