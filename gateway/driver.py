@@ -60,7 +60,7 @@ from profiles.schema import LimitsSpec
 log = logging.getLogger("headrace.gateway")
 
 VARIANT_PARAM = "headrace_variant"  # response parameters: who served the request
-REPLICA_PARAM = "headrace_replica"  # only with expose_replicas: it names a backend's address
+REPLICA_PARAM = "headrace_replica"  # only with expose_replicas: the id of the replica that served
 
 
 @dataclass(slots=True)
