@@ -36,7 +36,9 @@ async def serve_config(cfg: GatewayConfig, reuse_port: bool = False, name: str =
     """Serve ``cfg`` until SIGTERM/SIGINT, then drain; ``reuse_port``: share the HTTP and gRPC
     ports with the other workers of ``headrace serve --workers``."""
     from gateway.app import Gateway
+    from gateway.observe.memory import pin_large_blocks
 
+    pin_large_blocks()  # before any request: a burst of large bodies must not keep the RSS up
     gw = Gateway(cfg, reuse_port=reuse_port)  # resolves the profiles: their errors come before any port is opened
     await gw.start()
     # startup objects (profiles, protobuf descriptors, pydantic models) live as long as the
