@@ -375,9 +375,10 @@ class LimitsSpec(Strict):
                                          "client; past it 429")
     # the gRPC listener: grpc core's channel arguments (gateway.frontdoor.grpc.server_options);
     # the keepalive fields default to Triton's own --grpc-* keepalive defaults
-    grpc_max_connections: int = Field(default=10_000, ge=1, le=1_000_000,
-                                      description="gRPC client connections open at once; past it a new one "
-                                      "is closed as it is accepted (grpc.max_allowed_incoming_connections)")
+    grpc_max_connections: int = Field(default=4096, ge=1, le=1_000_000,
+                                      description="gRPC client connections open at once (a client's channel "
+                                      "carries all its calls on one); past it a new one is closed as it is "
+                                      "accepted (grpc.max_allowed_incoming_connections)")
     grpc_idle_timeout_s: float = Field(default=300.0, gt=0, le=86_400,
                                        description="a gRPC connection with no call open is closed after this "
                                        "(GOAWAY; grpc.max_connection_idle_ms); a client's channel connects "
@@ -388,8 +389,9 @@ class LimitsSpec(Strict):
                                             "(grpc.server_handshake_timeout_ms)")
     grpc_max_concurrent_streams: int = Field(default=4096, ge=1, le=2**31 - 1,
                                              description="calls open at once on one gRPC connection (HTTP/2 "
-                                             "SETTINGS_MAX_CONCURRENT_STREAMS); a client holds back those "
-                                             "past it until one ends")
+                                             "SETTINGS_MAX_CONCURRENT_STREAMS); a call past it is refused "
+                                             "(RST_STREAM REFUSED_STREAM: UNAVAILABLE to grpc clients, which "
+                                             "do not hold it back)")
     grpc_keepalive_time_s: float = Field(default=7200.0, gt=0, le=86_400 * 365,
                                          description="the gateway pings a gRPC client after this without "
                                          "traffic (grpc.keepalive_time_ms; Triton: 7200 s)")

@@ -39,9 +39,10 @@ from tests.gateway.test_gateway_driver import FakeReplica
 
 PROFILE = "resnet50@A100-80GB/1g.10gb"
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-SETTINGS, PING, GOAWAY = 0x4, 0x6, 0x7
+HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY = 0x1, 0x3, 0x4, 0x6, 0x7
+ACK, END_HEADERS = 0x1, 0x4  # frame flags
 MAX_CONCURRENT_STREAMS = 0x3  # a SETTINGS parameter
-ENHANCE_YOUR_CALM = 0xB
+REFUSED_STREAM, ENHANCE_YOUR_CALM = 0x7, 0xB  # error codes
 
 
 # --------------------------------------------------------------------------- builders
@@ -247,23 +248,63 @@ def test_a_grpc_connection_idle_or_silent_past_its_timeout_is_closed():
             assert stub.ServerLive(pb.ServerLiveRequest(), timeout=5).live
 
 
-def test_the_grpc_listener_advertises_its_streams_per_connection_and_clients_queue_past_them():
+def live_call_headers() -> bytes:
+    """The HPACK block of a ServerLive call (literal fields, never indexed)."""
+    fields = [(b":method", b"POST"), (b":scheme", b"http"), (b":authority", b"x"),
+              (b":path", b"/inference.GRPCInferenceService/ServerLive"), (b"content-type", b"application/grpc"),
+              (b"te", b"trailers")]
+    return b"".join(b"\x00" + bytes([len(k)]) + k + bytes([len(v)]) + v for k, v in fields)
+
+
+def test_the_grpc_listener_advertises_its_streams_per_connection_and_refuses_calls_past_them():
     with gateway(grpc_max_concurrent_streams=3) as gw:
         s = h2_connect(gw.grpc_url)
         settings = [f for f in frames_until(s, SETTINGS) if f[0] == SETTINGS][0][2]
-        s.close()
         advertised = {struct.unpack(">H", settings[i:i + 2])[0]: struct.unpack(">I", settings[i + 2:i + 6])[0]
                       for i in range(0, len(settings), 6)}
         assert advertised[MAX_CONCURRENT_STREAMS] == 3
+        s.sendall(frame(SETTINGS, flags=ACK))
+        # six calls opened and never sent their message: the fourth on are refused
+        s.sendall(b"".join(frame(HEADERS, live_call_headers(), END_HEADERS, sid) for sid in (1, 3, 5, 7, 9, 11)))
+        refused = {}
+        for kind, _, payload, sid in frames_with_stream(s, until=lambda got: len(got) == 3):
+            if kind == RST_STREAM:
+                refused[sid] = int.from_bytes(payload, "big")
+        s.close()
+        assert refused == {7: REFUSED_STREAM, 9: REFUSED_STREAM, 11: REFUSED_STREAM}
         client = grpcclient.InferenceServerClient(gw.grpc_url)
-        try:
+        try:  # calls within the limit are served
             answers: list[Any] = []
-            for _ in range(12):  # more calls at once than the connection's streams: all served
-                client.async_infer("m", [x_grpc()], lambda result, error: answers.append(error or result))
-            until(lambda: len(answers) == 12, "every call is answered")
-            assert all(a.as_numpy("y").tolist() == [[1.5, -2.0]] for a in answers), answers
+            for wave in range(1, 5):
+                for _ in range(3):
+                    client.async_infer("m", [x_grpc()], lambda result, error: answers.append(error or result))
+                until(lambda n=3 * wave: len(answers) == n, "every call is answered")
+            errors = [str(a) for a in answers if isinstance(a, Exception)]
+            assert not errors, errors
         finally:
             client.close()
+
+
+def frames_with_stream(s: socket.socket, until: Callable[[dict], bool],
+                       timeout: float = 5.0) -> list[tuple[int, int, bytes, int]]:
+    """The server's frames (type, flags, payload, stream) until ``until`` holds of the
+    RST_STREAMs seen so far (by stream), or the server stops sending."""
+    buf, out, resets, end = b"", [], {}, time.monotonic() + timeout
+    while time.monotonic() < end and not until(resets):
+        if not select.select([s], [], [], max(0.0, end - time.monotonic()))[0]:
+            break
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+            n = int.from_bytes(buf[:3], "big")
+            sid = int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
+            out.append((buf[3], buf[4], buf[9:9 + n], sid))
+            if buf[3] == RST_STREAM:
+                resets[sid] = buf[9:9 + n]
+            buf = buf[9 + n:]
+    return out
 
 
 def test_a_client_that_pings_without_calls_is_sent_away_as_triton_does():
