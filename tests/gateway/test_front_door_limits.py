@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +27,7 @@ from gateway.codec import parse_http_infer
 from gateway.errors import InvalidRequest
 from gateway.frontdoor.http import HttpFrontDoor
 from gateway.frontdoor.httpserver import HttpRequest, HttpResponse, HttpServer, Later
+from loadgen.isolation import rss_mib
 from profiles.profile import save_profiles
 from profiles.schema import LimitsSpec
 from profiles.triton.process import http_ready, stop_group
@@ -419,13 +419,6 @@ def test_finite_extremes_are_accepted_and_nan_is_a_400_over_http() -> None:
 # --------------------------------------------------------------------------- a real gateway
 
 
-def vmrss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 @pytest.fixture(scope="module")
 def gateway_process(tmp_path_factory):  # noqa: ANN201
     """``headrace serve`` at the default limits in front of an emulated Triton, started under
@@ -515,7 +508,7 @@ def test_probes_and_inference_answer_with_5000_idle_connections_held_at_the_defa
 @pytest.mark.integration
 def test_20_unfinished_60mb_bodies_from_one_client_grow_the_gateway_rss_by_at_most_its_share(gateway_process) -> None:
     proc, port = gateway_process
-    before = vmrss_mib(proc.pid)
+    before = rss_mib(proc.pid)
     head = post_head("/v2/models/emu/infer", 60_000_000)
     megabyte = b"\0" * 1_000_000
 
@@ -537,7 +530,7 @@ def test_20_unfinished_60mb_bodies_from_one_client_grow_the_gateway_rss_by_at_mo
             early = list(pool.map(upload, socks))
         peak = before
         for _ in range(10):  # the gateway may still be reading what was sent
-            peak = max(peak, vmrss_mib(proc.pid))
+            peak = max(peak, rss_mib(proc.pid))
             time.sleep(0.1)
         assert probe_latencies(port, 3)  # the stalled uploads do not stop probes
     finally:
