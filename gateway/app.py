@@ -26,6 +26,7 @@ import grpc
 
 from gateway.config import ServedModel, ServedReplica, resolve, scheduler_config
 from gateway.driver import Driver
+from gateway.frontdoor.decode import Decoder
 from gateway.frontdoor.grpc import create_server
 from gateway.frontdoor.http import HttpFrontDoor, metrics_door, openai_refusal
 from gateway.frontdoor.httpserver import HttpServer
@@ -122,9 +123,10 @@ class Gateway:
         self.info = ServerInfo([m.name for m in models], default_version=self.driver.fleet.default_version,
                                stats=self.driver.stats)
         tls = self.security.tls
+        self.decoder = Decoder()  # both doors' large infer requests, decoded off the loop
         door = HttpFrontDoor(self.driver, self.info, cfg.max_message_bytes, cfg.limits.max_json_depth,
                              self.security.tenants, serve_metrics=cfg.metrics_listen is None,
-                             observer=self.observer, llm=self.llm)
+                             observer=self.observer, llm=self.llm, decoder=self.decoder)
         self._http = HttpServer(door, cfg.max_message_bytes, clock, limits=cfg.limits,
                                 ssl_context=None if tls is None else tls.ssl_context(),
                                 stream_write_timeout_s=cfg.write_timeout_s)
@@ -168,7 +170,7 @@ class Gateway:
             ensure_fd_room(Limits.of(self.cfg.limits, self.cfg.max_message_bytes), others=self._other_connections())
             await self.llm.start()
             self._grpc = create_server(self.driver, self.info, self.cfg.max_message_bytes, self.security.tenants,
-                                       self.observer, self.reuse_port, self.llm, self.cfg.limits)
+                                       self.observer, self.reuse_port, self.llm, self.cfg.limits, self.decoder)
             addr, tls = f"{host}:{listen.grpc_port}", self.security.tls
             try:
                 self.grpc_port = (self._grpc.add_insecure_port(addr) if tls is None
@@ -254,6 +256,7 @@ class Gateway:
         if self._grpc is not None:
             grpc_server, self._grpc = self._grpc, None
             await grpc_server.stop(grace=1.0)
+        await self.decoder.close()
         if self.observer is not None:  # every answer is given: its line and spans go out
             self.observer.close()
 

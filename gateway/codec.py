@@ -16,7 +16,7 @@ import json
 import math
 import re
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from gateway.errors import InvalidRequest
+from gateway.precheck import check_bytes_room, check_json_size, check_layout, check_signature
 from profiles.schema import LimitsSpec
 
 # bytes per element; BYTES elements are length-prefixed (4-byte little-endian) strings
@@ -116,7 +117,7 @@ def check_size(t: Tensor) -> None:
         _check_length(t.name, t.datatype, t.shape, len(t.raw))
         return
     n = _element_count(t.shape)
-    if _bytes_elements(t.raw, t.name) != n:
+    if _bytes_elements(t.raw, t.name, n) != n:
         raise InvalidRequest(f"input '{t.name}': BYTES data does not hold {n} elements for shape {t.shape}")
 
 
@@ -129,9 +130,14 @@ def _check_length(name: str, datatype: str, shape: list[int], nbytes: int) -> No
         )
 
 
-def _bytes_elements(raw: bytes | memoryview, name: str) -> int:
+def _bytes_elements(raw: bytes | memoryview, name: str, most: int | None = None) -> int:
+    """How many length-prefixed elements ``raw`` holds; past ``most`` the walk stops (at
+    ``most + 1``), so its work is bounded by the count the shape declares."""
     off, count, end = 0, 0, len(raw)
+    stop = end if most is None else most
     while off < end:
+        if count > stop:
+            return count
         if off + 4 > end:
             raise InvalidRequest(f"input '{name}': truncated BYTES element length at offset {off}")
         (n,) = _LEN.unpack_from(raw, off)
@@ -317,7 +323,7 @@ class TensorLayout:
 
 
 @dataclass(frozen=True, slots=True)
-class _RequestLayout:
+class RequestLayout:
     """Everything an HTTP infer request's JSON header says: a pure function of its bytes."""
 
     inputs: tuple[TensorLayout, ...]
@@ -358,11 +364,26 @@ def _too_deep_error(limit: int) -> InvalidRequest:
     return InvalidRequest(f"JSON request nests deeper than limits.max_json_depth ({limit})")
 
 
-def parse_http_infer(body: bytes, header_length: str | None, max_depth: int = MAX_JSON_DEPTH) -> InferInput:
+def parse_http_infer(body: bytes, header_length: str | None, max_depth: int = MAX_JSON_DEPTH,
+                     sig: Signature | None = None, model: str = "") -> InferInput:
     """Decode a KServe v2 infer body (JSON, or JSON + binary tensors when
     ``Inference-Header-Content-Length`` is given). The JSON header is decoded once per
     distinct header (:class:`Memo`); the binary part is sliced per request. JSON nested
-    deeper than ``max_depth`` is refused before it is decoded."""
+    deeper than ``max_depth`` is refused before it is decoded. Given model ``model``'s
+    signature ``sig``, JSON larger than any valid request could be is refused before it is
+    parsed (:func:`check_json_size`), and the tensors the header declares are checked against
+    it (:func:`check_layout`) before their binary data is read."""
+    head, binary = split_http_body(body, header_length)
+    if sig is not None:
+        check_json_size(sig, model, len(head))
+    layout = http_layout(head, max_depth)
+    if sig is not None:
+        check_layout(sig, model, layout)
+    return assemble_http(layout, binary)
+
+
+def split_http_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
+    """An infer body's JSON and its binary part (empty without ``header_length``)."""
     binary: memoryview = memoryview(b"")
     if header_length is not None:
         try:
@@ -375,11 +396,22 @@ def parse_http_infer(body: bytes, header_length: str | None, max_depth: int = MA
             )
         binary = memoryview(body)[hl:]
         body = body[:hl]
-    layout = _REQUEST_LAYOUTS.get(body)
+    return body, binary
+
+
+def http_layout(head: bytes, max_depth: int = MAX_JSON_DEPTH) -> RequestLayout:
+    """What an infer request's JSON says (its JSON data decoded): once per distinct header
+    (:class:`Memo`)."""
+    layout = _REQUEST_LAYOUTS.get(head)
     if layout is None:
-        layout = _REQUEST_LAYOUTS.put(body, _request_layout(body, max_depth))
-    elif max_depth < layout.depth_checked and too_deep(body, max_depth):  # remembered under a looser limit
+        layout = _REQUEST_LAYOUTS.put(head, _request_layout(head, max_depth))
+    elif max_depth < layout.depth_checked and too_deep(head, max_depth):  # remembered under a looser limit
         raise _too_deep_error(max_depth)
+    return layout
+
+
+def assemble_http(layout: RequestLayout, binary: memoryview) -> InferInput:
+    """The request ``layout`` describes, its binary tensors sliced from ``binary``."""
     out: list[Tensor] = []
     offset = 0
     for inp in layout.inputs:
@@ -401,7 +433,7 @@ def parse_http_infer(body: bytes, header_length: str | None, max_depth: int = MA
     return InferInput(out, layout.outputs, layout.id, layout.parameters)
 
 
-def _request_layout(head: bytes, max_depth: int) -> _RequestLayout:
+def _request_layout(head: bytes, max_depth: int) -> RequestLayout:
     if too_deep(head, max_depth):
         raise _too_deep_error(max_depth)
     try:
@@ -411,7 +443,7 @@ def _request_layout(head: bytes, max_depth: int) -> _RequestLayout:
                              f"{max_depth})") from None
 
 
-def _layout_of(head: bytes, max_depth: int) -> _RequestLayout:
+def _layout_of(head: bytes, max_depth: int) -> RequestLayout:
     try:
         doc = json.loads(head)
     except (ValueError, UnicodeDecodeError) as e:
@@ -462,7 +494,7 @@ def _layout_of(head: bytes, max_depth: int) -> _RequestLayout:
     if not isinstance(params, dict):
         raise InvalidRequest("request parameters must be an object")
     rid = doc.get("id", "")
-    return _RequestLayout(tuple(out), outputs, rid if isinstance(rid, str) else str(rid), params, max_depth)
+    return RequestLayout(tuple(out), outputs, rid if isinstance(rid, str) else str(rid), params, max_depth)
 
 
 _RESPONSE_HEADS = Memo()
@@ -513,14 +545,34 @@ def encode_http_response(
 # --------------------------------------------------------------------------- gRPC
 
 
-def parse_grpc_infer(req: pb.ModelInferRequest) -> InferInput:
-    raws = req.raw_input_contents
-    if raws and len(raws) != len(req.inputs):
-        raise InvalidRequest(f"{len(raws)} raw_input_contents for {len(req.inputs)} inputs")
+def parse_grpc_infer(req: pb.ModelInferRequest, raws: list[memoryview] | None = None,
+                     sig: Signature | None = None, model: str = "") -> InferInput:
+    """Decode a gRPC infer request; ``raws``: its raw_input_contents when they were cut out of
+    the message (:func:`gateway.frontdoor.decode.split_grpc`). Given model ``model``'s
+    signature ``sig``, what it declares is checked first (:func:`check_grpc`)."""
+    contents = req.raw_input_contents if raws is None else raws
+    shapes, outputs = check_grpc(req, contents, sig, model)
+    out: list[Tensor] = []
+    for i, (inp, shape) in enumerate(zip(req.inputs, shapes, strict=True)):
+        t = Tensor(inp.name, inp.datatype, shape, contents[i] if contents else _grpc_contents(inp, inp.datatype, shape))
+        check_size(t)
+        out.append(t)
+    params = {k: _param_value(v) for k, v in req.parameters.items()}
+    return InferInput(out, outputs, req.id, params)
+
+
+def check_grpc(req: pb.ModelInferRequest, contents: Sequence[bytes | memoryview], sig: Signature | None = None,
+               model: str = "") -> tuple[list[list[int]], list[RequestedOutput]]:
+    """What gRPC request ``req`` declares, read without its data: each input's shape and the
+    outputs it asks for. Given ``sig``, the declared tensors (names, datatypes, shapes, the
+    sizes of raw ``contents``, the counts of typed contents) are checked against it, so no
+    element is read of a request its model would refuse."""
+    if contents and len(contents) != len(req.inputs):
+        raise InvalidRequest(f"{len(contents)} raw_input_contents for {len(req.inputs)} inputs")
     if not req.inputs:
         raise InvalidRequest("request has no inputs")
-    out: list[Tensor] = []
-    for i, inp in enumerate(req.inputs):
+    shapes: list[list[int]] = []
+    for inp in req.inputs:
         dt = inp.datatype
         if dt not in DTYPE_SIZE:
             raise InvalidRequest(f"input '{inp.name}': unknown datatype {dt!r}; known: {sorted(DTYPE_SIZE)}")
@@ -529,30 +581,37 @@ def parse_grpc_infer(req: pb.ModelInferRequest) -> InferInput:
             raise InvalidRequest(f"input '{inp.name}': shape {shape} has a negative dimension")
         if inp.parameters:
             refuse_shm(inp.name, inp.parameters)
-        if raws:
-            raw: bytes = raws[i]
-        else:
-            raw = _grpc_contents(inp, dt, shape)
-        t = Tensor(inp.name, dt, shape, raw)
-        check_size(t)
-        out.append(t)
+        shapes.append(shape)
     outputs = [RequestedOutput(o.name, None, {k: _param_value(v) for k, v in o.parameters.items()})
                for o in req.outputs]
-    params = {k: _param_value(v) for k, v in req.parameters.items()}
-    return InferInput(out, outputs, req.id, params)
+    if sig is not None:
+        check_signature(sig, model, (TensorLayout(i.name, i.datatype, sh, None, None)
+                                     for i, sh in zip(req.inputs, shapes, strict=True)), outputs)
+        for i, (inp, shape) in enumerate(zip(req.inputs, shapes, strict=True)):
+            if not contents:
+                _check_count(inp, shape)
+            elif DTYPE_SIZE[inp.datatype]:
+                _check_length(inp.name, inp.datatype, shape, len(contents[i]))
+            else:
+                check_bytes_room(inp.name, shape, len(contents[i]))
+    return shapes, outputs
+
+
+def _check_count(inp: pb.ModelInferRequest.InferInputTensor, shape: list[int]) -> None:
+    """Typed contents must hold as many values as ``shape`` declares (counted, not read)."""
+    fld = _GRPC_CONTENTS.get(inp.datatype)
+    if fld is None:
+        raise InvalidRequest(f"input '{inp.name}': {inp.datatype} must be sent in raw_input_contents")
+    n = len(getattr(inp.contents, fld))
+    if n != _element_count(shape):
+        raise InvalidRequest(f"input '{inp.name}': {n} values do not match shape {shape}")
 
 
 def _grpc_contents(inp: pb.ModelInferRequest.InferInputTensor, dt: str, shape: list[int]) -> bytes:
-    fld = _GRPC_CONTENTS.get(dt)
-    if fld is None:
-        raise InvalidRequest(f"input '{inp.name}': {dt} must be sent in raw_input_contents")
-    values = list(getattr(inp.contents, fld))
+    _check_count(inp, shape)
+    values = list(getattr(inp.contents, _GRPC_CONTENTS[dt]))
     if dt == "BYTES":
         return b"".join(_LEN.pack(len(v)) + v for v in values)
-    if len(values) != _element_count(shape):
-        raise InvalidRequest(
-            f"input '{inp.name}': {len(values)} values do not match shape {shape}"
-        )
     try:
         return np.asarray(values, dtype=NP_DTYPE[dt]).tobytes()
     except (ValueError, OverflowError) as e:
@@ -596,36 +655,7 @@ def encode_grpc_response(
 
 def validate(sig: Signature, model: str, req: InferInput) -> int:
     """Check ``req`` against the model's signature; return its rows along the batch dimension."""
-    seen = set()
-    rows = None
-    for t in req.inputs:
-        s = sig.inputs.get(t.name)
-        if s is None:
-            raise InvalidRequest(f"model '{model}' has no input '{t.name}'; inputs: {sorted(sig.inputs)}")
-        if t.name in seen:
-            raise InvalidRequest(f"input '{t.name}' is given twice")
-        seen.add(t.name)
-        if t.datatype != s.datatype:
-            raise InvalidRequest(f"input '{t.name}': datatype {t.datatype} does not match the model's {s.datatype}")
-        dims = t.shape[1:] if sig.batched else t.shape
-        if len(dims) != len(s.dims) or any(d != e and e != -1 for d, e in zip(dims, s.dims, strict=True)):
-            want = ([-1] if sig.batched else []) + list(s.dims)
-            raise InvalidRequest(f"input '{t.name}': shape {t.shape} does not match the model's {want}")
-        if sig.batched:
-            r = t.shape[0] if t.shape else 0
-            if rows is not None and r != rows:
-                raise InvalidRequest(f"input '{t.name}': batch size {r} differs from other inputs ({rows})")
-            rows = r
-    missing = set(sig.inputs) - seen
-    if missing:
-        raise InvalidRequest(f"model '{model}' needs inputs {sorted(missing)}")
-    for o in req.outputs:
-        if o.name not in sig.outputs:
-            raise InvalidRequest(f"model '{model}' has no output '{o.name}'; outputs: {sorted(sig.outputs)}")
-    if not sig.batched:
-        return 1
-    if not rows or rows < 1:
-        raise InvalidRequest(f"batch size must be at least 1, got {rows}")
-    if rows > sig.max_batch_size:
-        raise InvalidRequest(f"batch size {rows} exceeds the model's max_batch_size ({sig.max_batch_size})")
-    return rows
+    return check_signature(sig, model, req.inputs, req.outputs)
+
+
+

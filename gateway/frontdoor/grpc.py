@@ -44,10 +44,11 @@ import grpc
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from gateway.codec import encode_grpc_response, parse_grpc_infer, raw_to_json
+from gateway.codec import InferInput, encode_grpc_response, parse_grpc_infer, raw_to_json
 from gateway.contract import choice_headers
 from gateway.driver import SLO_HEADER, Driver
 from gateway.errors import REASON_HEADER, GatewayError, InvalidRequest, Rejected, Unauthenticated
+from gateway.frontdoor.decode import Decoder, GrpcCall, read_grpc
 from gateway.frontdoor.httpserver import HttpResponse
 from gateway.frontdoor.security import OPEN_GRPC_METHODS, Tenant, Tenants, grpc_key
 from gateway.frontdoor.stats import (
@@ -121,12 +122,14 @@ class InferenceServicer:
     tracing (None: both off)."""
 
     def __init__(self, driver: Driver, info: ServerInfo, tenants: Tenants | None = None,
-                 observer: Observer | None = None, llm: LlmService | None = None) -> None:
+                 observer: Observer | None = None, llm: LlmService | None = None,
+                 decoder: Decoder | None = None) -> None:
         self.driver = driver
         self.info = info
         self.tenants = tenants
         self.observer = observer
         self.llm = llm
+        self.decoder = decoder or Decoder()  # infer requests: large ones off the loop
 
     async def _generate(self, req: pb.ModelInferRequest, context: grpc.aio.ServicerContext, llm: LlmService,
                         tenant: Tenant | None, put: Callable[[pb.ModelStreamInferResponse], Awaitable[None]]) -> str:
@@ -172,7 +175,7 @@ class InferenceServicer:
             await put(pb.ModelStreamInferResponse(infer_response=final))
         return code
 
-    async def _infer(self, req: pb.ModelInferRequest, slo: str | None,
+    async def _infer(self, req: pb.ModelInferRequest | GrpcCall, slo: str | None,
                      deadline: float | None = None, tenant: Tenant | None = None,
                      hints: dict[str, str] | None = None, seen: Seen | None = None,
                      received: float | None = None, client: str | None = None) -> pb.ModelInferResponse:
@@ -180,14 +183,20 @@ class InferenceServicer:
         counted from ``received`` (the driver's clock when it was read; default: now);
         ``tenant``: whose request it is (its quota is spent, its priority class applies);
         ``seen``: the access log's and tracing's view of it, answered here when it is served;
-        ``client``: whom the driver's queue bounds charge it to (:func:`_client`)."""
+        ``client``: whom the driver's queue bounds charge it to (:func:`_client`). ``req`` as
+        :func:`~gateway.frontdoor.decode.read_grpc` read it, whose data is decoded here (off the
+        loop when large) after what it declares is checked against its model's signature."""
+        call = req if isinstance(req, GrpcCall) else GrpcCall(req, None, None)
+        req = call.req
         name = req.model_name
         model = self.driver.model(name, req.model_version)
         if tenant is not None:
             self.tenants.admit(tenant)  # type: ignore[union-attr]
-        inp = parse_grpc_infer(req)
+        sig = None if model.info is None else model.info.signature
+        decoded = self.decoder.grpc(call, sig, name, client or "")
+        inp = decoded if isinstance(decoded, InferInput) else await decoded
         if seen is not None:
-            seen.parsed(inp, model.info is not None and model.info.signature.batched)
+            seen.parsed(inp, sig is not None and sig.batched)
         res = await self.driver.infer(name, inp, slo, received, version=req.model_version, deadline=deadline,
                                       priority=None if tenant is None else tenant.priority, hints=hints,
                                       trace=None if seen is None else seen.trace, client=client)
@@ -199,7 +208,7 @@ class InferenceServicer:
     async def ModelInfer(self, raw: bytes, context: grpc.aio.ServicerContext,
                          tenant: Tenant | None = None) -> pb.ModelInferResponse:
         received, remaining = _client_wait(context, self.driver.clock)
-        return await self._infer(_parse(pb.ModelInferRequest, raw), _slo_header(context), remaining, tenant,
+        return await self._infer(read_grpc(raw), _slo_header(context), remaining, tenant,
                                  choice_headers(context.invocation_metadata() or ()), received=received,
                                  client=_client(context, tenant))
 
@@ -215,18 +224,19 @@ class InferenceServicer:
         async def one(raw: bytes) -> None:
             rid, code, seen = "", "OK", None
             try:
-                req = _parse(pb.ModelInferRequest, raw)
+                call = read_grpc(raw)
+                req = call.req
                 rid = req.id
                 llm = self.llm
                 if llm is not None and req.model_name in llm.models:
-                    code = await self._generate(req, context, llm, tenant, out.put)
+                    code = await self._generate(_parse(pb.ModelInferRequest, raw), context, llm, tenant, out.put)
                     if tenant is not None:
                         _count(self.driver.metrics, tenant.name, code)
                     return
                 if self.observer is not None:
                     seen = self.observer.grpc_request(req.model_name, req.model_version, context.invocation_metadata())
                     seen.tenant = None if tenant is None else tenant.name
-                msg = pb.ModelStreamInferResponse(infer_response=await self._infer(req, slo, tenant=tenant, hints=hints,
+                msg = pb.ModelStreamInferResponse(infer_response=await self._infer(call, slo, tenant=tenant, hints=hints,
                                                                                    seen=seen, client=client))
             except GatewayError as e:
                 code = e.grpc_code.name
@@ -393,8 +403,8 @@ def _observed_infer(servicer: InferenceServicer, observer: Observer) -> grpc.Rpc
                 except Unauthenticated as e:
                     _count(metrics, UNAUTHENTICATED, e.grpc_code.name)
                     raise
-            req = _parse(pb.ModelInferRequest, raw)
-            seen = observer.grpc_request(req.model_name, req.model_version, md)
+            req = read_grpc(raw)
+            seen = observer.grpc_request(req.req.model_name, req.req.model_version, md)
             seen.tenant = None if tenant is None else tenant.name
             resp = await servicer._infer(req, _slo_header(context), remaining, tenant, choice_headers(md or ()), seen,
                                          received)
@@ -471,10 +481,10 @@ def server_options(max_message_bytes: int, limits: LimitsSpec | None = None,
 def create_server(driver: Driver, info: ServerInfo, max_message_bytes: int = 64 << 20,
                   tenants: Tenants | None = None, observer: Observer | None = None,
                   reuse_port: bool = False, llm: LlmService | None = None,
-                  limits: LimitsSpec | None = None) -> grpc.aio.Server:
+                  limits: LimitsSpec | None = None, decoder: Decoder | None = None) -> grpc.aio.Server:
     """The gRPC server; ``reuse_port``: its port may be shared with other gateway processes
     (SO_REUSEPORT), else binding a port in use fails; ``limits``: its connection cap, idle and
     handshake timeouts, streams per connection and keepalive (:func:`server_options`)."""
     server = grpc.aio.server(options=server_options(max_message_bytes, limits, reuse_port))
-    server.add_generic_rpc_handlers((generic_handler(InferenceServicer(driver, info, tenants, observer, llm)),))
+    server.add_generic_rpc_handlers((generic_handler(InferenceServicer(driver, info, tenants, observer, llm, decoder)),))
     return server

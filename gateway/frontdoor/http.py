@@ -29,12 +29,12 @@ import asyncio
 import json
 import math
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from urllib.parse import unquote
 
 from google.protobuf import json_format
 
-from gateway.codec import InferInput, encode_http_response, parse_http_infer
+from gateway.codec import InferInput, encode_http_response
 from gateway.contract import choice_headers
 from gateway.driver import SLO_HEADER, Driver, InferResult
 from gateway.errors import (
@@ -47,6 +47,7 @@ from gateway.errors import (
     Unauthenticated,
 )
 from gateway.fleet import Model
+from gateway.frontdoor.decode import Decoder
 from gateway.frontdoor.httpserver import Handler, HttpRequest, HttpResponse, Later, error_response
 from gateway.frontdoor.limits import Refusal
 from gateway.frontdoor.security import OPEN_HTTP_PATHS, Tenant, Tenants, bearer_key
@@ -98,11 +99,12 @@ class HttpFrontDoor:
     """The gateway's HTTP handler: ``door(request)`` -> a response now, or :class:`Later`.
     ``tenants``: who may call (None: everyone); ``serve_metrics``: answer ``/metrics`` here;
     ``observer``: the access log and tracing (None: both off); ``llm``: the generative models
-    served on ``/v1/`` (None: none)."""
+    served on ``/v1/`` (None: none); ``decoder``: how infer bodies are decoded (:mod:`gateway.frontdoor.decode`)."""
 
     def __init__(self, driver: Driver, info: ServerInfo, max_body_bytes: int, max_json_depth: int = 64,
                  tenants: Tenants | None = None, serve_metrics: bool = True,
-                 observer: Observer | None = None, llm: LlmService | None = None) -> None:
+                 observer: Observer | None = None, llm: LlmService | None = None,
+                 decoder: Decoder | None = None) -> None:
         self.driver = driver
         self.info = info
         self.max_body = max_body_bytes
@@ -111,6 +113,7 @@ class HttpFrontDoor:
         self.serve_metrics = serve_metrics
         self.observer = observer
         self.llm = llm
+        self.decoder = decoder or Decoder()  # infer bodies: large ones off the loop
 
     def __call__(self, req: HttpRequest) -> HttpResponse | Later:
         """The answer now, or (an admitted inference) later, when the driver's future is done:
@@ -363,23 +366,38 @@ class HttpFrontDoor:
             model.check_version(version)
         if tenant is not None:
             self.tenants.admit(tenant)  # type: ignore[union-attr]  (over quota: 429 before decoding)
-        inp = parse_http_infer(decoded_body(req, self.max_body), req.headers.get(HEADER_LEN), max_depth=self.max_depth)
-        if seen is not None:
-            seen.parsed(inp, model.info is not None and model.info.signature.batched)
-        result = driver.submit(name, inp, req.headers.get(SLO_HEADER), req.received, version=version,
-                               priority=None if tenant is None else tenant.priority,
-                               hints=choice_headers(req.headers), trace=None if seen is None else seen.trace,
-                               client=(req.peer or None) if tenant is None else tenant.name)
+        client = (req.peer or None) if tenant is None else tenant.name
+        info = getattr(model, "info", None)  # None: no replica has told its signature yet
+        sig = None if info is None else info.signature
+        decoded = self.decoder.http(req.body, req.headers.get(HEADER_LEN), req.headers.get("content-encoding"),
+                                    self.max_body, self.max_depth, sig, name, client or "")
+        decoded_inp: list[InferInput] = []  # the request, once decoded
+
+        def submit(inp: InferInput) -> asyncio.Future[InferResult]:
+            decoded_inp.append(inp)
+            if seen is not None:
+                seen.parsed(inp, sig is not None and sig.batched)
+            return driver.submit(name, inp, req.headers.get(SLO_HEADER), req.received, version=version,
+                                 priority=None if tenant is None else tenant.priority,
+                                 hints=choice_headers(req.headers), trace=None if seen is None else seen.trace,
+                                 client=client)
+
+        # a large body is decoded off the loop (gateway.frontdoor.decode), then submitted
+        result = submit(decoded) if isinstance(decoded, InferInput) else asyncio.ensure_future(_then(decoded, submit))
 
         def answer(f: asyncio.Future[InferResult]) -> HttpResponse:
             e = f.exception()
             if e is None:
-                return _inferred(name, version, model, inp, f.result())
+                return _inferred(name, version, model, decoded_inp[0], f.result())
             if isinstance(e, GatewayError):
                 return _error(e)
             raise e
 
         return Later(result, answer)
+
+
+async def _then(decoding: Awaitable[InferInput], submit: Callable[[InferInput], Awaitable[InferResult]]) -> InferResult:
+    return await submit(await decoding)
 
 
 def _inferred(name: str, version: str, model: Model, inp: InferInput, res: InferResult) -> HttpResponse:
