@@ -129,7 +129,7 @@ class _Worker:
         for i in range(0, len(blob), SLICE):
             self.stdin.write(view[i : i + SLICE])
             await self.stdin.drain()
-        await self.stdin.drain()
+            await asyncio.sleep(0)  # drain() yields only while the pipe is full: a fast reader never fills it
         meta_len, blob_len = _FRAME.unpack(await self.stdout.readexactly(_FRAME.size))
         answer = pickle.loads(await self.stdout.readexactly(meta_len))
         # anonymous memory, its pages zeroed by the kernel as each slice first touches them:
@@ -138,6 +138,7 @@ class _Worker:
         for i in range(0, blob_len, SLICE):
             n = min(SLICE, blob_len - i)
             out[i : i + n] = await self.stdout.readexactly(n)
+            await asyncio.sleep(0)  # readexactly() yields only while too little is buffered
         return answer, out
 
     async def stop(self) -> None:
