@@ -36,7 +36,7 @@ async def serve_config(cfg: GatewayConfig, reuse_port: bool = False, name: str =
     """Serve ``cfg`` until SIGTERM/SIGINT, then drain; ``reuse_port``: share the HTTP and gRPC
     ports with the other workers of ``headrace serve --workers``."""
     from gateway.app import Gateway
-    from gateway.observe.memory import pin_large_blocks
+    from gateway.observe.memory import pin_large_blocks, trimmer
 
     pin_large_blocks()  # before any request: a burst of large bodies must not keep the RSS up
     gw = Gateway(cfg, reuse_port=reuse_port)  # resolves the profiles: their errors come before any port is opened
@@ -53,7 +53,9 @@ async def serve_config(cfg: GatewayConfig, reuse_port: bool = False, name: str =
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    trimming = asyncio.create_task(trimmer())
     await stop.wait()
+    trimming.cancel()
     print(f"headrace {name}: draining (up to {cfg.drain_timeout_s:g}s)", flush=True)
     await gw.stop(drain_timeout=cfg.drain_timeout_s)
     print(f"headrace {name}: stopped", flush=True)

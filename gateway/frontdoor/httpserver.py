@@ -171,7 +171,8 @@ class _Connection(asyncio.Protocol):
         if self.waiting is not None and not self.waiting.done():
             self.waiting.cancel()  # the client is gone: a queued request leaves the scheduler
         self._release(self.msg)
-        self._drop_queue()
+        self.msg.body = []  # this object and its parser refer to each other: freed by the
+        self._drop_queue()  # cycle collector, later; what they hold is let go now
         self._stop_timer()
         self._unstall()
         self.server._left(self)
@@ -303,6 +304,7 @@ class _Connection(asyncio.Protocol):
                 self._next()
             return
         body = m.body[0] if len(m.body) == 1 else b"".join(m.body)
+        m.body = []  # the pieces go now: a closed connection waits for the cycle collector
         # its bytes stay counted (to its client) until the handler takes it: pipelined bodies too
         pending = _Pending(HttpRequest(method, path, m.headers, body, m.received, self.peer),
                            p.should_keep_alive() and not p.should_upgrade(), None, m.client, m.reserved)
