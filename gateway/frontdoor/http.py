@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import zlib
 from collections.abc import Awaitable, Callable
 from urllib.parse import unquote
 
@@ -47,7 +46,7 @@ from gateway.errors import (
     Unauthenticated,
 )
 from gateway.fleet import Model
-from gateway.frontdoor.decode import Decoder
+from gateway.frontdoor.decode import Decoder, inflate
 from gateway.frontdoor.httpserver import Handler, HttpRequest, HttpResponse, Later, error_response
 from gateway.frontdoor.limits import Refusal
 from gateway.frontdoor.security import OPEN_HTTP_PATHS, Tenant, Tenants, bearer_key
@@ -69,30 +68,13 @@ _CHALLENGE = (("WWW-Authenticate", "Bearer"),)
 _UNREAD_401 = HttpResponse(401)  # what a refusal before the body counts as
 
 
-class TooLarge(GatewayError):
-    http_status = 413
-
-
 def _json(doc: object) -> HttpResponse:
     return HttpResponse(200, json.dumps(doc).encode(), _JSON)
 
 
 def decoded_body(req: HttpRequest, max_bytes: int) -> bytes:
-    """The body with its gzip/deflate Content-Encoding undone, refusing to inflate past
-    ``max_bytes`` (a small compressed body must not become a huge one)."""
-    enc = req.headers.get("content-encoding", "identity").strip().lower()
-    if enc in ("", "identity"):
-        return req.body
-    if enc not in ("gzip", "deflate"):
-        raise InvalidRequest(f"Content-Encoding {enc!r} is not supported (gzip, deflate)")
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS if enc == "gzip" else zlib.MAX_WBITS)
-    try:
-        out = d.decompress(req.body, max_bytes + 1)
-    except zlib.error as e:
-        raise InvalidRequest(f"unreadable request body: {enc} data is corrupt ({e})") from None
-    if len(out) > max_bytes:
-        raise TooLarge(f"request body exceeds {max_bytes} bytes once decoded")
-    return out
+    """``req``'s body with its Content-Encoding undone (:func:`~gateway.frontdoor.decode.inflate`)."""
+    return inflate(req.body, req.headers.get("content-encoding"), max_bytes)
 
 
 class HttpFrontDoor:
