@@ -31,6 +31,7 @@ RENDERERS: dict[str, tuple[str, Callable[[Any, dict], str]]] = {
     "gateway_scaleout": ("gateway_scaleout", _one("markdown")),
     "gateway_slo": ("gateway_slo", _one("markdown")),
     "isolation": ("isolation", _one("render")),
+    "isolation_cost": ("isolation_cost", _one("render")),
     "llm_engine_fidelity": ("llm_engine_fidelity", _one("markdown")),
     "llm_traces": ("llm_traces", _one("markdown")),
     "llm_frontdoor": ("llm_frontdoor", _one("markdown")),

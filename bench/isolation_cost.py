@@ -1,0 +1,153 @@
+"""What front door isolation costs per request: the gateway's CPU per request of this build,
+with every limit on at its defaults, against a build from before the limits (``--before``),
+three gateway processes per build, their rounds interleaved and their samples pooled, measured
+with tritonclient (HTTP and gRPC, sequential requests) against the echo model on CPU Triton.
+
+    .venv/bin/python -m bench.isolation_cost [--before 14b4e86] [--rounds 6] [--requests 300]
+
+Both builds are clean clones (``bench.overhead_features.build_tree``), so uncommitted work
+changes neither. Target: at most +25 µs of gateway CPU per request. Writes
+bench/results/isolation_cost.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from bench.gateway_overhead import ECHO, cpu_seconds, settle
+from bench.host import cpu_times, steal_share
+from bench.output import write_results
+from bench.overhead_features import TritonClientTarget, build_tree, start_tree_gateway
+from profiles.profile import LatencyPoint, Profile, Provenance, save_profiles
+from profiles.triton.process import stop_group
+from profiles.triton.repository import ModelConfig, TensorSpec, write_model
+from profiles.triton.server import TritonServer, free_port
+
+RESULTS = Path(__file__).parent / "results"
+NAME = "isolation_cost"
+BEFORE = "14b4e86"  # main before the front door isolation work
+COPIES = 3
+LIMIT_US = 25.0
+
+
+def run(before: str, rounds: int, requests: int) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="hr-bench-isolation-cost-"))
+    write_model(work / "repo", ModelConfig("echo", (TensorSpec("INPUT0", "FP32", (16,)),),
+                                           (TensorSpec("OUTPUT0", "FP32", (16,)),), max_batch_size=8), ECHO)
+    echo = Profile("echo", "echo", "CPU", "cpu", 8, (LatencyPoint(1, 4e-4, 1e-3), LatencyPoint(8, 6e-4, 1.5e-3)),
+                   provenance=Provenance("bench.isolation_cost: echo model on CPU Triton", "measured"))
+    save_profiles(work / "echo.yaml", [echo])
+    trees = {"now": work / "now", "before": work / "before"}
+    commits = {"now": build_tree("HEAD", (), trees["now"]), "before": build_tree(before, (), trees["before"])}
+    procs: dict[tuple[str, int], subprocess.Popen] = {}
+    samples: dict[tuple[str, str], dict[str, list[float]]] = {}
+    cpu0 = cpu_times()
+    with TritonServer(work / "repo") as triton:
+        try:
+            ports = {}
+            for copy in range(COPIES):
+                for build in ("now", "before"):
+                    hp, gp = free_port(), free_port()
+                    cfg = work / f"gw-{build}-{copy}.yaml"
+                    cfg.write_text(yaml.safe_dump({"listen": {"http_port": hp, "grpc_port": gp}, "models": [
+                        {"name": "echo", "slo_ms": 1000, "max_batch": 8, "replicas": [
+                            {"url": triton.http_url, "variant": "echo", "profile": str(work / "echo.yaml")}]}]}))
+                    procs[(build, copy)] = start_tree_gateway(trees[build], cfg, f"127.0.0.1:{hp}")
+                    ports[(build, copy)] = (hp, gp)
+            targets = {(b, c, client): TritonClientTarget(client, f"127.0.0.1:{hp if client == 'http' else gp}", "echo")
+                       for (b, c), (hp, gp) in ports.items() for client in ("http", "grpc")}
+            for t in targets.values():  # warm up: connections, caches, the first batches
+                for _ in range(50):
+                    t()
+            for r in range(rounds):
+                order = sorted(targets, key=lambda k: ((k[1] + r) % COPIES, k[0] != ("now" if r % 2 else "before")))
+                for key in order:
+                    build, copy, client = key
+                    pid = procs[(build, copy)].pid
+                    settle(pid)
+                    c0 = cpu_seconds(pid)
+                    lat = []
+                    for _ in range(requests):
+                        s = time.perf_counter()
+                        targets[key]()
+                        lat.append(time.perf_counter() - s)
+                    settle(pid)
+                    s = samples.setdefault((build, client), {"cpu_us": [], "lat_ms": [], "per_process_cpu_us": []})
+                    used = (cpu_seconds(pid) - c0) / requests * 1e6
+                    s["cpu_us"].append(used)
+                    s["lat_ms"] += [x * 1e3 for x in lat]
+                    s["per_process_cpu_us"].append((copy, used))
+            for t in targets.values():
+                t.close()
+        finally:
+            for p in procs.values():
+                stop_group(p)
+    rows = []
+    for client in ("http", "grpc"):
+        now, bef = samples[("now", client)], samples[("before", client)]
+        cpu_now, cpu_before = float(np.mean(now["cpu_us"])), float(np.mean(bef["cpu_us"]))
+        rows.append({"client": f"tritonclient {client}", "cpu_us_now": cpu_now, "cpu_us_before": cpu_before,
+                     "added_cpu_us": cpu_now - cpu_before,
+                     "p50_ms_now": float(np.percentile(now["lat_ms"], 50)),
+                     "p50_ms_before": float(np.percentile(bef["lat_ms"], 50)),
+                     "per_round_now": now["cpu_us"], "per_round_before": bef["cpu_us"],
+                     "met": cpu_now - cpu_before <= LIMIT_US})
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent).stdout.strip()
+    return {"commit": head, "builds": commits, "settings": {"rounds": rounds, "requests": requests,
+                                                             "copies": COPIES, "limit_us": LIMIT_US},
+            "steal_share": steal_share(cpu0, cpu_times()), "rows": rows,
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def render(res: dict[str, Any]) -> str:
+    s = res["settings"]
+    lines = [
+        "# What front door isolation costs per request",
+        "",
+        f"Gateway CPU per request, this build (`{res['builds']['now']}`, every limit on at its defaults) "
+        f"against the build before the limits (`{res['builds']['before']}`): {s['copies']} gateway processes "
+        f"per build, {s['rounds']} interleaved rounds of {s['requests']} sequential tritonclient requests "
+        f"each, samples pooled; echo model (FP32 1x16) on CPU Triton. Target: at most +{s['limit_us']:g} µs.",
+        "",
+        "| client | CPU µs/request before | now | added | p50 ms before | now | target met |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in res["rows"]:
+        lines.append(f"| {r['client']} | {r['cpu_us_before']:.0f} | {r['cpu_us_now']:.0f} | "
+                     f"**{r['added_cpu_us']:+.1f}** | {r['p50_ms_before']:.3f} | {r['p50_ms_now']:.3f} | "
+                     f"{'yes' if r['met'] else 'NO'} |")
+    steal = res.get("steal_share")
+    lines += ["", f"Stolen CPU during the run: {100 * steal:.1f}%." if steal is not None else "", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.isolation_cost", description=__doc__.split("\n\n")[0])
+    p.add_argument("--before", default=BEFORE, help="the build from before the limits (a commit)")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--requests", type=int, default=300)
+    p.add_argument("--render", action="store_true", help="rewrite the markdown from the JSON")
+    p.add_argument("--out", default=str(RESULTS))
+    a = p.parse_args(argv)
+    if a.render:
+        res = json.loads((Path(a.out) / f"{NAME}.json").read_text())
+    else:
+        res = run(a.before, a.rounds, a.requests)
+    write_results(a.out, NAME, res, render(res))
+    print(render(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
