@@ -17,7 +17,7 @@ door isolation issue) for tests. The attacks:
 - ``idle_h2``: 20,000 idle HTTP/2 connections to the gRPC port (the preface and a SETTINGS
   frame, then nothing).
 - ``keepalive``: 10,032 keep-alive connections, each asking ``/v2/health/live`` once.
-- ``timeout``: infer requests with ``parameters.timeout = 10**20``, 50 a second, sharing
+- ``timeout``: infer requests with ``parameters.timeout = 10**20``, 50 a second (x scale), sharing
   batches with everyone else's.
 - ``queued``: 60 requests of 8 MiB at a time with an hour's deadline, again as each answers
   (a second after a refusal), to ``--queue-model`` (a slow one: they wait in the gateway's
@@ -210,7 +210,7 @@ class Attack:
             except OSError:
                 s.close()
                 s = None
-            t += 1 / 50
+            t += 1 / (50 * self.scale)
             time.sleep(max(0.0, t - time.monotonic()))
 
     def queued(self) -> None:

@@ -95,7 +95,8 @@ ROWS = [
     ("json_body", 0.25, 160.0),  # 7 MiB of JSON numbers, again and again
     ("idle_h2", 0.1, 128.0),  # 2,000 idle HTTP/2 connections to the gRPC port
     ("keepalive", 0.16, 96.0),  # 1,605 keep-alive connections asking one probe each
-    ("timeout", 1.0, 64.0),  # parameters.timeout = 10**20, 50 a second
+    # parameters.timeout = 10**20, 50 a second (what it did to batch mates is tests/gateway/test_isolation_driver.py)
+    ("timeout", 1.0, 64.0),
     # 60 x 8 MiB to a slow model, an hour's deadline: max_client_queued_bytes (256 MiB) of them
     # queue, max_client_buffered_bytes (128 MiB) more arrive, the rest are refused. Known gap:
     # re-sending 8 MiB bodies as fast as refusals allow keeps the event loop busy reading them,
