@@ -31,6 +31,7 @@ from bench.claims_common import (
     pct,
     result,
 )
+from bench.claims_isolation import isolation, isolation_gaps
 from bench.claims_llm import (
     frontdoor_gap,
     llm_engine,
@@ -384,7 +385,7 @@ def scaleout(r: Results) -> list[Claim]:
 
 CLAIMS: tuple[Callable[[Results], list[Claim]], ...] = (
     emulator, policy, gateway_slo, overhead, loadgen, placement, sharing, capacity, replan, variants,
-    simulator, scaleout, llm_engine, llm_gateway, llm_routing,
+    simulator, scaleout, llm_engine, llm_gateway, llm_routing, isolation,
 )
 
 
@@ -463,6 +464,7 @@ def gaps(r: Results) -> list[str]:
         vllm_gap(r["llm_engine_fidelity"]["vllm"]),
         *frontdoor_gap(r["llm_frontdoor"]),
         *routing_gaps(r),
+        *isolation_gaps(r),
     ]
 
 
