@@ -4,6 +4,8 @@ Hysteresis: scale up when the observed rate stays above the planned rate for ``u
 down when it stays below ``planned x downscale_below`` for ``downscale_delay_s``. The new planned
 rate is ``max observed / target_utilization``, which sits inside that band, so a steady load never flaps.
 The settings are the deployment's ``autoscaling:`` (:class:`profiles.schema.AutoscalingSpec`).
+An idle deployment scales down to a planned rate of 0, which the planner serves with one replica
+(:data:`placement.plan.KEEP_SERVED`); the first observation above 0 starts an upscale run.
 """
 
 from __future__ import annotations

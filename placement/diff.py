@@ -194,7 +194,8 @@ def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory
         for s in g.slices:
             for r in s.replicas:
                 cap[r.model] += r.capacity
-    # release whole GPUs whose replicas are all surplus, least loaded first
+    # release whole GPUs whose replicas are all surplus, least loaded first (a model at rate 0
+    # still requires KEEP_SERVED req/s, so it keeps one replica and no share divides by zero)
     def load(g: GpuPlan) -> float:
         return sum(r.capacity / dm[r.model].required for s in g.slices for r in s.replicas)
     for g in sorted(list(kept), key=load):

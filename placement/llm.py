@@ -42,6 +42,7 @@ from profiles.schema import (
 GPU_MEMORY_UTILIZATION = 0.9  # the engines' --gpu-memory-utilization, and the KV cache sizing assumes
 TARGET = 0.9  # the share of requests that must meet both SLOs
 SIZING_REQUESTS = 300
+IDLE_GAP_S = 1e6  # seconds between requests when sizing for rate 0: longer than any request takes
 VOCAB_LOW = 16  # prompt token ids lie in [16, vocab), as the emulated tokenizer makes them
 
 
@@ -69,7 +70,8 @@ def attainment(profile: LlmProfile, llm: LlmSpec, rate: float, slo_ttft_s: float
     ctx = config.max_model_len
     ins = draw(llm.input_tokens, rng, requests, ctx - 1)
     outs = np.minimum(draw(llm.output_tokens, rng, requests, ctx - 1), ctx - ins)
-    arrivals = np.cumsum(rng.exponential(1.0 / rate, requests)) if rate > 0 else np.zeros(requests)
+    # at rate 0 each request comes alone, long after the one before is answered
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, requests) if rate > 0 else np.full(requests, IDLE_GAP_S))
     sends = [(float(arrivals[k]), LlmRequest(str(k), tuple(rng.integers(VOCAB_LOW, config.vocab_size, int(ins[k])).tolist()),
                                             int(outs[k]), seed=k)) for k in range(requests)]
     times = replay(EngineLoop(Engine(config, profile.step_time), profile.frontend_s), sends)

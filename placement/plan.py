@@ -26,6 +26,9 @@ API_VERSION = "headrace.dev/v1"
 Objective = Literal["gpus", "cost", "accuracy"]
 EPS = 1e-9
 ACCURACY_EPS = 1e-6  # a mean accuracy this close to a floor meets it (the LP's tolerance)
+# req/s: the least capacity a demanded model is planned. Any replica that meets an SLO of at most
+# 600 s serves more, so a model at rate 0 is planned exactly one replica and stays addressable
+KEEP_SERVED = 1e-3
 
 
 class PlanError(ValueError):
@@ -61,7 +64,8 @@ class Demand:
 
     @property
     def required(self) -> float:
-        return self.rate * self.factor
+        """Planned capacity: rate x factor, at least :data:`KEEP_SERVED` (one replica at rate 0)."""
+        return max(self.rate * self.factor, KEEP_SERVED)
 
     def allows(self, p: Profile) -> bool:
         if p.model != self.model or (self.variants and p.variant not in self.variants):
