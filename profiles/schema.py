@@ -592,6 +592,38 @@ class GatewaySettings(Strict):
             raise ValueError(f"tenant names must be unique, got {dup} more than once")
         return self
 
+    def listeners(self) -> list[tuple[str, str, int]]:
+        """(field path, host, port) of every address this document binds."""
+        out = [("listen.http_port", self.listen.host, self.listen.http_port),
+               ("listen.grpc_port", self.listen.host, self.listen.grpc_port)]
+        if self.metrics_listen is not None:
+            out.append(("metrics_listen.port", self.metrics_listen.host, self.metrics_listen.port))
+        return out
+
+    @model_validator(mode="after")
+    def _ports(self) -> GatewaySettings:
+        # two listeners on one port fail to bind at start, after replicas have started: caught here
+        seen: list[tuple[str, str, int]] = []
+        for name, host, port in self.listeners():
+            other = next((o for o, h, p in seen if p == port and port != 0 and _same_address(h, host)), None)
+            if other is not None:
+                raise ValueError(f"{name} ({port}) is also {other} on {host}: every listener needs its own "
+                                 "port (0: any free)")
+            seen.append((name, host, port))
+        return self
+
+
+def _same_address(a: str, b: str) -> bool:
+    """Whether binding both hosts on one port clashes: the same address, ``localhost`` and a
+    loopback address, or either one every address (``::`` is every IPv4 address too; ``0.0.0.0``
+    no IPv6 one)."""
+    if a == b or {a, b} in ({"localhost", "127.0.0.1"}, {"localhost", "::1"}):
+        return True
+    for wild, other in ((a, b), (b, a)):
+        if wild == "::" or (wild == "0.0.0.0" and ":" not in other):  # noqa: S104  (compared, not bound)
+            return True
+    return False
+
 
 class AdminSpec(Strict):
     host: Host = Field(default="127.0.0.1", description="address of the operator's admin API")
@@ -607,6 +639,9 @@ class AdminSpec(Strict):
 
 class GatewaySpec(GatewaySettings):
     admin: AdminSpec = Field(default_factory=AdminSpec, description="the operator's admin API")
+
+    def listeners(self) -> list[tuple[str, str, int]]:
+        return [*super().listeners(), ("admin.port", self.admin.host, self.admin.port)]
 
 
 class Gateway(_Document):

@@ -1,7 +1,10 @@
 """``headrace up / apply / status / down / rollback``: the operator's commands.
 
 ``up`` runs the controller (and the gateway in it) in the foreground until Ctrl-C, SIGTERM or
-``headrace down``; ``--detach`` leaves it running in its own session. The other commands talk
+``headrace down``; ``--detach`` leaves it running in its own session; ``--dry-run`` checks the
+documents and the state directory, plans, prints what it would start and starts nothing. Every
+command refuses a state directory whose ``state.json`` is corrupt (one line, exit 2), before it
+starts or stops anything (:mod:`deploy.operator.state`). The other commands talk
 to the running controller's admin API, found through the state directory; over HTTPS (the
 Gateway's ``spec.admin.tls``) they verify its certificate with ``--admin-ca`` or
 ``$HEADRACE_ADMIN_CA``, else with the certificate the controller recorded in the state
@@ -30,7 +33,7 @@ from rich.console import Console
 from deploy.commands import run
 from deploy.operator.client import ADMIN_CA_ENV, CliError, admin_context, call
 from deploy.operator.desired import admin_tls, validate
-from deploy.operator.state import STATE_ENV, DirStateStore, same_process
+from deploy.operator.state import STATE_ENV, DirStateStore, StateError, same_process
 from deploy.operator.status import print_endpoints, print_status
 
 WIDTH = 120
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
 HELP = """examples:
   headrace up -f deploy/examples/quickstart            # foreground; Ctrl-C stops everything
   headrace up -f deploy/examples/quickstart --detach   # leave it running
+  headrace up -f deploy/examples/quickstart --dry-run  # check and plan; start nothing
   headrace status -o table
   headrace apply -f models.yaml --dry-run              # print the diff it would execute
   headrace apply -f models.yaml
@@ -72,13 +76,19 @@ def _client(args: argparse.Namespace) -> tuple[str, str, ssl.SSLContext | None]:
 # --------------------------------------------------------------------------- up
 
 
-def _cleanup_leftovers(store: DirStateStore, out: Console) -> None:
-    """A controller that died left processes: stop exactly those (pid and start time match)."""
+def _not_running(store: DirStateStore) -> dict:
+    """The state, where no controller runs on it (a corrupt state file: :class:`StateError`)."""
     st = store.read()
     pid = st.get("controller_pid")
     if pid and same_process(pid, st.get("controller_started")) and pid != os.getpid():
         raise CliError(f"a controller is already running on {store.path} (pid {pid}); "
                        "use headrace status / apply, or headrace down first", 2)
+    return st
+
+
+def _cleanup_leftovers(store: DirStateStore, out: Console) -> None:
+    """A controller that died left processes: stop exactly those (pid and start time match)."""
+    st = _not_running(store)
     left = [(name, p) for name, p in (st.get("processes") or {}).items() if same_process(p["pid"], p.get("started"))]
     for name, p in left:
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -152,6 +162,8 @@ def up(args: argparse.Namespace) -> int:
     out = Console(width=WIDTH)
     store = DirStateStore.default(args.state_dir)
     text, want, base = validate(args.file, check_security=True)
+    if args.dry_run:
+        return _dry_run(want, base, store, args.method, out)
     _cleanup_leftovers(store, out)
     if args.ray is not None or single_pool_runtime(want) == "ray":
         from deploy.ray.launch import up_on_ray  # noqa: PLC0415
@@ -168,6 +180,24 @@ def up(args: argparse.Namespace) -> int:
 
 def single_pool_runtime(want: Desired) -> str:
     return want.docs.pools[0].spec.runtime
+
+
+def _dry_run(want: Desired, base: ProfileSet, store: DirStateStore, method: str, out: Console) -> int:
+    """What ``up`` would start, from the documents already checked; nothing runs, nothing is written."""
+    from deploy.operator.controller import Controller  # noqa: PLC0415
+    from placement.plan import PlanError  # noqa: PLC0415
+    from placement.solve.solver import SolverError  # noqa: PLC0415
+
+    _not_running(store)
+    try:
+        res = Controller(store, base, method=method).preview(want)
+    except (SolverError, PlanError) as e:
+        raise CliError(str(e).splitlines()[0], 2) from None
+    out.print(f"would start {len(res['started'])} replicas on {res['gpus']} GPUs "
+              f"({len(res['steps'])} steps); nothing started", highlight=False)
+    for s in res["steps"]:
+        out.print(f"  {s}", highlight=False)
+    return 0
 
 
 def _detach(args: argparse.Namespace, store: DirStateStore, out: Console) -> int:
@@ -254,6 +284,8 @@ def ensure_down(state_dir: str | Path) -> None:
         return
     except CliError:
         pass
+    except StateError as e:
+        raise CliError(str(e), 2) from None
     st = store.read()
     pid = st.get("controller_pid")
     if pid and same_process(pid, st.get("controller_started")):
@@ -290,6 +322,9 @@ def _run(fn):  # noqa: ANN001, ANN202
         except CliError as e:
             print(f"headrace {args.command}: {e}", file=sys.stderr)
             return e.code
+        except StateError as e:
+            print(f"headrace {args.command}: {e}", file=sys.stderr)
+            return 2
     return go
 
 
@@ -307,6 +342,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-f", "--file", action="append", required=True, metavar="FILE|DIR",
                    help="GpuPool / ModelDeployment / Gateway YAML (repeatable; a folder: its *.yaml)")
     p.add_argument("--detach", action="store_true", help="leave the controller running in the background")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the documents and the state directory, plan, print what it would start; start nothing")
     p.add_argument("--method", choices=("greedy", "milp"), default="greedy", help="placement solver")
     p.add_argument("--tick", type=float, default=1.0, help="controller loop period, seconds")
     p.add_argument("--ray", default=None, metavar="ADDRESS", nargs="?", const="auto",

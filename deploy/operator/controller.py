@@ -22,7 +22,7 @@ from deploy.operator.desired import Desired, prepare
 from deploy.operator.llm_runtime import LlmEngines
 from deploy.operator.observe import Observer
 from deploy.operator.runtime import LocalRuntime, ProcessRuntime
-from deploy.operator.state import StateStore
+from deploy.operator.state import StateError, StateStore
 from deploy.operator.status import Event, status
 from gateway.app import Gateway
 from gateway.config import resolve
@@ -88,6 +88,7 @@ class Controller:
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     _task: asyncio.Task | None = None
     _heals: set[asyncio.Task] = field(default_factory=set)
+    _written: dict[str, Any] = field(default_factory=dict)  # the state as last read or written
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
     # ------------------------------------------------------------------ lifecycle
@@ -127,6 +128,16 @@ class Controller:
             self.save()
         self._task = asyncio.create_task(self._loop())
 
+    def preview(self, want: Desired) -> dict[str, Any]:
+        """What :meth:`up` would start for ``want``: its steps, the replicas and engines it
+        starts, and the GPUs the plan takes. Plans only: nothing starts, nothing is written."""
+        plan, steps, llm_plan = self._solve_diff(want)
+        return {"steps": [s.describe() for s in steps.steps]
+                + [f"start LLM engine {r.id} ({r.profile.name})" for r in llm_plan.replicas],
+                "started": [s.replica_id for s in steps.steps if s.action == "start_replica"]
+                + [r.id for r in llm_plan.replicas],
+                "gpus": plan.gpu_count + len(llm_plan.gpus), "plan": plan.to_dict()}
+
     async def down(self) -> None:
         """Stop the gateway (draining it) and every process; the state records nothing running."""
         if self._task is not None:
@@ -144,7 +155,7 @@ class Controller:
                 await asyncio.to_thread(self.engines.stop)
             if self.runtime is not None:
                 await asyncio.to_thread(self.runtime.stop)
-            st = self.store.read()
+            st = self._state()
             st.update(processes={}, running=False)
             self.store.write(st)
             self.stopped.set()
@@ -379,8 +390,18 @@ class Controller:
         log.info("%s %s %s", model or "-", kind, message)
         self.events.append(Event(self.wall(), model, kind, message))
 
+    def _state(self) -> dict[str, Any]:
+        """The stored state; if its file went corrupt while this controller runs, the last one
+        it wrote (it knows the rest), with an event that says so."""
+        try:
+            self._written = self.store.read()
+        except StateError as e:
+            self._event("", "StateRewritten", f"state file {e.path} was corrupt ({e.why}); rewritten from "
+                        "this controller's own record")
+        return dict(self._written)
+
     def save(self) -> None:
-        st = self.store.read()
+        st = self._state()
         st.update(
             running=True, generation=self.generation, observed_generation=self.observed_generation,
             history=self.history, admin_url=self.admin_url,
@@ -390,6 +411,7 @@ class Controller:
             plan=self.plan.to_dict() if self.plan else None,
         )
         self.store.write(st)
+        self._written = st
 
     def status(self) -> dict[str, Any]:
         return status(self)
