@@ -500,11 +500,9 @@ def _layout_of(head: bytes, max_depth: int) -> RequestLayout:
 _RESPONSE_HEADS = Memo()
 
 
-def encode_http_response(
-    model: str, version: str, req: InferInput, outputs: list[Tensor], parameters: dict[str, str]
-) -> tuple[bytes, int | None]:
-    """The response body and, when any output is binary, the JSON header length. A header
-    that carries no data (every output binary) is encoded once per layout (:class:`Memo`)."""
+def answered_outputs(req: InferInput, outputs: list[Tensor]) -> list[tuple[Tensor, bool]]:
+    """The outputs an HTTP answer carries (those ``req`` asks for, else all), each with
+    whether it goes binary (its own ``binary_data``, else the request's ``binary_data_output``)."""
     default_binary = bool(req.parameters.get("binary_data_output", False))
     wanted = {o.name: o for o in req.outputs}
     chosen: list[tuple[Tensor, bool]] = []
@@ -513,6 +511,15 @@ def encode_http_response(
             continue
         o = wanted.get(t.name)
         chosen.append((t, default_binary if o is None or o.binary is None else o.binary))
+    return chosen
+
+
+def encode_http_response(
+    model: str, version: str, req: InferInput, outputs: list[Tensor], parameters: dict[str, str]
+) -> tuple[bytes, int | None]:
+    """The response body and, when any output is binary, the JSON header length. A header
+    that carries no data (every output binary) is encoded once per layout (:class:`Memo`)."""
+    chosen = answered_outputs(req, outputs)
     blobs = [t.raw for t, binary in chosen if binary]
     key = None
     if blobs and len(blobs) == len(chosen):  # the header is a function of the layout alone
@@ -521,25 +528,33 @@ def encode_http_response(
         head = _RESPONSE_HEADS.get(key)
         if head is not None:
             return b"".join([head, *blobs]), len(head)
-    items = []
-    for t, binary in chosen:
-        item: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": t.shape}
-        if binary:
-            item["parameters"] = {"binary_data_size": len(t.raw)}
-        else:
-            item["data"] = raw_to_json(t)
-        items.append(item)
-    doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": items}
-    if req.id:
-        doc["id"] = req.id
-    if parameters:
-        doc["parameters"] = parameters
-    head = json.dumps(doc, separators=(",", ":")).encode()
+    head = response_head(model, version, req.id, parameters,
+                         [(t, len(t.raw) if binary else None) for t, binary in chosen])
     if key is not None:
         _RESPONSE_HEADS.put(key, head)
     if not blobs:
         return head, None
     return b"".join([head, *blobs]), len(head)
+
+
+def response_head(model: str, version: str, rid: str, parameters: dict[str, Any],
+                  outputs: Sequence[tuple[Tensor, int | None]]) -> bytes:
+    """An HTTP answer's JSON: each output with its ``binary_data_size`` (the int beside it),
+    or with its values as ``data`` (None beside it; only then is its ``raw`` read)."""
+    items = []
+    for t, binary_size in outputs:
+        item: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": t.shape}
+        if binary_size is not None:
+            item["parameters"] = {"binary_data_size": binary_size}
+        else:
+            item["data"] = raw_to_json(t)
+        items.append(item)
+    doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": items}
+    if rid:
+        doc["id"] = rid
+    if parameters:
+        doc["parameters"] = parameters
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 # --------------------------------------------------------------------------- gRPC

@@ -16,6 +16,10 @@ worker process (:mod:`gateway.frontdoor.decodepool`):
   of parsing and 50 ms of copying saved); a request whose inputs carry over
   :data:`INLINE_BYTES` of typed contents is parsed by a worker.
 
+The HTTP door's answers go the other way through the same workers: one carrying more than
+:data:`~gateway.frontdoor.encode.INLINE_VALUES` JSON values is encoded by a worker
+(:mod:`gateway.frontdoor.encode`).
+
 Measured on this project's 2-core machine (``bench/decode_lag.py``): Python's JSON decoder
 (40 MiB/s), python-rapidjson (39 MiB/s; 129 MiB/s in its native number mode, which does not
 round as Python does), ``numpy.fromstring`` (48 MiB/s): none makes 60 MiB a matter of
@@ -40,8 +44,10 @@ from gateway.codec import (
     RequestedOutput,
     Signature,
     Tensor,
+    answered_outputs,
     assemble_http,
     check_grpc,
+    encode_http_response,
     http_layout,
     parse_grpc_infer,
     parse_http_infer,
@@ -49,6 +55,13 @@ from gateway.codec import (
 )
 from gateway.errors import InvalidRequest
 from gateway.frontdoor.decodepool import DecodePool, TooLarge, raise_answer
+from gateway.frontdoor.encode import (
+    INLINE_VALUES,
+    encode_off_loop,
+    http_answer_op,
+    json_values,
+    may_be_large,
+)
 from gateway.precheck import bytes_elements, check_json_size, check_layout
 
 INLINE_BYTES = 32 << 10  # JSON (or typed gRPC contents) decoded on the loop at most: under a millisecond
@@ -106,15 +119,31 @@ def _parse(raw: bytes) -> pb.ModelInferRequest:
 
 
 class Decoder:
-    """Decodes infer requests for the front doors: on the loop when small, else by ``pool``
-    (whose jobs wait per client: ``client`` is the tenant, else the address). Each call
-    answers an :class:`InferInput` now, or an awaitable of one."""
+    """Decodes infer requests for the front doors, and encodes the HTTP door's JSON answers
+    (:mod:`gateway.frontdoor.encode`): on the loop when small, else by ``pool`` (whose jobs wait
+    per client: ``client`` is the tenant, else the address). Each call answers now, or
+    answers an awaitable."""
 
     def __init__(self, pool: DecodePool | None = None, inline_bytes: int = INLINE_BYTES,
-                 inline_elements: int = INLINE_ELEMENTS) -> None:
+                 inline_elements: int = INLINE_ELEMENTS, inline_values: int = INLINE_VALUES) -> None:
         self.pool = pool or DecodePool()
         self.inline_bytes = inline_bytes
         self.inline_elements = inline_elements
+        self.inline_values = inline_values
+
+    def answer_may_be_large(self, sig: Signature, req: InferInput) -> bool:
+        """Whether :meth:`http_answer` may need a worker for ``req``'s answer (:func:`may_be_large`)."""
+        return may_be_large(sig, req, self.inline_values)
+
+    def http_answer(self, model: str, version: str, req: InferInput, outputs: list[Tensor],
+                    parameters: dict[str, Any], client: str
+                    ) -> tuple[bytes | mmap.mmap, int | None] | Awaitable[tuple[bytes | mmap.mmap, int | None]]:
+        """The HTTP answer to ``req`` (:func:`~gateway.codec.encode_http_response`): encoded on
+        the loop when it carries at most ``inline_values`` JSON values, else by a worker."""
+        chosen = answered_outputs(req, outputs)
+        if sum(json_values(t) for t, binary in chosen if not binary) <= self.inline_values:
+            return encode_http_response(model, version, req, outputs, parameters)
+        return encode_off_loop(self.pool, client, model, version, req.id, parameters, chosen)
 
     def http(self, body: bytes, header_length: str | None, encoding: str | None, max_body: int, max_depth: int,
              sig: Signature | None, model: str, client: str) -> InferInput | Awaitable[InferInput]:
@@ -301,4 +330,5 @@ def _grpc_op(blob: bytes, sig: Signature | None, model: str) -> tuple[_Packed, l
     return _pack(parse_grpc_infer(_parse(split.head), split.raws, sig, model), blob)
 
 
-WORKER_OPS: dict[str, Callable[..., tuple[_Packed, list[bytes | memoryview]]]] = {"http": _http_op, "grpc": _grpc_op}
+WORKER_OPS: dict[str, Callable[..., tuple[Any, list[bytes]] | tuple[_Packed, list[bytes | memoryview]]]] = {
+    "http": _http_op, "grpc": _grpc_op, "http_answer": http_answer_op}

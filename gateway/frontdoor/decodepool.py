@@ -11,15 +11,17 @@ loop free between slices.
 
 Jobs wait in a :class:`FairQueue`: one FIFO per client (its tenant, else its address), served
 round-robin, so a client sending many large bodies delays another client's large body by at
-most one of its own per worker; the queue holds at most ``max_queued_bytes`` of bodies
-(past that: 429, reason ``queue_full``). A worker is started when a job finds none free (up to
+most one of its own per worker; the queue holds at most ``max_queued_bytes`` of jobs' bytes
+(bodies, and the outputs of answers to encode; past that: 429, reason ``queue_full``). A worker is started when a job finds none free (up to
 ``workers``), and a worker that dies fails only its own job (503) and is replaced by the next.
 The worker (``python -m gateway.frontdoor.decodepool``) reads a frame from stdin, answers one
 on stdout, and exits when stdin closes, so it never outlives the gateway.
 
 A frame is ``<IQ`` (meta length, blob length), a pickled meta and the blob: the request's
 body, or the tensors decoded. A tensor the worker sliced from the request (binary data, raw
-contents) comes back as an offset into the body the gateway still holds, not as bytes.
+contents) comes back as an offset into the body the gateway still holds, not as bytes. The
+HTTP door's large JSON answers are encoded by the same workers (:mod:`gateway.frontdoor.encode`):
+the blob is then the outputs' bytes, and the answer's JSON comes back.
 """
 
 from __future__ import annotations
@@ -92,11 +94,14 @@ class FairQueue(Generic[T]):
         return item
 
 
+Blob = bytes | memoryview | list[bytes | memoryview]  # a job's bytes: one buffer, or parts sent one after another
+
+
 @dataclass(slots=True)
 class _Job:
     op: str
     args: tuple
-    blob: bytes
+    blob: Blob
     done: asyncio.Future = field(repr=False)
 
 
@@ -122,14 +127,16 @@ class _Worker:
                     fcntl.fcntl(fd, _F_SETPIPE_SZ, SLICE)
         return cls(proc)
 
-    async def call(self, op: str, args: tuple, blob: bytes) -> tuple[Any, mmap.mmap | bytearray]:
+    async def call(self, op: str, args: tuple, blob: Blob) -> tuple[Any, mmap.mmap | bytearray]:
         meta = pickle.dumps((op, args))
-        self.stdin.write(_FRAME.pack(len(meta), len(blob)) + meta)
-        view = memoryview(blob)
-        for i in range(0, len(blob), SLICE):
-            self.stdin.write(view[i : i + SLICE])
-            await self.stdin.drain()
-            await asyncio.sleep(0)  # drain() yields only while the pipe is full: a fast reader never fills it
+        parts = blob if isinstance(blob, list) else [blob]
+        self.stdin.write(_FRAME.pack(len(meta), sum(len(p) for p in parts)) + meta)
+        for part in parts:
+            view = memoryview(part)
+            for i in range(0, len(view), SLICE):
+                self.stdin.write(view[i : i + SLICE])
+                await self.stdin.drain()
+                await asyncio.sleep(0)  # drain() yields only while the pipe is full: a fast reader never fills it
         meta_len, blob_len = _FRAME.unpack(await self.stdout.readexactly(_FRAME.size))
         answer = pickle.loads(await self.stdout.readexactly(meta_len))
         # anonymous memory, its pages zeroed by the kernel as each slice first touches them:
@@ -165,14 +172,16 @@ class DecodePool:
         self._tasks: set[asyncio.Task] = set()
         self.closed = False
 
-    async def run(self, client: str, op: str, args: tuple, blob: bytes) -> tuple[Any, mmap.mmap | bytearray]:
-        """The worker's answer to ``op(blob, *args)`` for ``client`` (see :func:`_serve_one`)."""
+    async def run(self, client: str, op: str, args: tuple, blob: Blob) -> tuple[Any, mmap.mmap | bytearray]:
+        """The worker's answer to ``op(blob, *args)`` for ``client`` (see :func:`serve`); a
+        list of parts reaches the worker as one blob."""
         if self.closed:
             raise Unavailable("the gateway is stopping")
         job = _Job(op, args, blob, asyncio.get_running_loop().create_future())
-        if not self.queue.push(client, job, len(blob)):
-            raise Rejected(f"requests waiting to be decoded hold {self.queue.bytes} bytes; this one's "
-                           f"{len(blob)} would pass {self.queue.max_bytes}", QUEUE_FULL, 1.0)
+        nbytes = sum(len(p) for p in blob) if isinstance(blob, list) else len(blob)
+        if not self.queue.push(client, job, nbytes):
+            raise Rejected(f"jobs waiting for a decode worker hold {self.queue.bytes} bytes; this one's "
+                           f"{nbytes} would pass {self.queue.max_bytes}", QUEUE_FULL, 1.0)
         self._pump()
         return await job.done
 

@@ -28,7 +28,9 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import mmap
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 from urllib.parse import unquote
 
 from google.protobuf import json_format
@@ -66,6 +68,7 @@ _OK = HttpResponse(200)
 _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _CHALLENGE = (("WWW-Authenticate", "Bearer"),)
 _UNREAD_401 = HttpResponse(401)  # what a refusal before the body counts as
+T = TypeVar("T")
 
 
 def _json(doc: object) -> HttpResponse:
@@ -364,13 +367,35 @@ class HttpFrontDoor:
                                  hints=choice_headers(req.headers), trace=None if seen is None else seen.trace,
                                  client=client)
 
+        encoded: list[tuple[bytes | mmap.mmap, int | None]] = []  # the answer's body, when written before answer()
+
+        async def encode(res: InferResult) -> InferResult:
+            body = self.decoder.http_answer(name, version or model.default_version, decoded_inp[0], res.outputs,
+                                            res.parameters(), client or "")
+            encoded.append(body if isinstance(body, tuple) else await body)
+            return res
+
+        def answered(inp: InferInput) -> Awaitable[InferResult]:
+            # an answer that may carry many JSON values is encoded once it comes, off the loop
+            # when it does (gateway.frontdoor.encode); any other in answer(), as the result comes.
+            # The signature is read again: a large body may have been decoded meanwhile
+            result = submit(inp)
+            info = getattr(model, "info", None)  # None: the driver refused it
+            large = info is not None and self.decoder.answer_may_be_large(info.signature, inp)
+            return _then(result, encode) if large else result
+
         # a large body is decoded off the loop (gateway.frontdoor.decode), then submitted
-        result = submit(decoded) if isinstance(decoded, InferInput) else asyncio.ensure_future(_then(decoded, submit))
+        result = answered(decoded) if isinstance(decoded, InferInput) else _then(decoded, answered)
+        if not isinstance(result, asyncio.Future):
+            result = asyncio.ensure_future(result)
 
         def answer(f: asyncio.Future[InferResult]) -> HttpResponse:
             e = f.exception()
             if e is None:
-                return _inferred(name, version, model, decoded_inp[0], f.result())
+                try:
+                    return _inferred(name, version, model, decoded_inp[0], f.result(), *encoded)
+                except GatewayError as err:  # an output that has no JSON form (BF16): as off the loop
+                    return _error(err)
             if isinstance(e, GatewayError):
                 return _error(e)
             raise e
@@ -378,13 +403,14 @@ class HttpFrontDoor:
         return Later(result, answer)
 
 
-async def _then(decoding: Awaitable[InferInput], submit: Callable[[InferInput], Awaitable[InferResult]]) -> InferResult:
-    return await submit(await decoding)
+async def _then(first: Awaitable[T], then: Callable[[T], Awaitable[InferResult]]) -> InferResult:
+    return await then(await first)
 
 
-def _inferred(name: str, version: str, model: Model, inp: InferInput, res: InferResult) -> HttpResponse:
-    out, header_len = encode_http_response(name, version or model.default_version, inp, res.outputs,
-                                           res.parameters())
+def _inferred(name: str, version: str, model: Model, inp: InferInput, res: InferResult,
+              encoded: tuple[bytes | mmap.mmap, int | None] | None = None) -> HttpResponse:
+    out, header_len = encoded or encode_http_response(name, version or model.default_version, inp, res.outputs,
+                                                      res.parameters())
     if header_len is None:
         return HttpResponse(200, out, _JSON)
     return HttpResponse(200, out, "application/octet-stream", (("Inference-Header-Content-Length",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import mmap
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -57,7 +58,7 @@ class HttpRequest:
 @dataclass(slots=True)
 class HttpResponse:
     status: int
-    body: bytes = b""
+    body: bytes | mmap.mmap = b""  # mmap: a large answer as a worker wrote it (gateway.frontdoor.encode)
     content_type: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
 
