@@ -506,7 +506,8 @@ class Plan:
                 "shortfall": [s.to_dict() for s in self.shortfall],
                 "models": [{"model": d.model, "rate": d.rate, "slo_ms": d.slo * 1e3, "priority": d.priority,
                             "capacity_rps": round(caps[d.model], 1),
-                            "headroom": round(caps[d.model] / d.rate if d.rate > 0 else float("inf"), 3),
+                            # None at rate 0: no ratio (JSON has no infinity)
+                            "headroom": round(caps[d.model] / d.rate, 3) if d.rate > 0 else None,
                             "mean_accuracy": _round(means[d.model]),
                             "split_rps": {v: round(r, 1) for v, r in splits[d.model].items()}}
                            for d in self.demands],
