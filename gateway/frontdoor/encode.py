@@ -19,7 +19,7 @@ answer that comes small after all is encoded on the loop there); every other ans
 outputs, or JSON outputs the signature bounds, such as a 1x16 FP32) is encoded on the loop as
 before, in the callback that receives the driver's result.
 
-The answer's JSON comes back from the worker in 1 MiB slices, into memory the HTTP server
+The answer's JSON comes back from the worker in slices, into memory the HTTP server
 writes from as it is (:class:`~gateway.frontdoor.httpmessage.HttpResponse` takes the mapping).
 What still holds the loop for a large answer is its write: the server joins the answer's head
 and body into one ``bytes`` (``HttpResponse.encode``), and Python 3.11's socket transport
