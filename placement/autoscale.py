@@ -5,7 +5,10 @@ down when it stays below ``planned x downscale_below`` for ``downscale_delay_s``
 rate is ``max observed / target_utilization``, which sits inside that band, so a steady load never flaps.
 The settings are the deployment's ``autoscaling:`` (:class:`profiles.schema.AutoscalingSpec`).
 An idle deployment scales down to a planned rate of 0, which the planner serves with one replica
-(:data:`placement.plan.KEEP_SERVED`); the first observation above 0 starts an upscale run.
+(:data:`placement.plan.KEEP_SERVED`), or ``min_replicas`` on distinct GPUs; the first observation
+above 0 starts an upscale run. Given the deployment's running ``replicas``, the policy never
+scales down below its floor: a deployment already at ``min_replicas`` holds there quietly (a
+re-plan could release nothing: the planner keeps a floor's replicas, :mod:`placement.solve.floors`).
 """
 
 from __future__ import annotations
@@ -85,14 +88,15 @@ def _r(x: float) -> str:
 
 
 def step(spec: AutoscalingSpec, state: AutoscaleState, observed_rate: float, now: float, *,
-         window_s: float = 0.0) -> tuple[ScaleDecision, AutoscaleState]:
+         window_s: float = 0.0, replicas: int | None = None) -> tuple[ScaleDecision, AutoscaleState]:
     """Take one observation of a deployment's request rate at ``now``. Return the decision and the new state.
 
     ``window_s``: the observed rate is a mean over this many seconds, so a run's first
     ``window_s`` still mixes in the load from before it began: those observations count toward
     its max only until a later one comes (the new planned rate follows the level, not the
-    transition). The function is pure. The operator and the simulator both call it every few
-    (real or virtual) seconds.
+    transition). ``replicas``: how many replicas the deployment runs now (None: unknown); at or
+    below ``min_replicas`` a downscale holds. The function is pure. The operator and the
+    simulator both call it every few (real or virtual) seconds.
     """
     if not (math.isfinite(window_s) and window_s >= 0):
         raise ValueError(f"window_s ({window_s}) must be a finite number >= 0")
@@ -136,6 +140,9 @@ def step(spec: AutoscalingSpec, state: AutoscaleState, observed_rate: float, now
     elapsed = now - since
     if elapsed < delay:
         return hold(f"{where} for {elapsed:.1f} s of {_r(delay)} s ({name})", running)
+    if side == "down" and replicas is not None and replicas <= spec.min_replicas:
+        return hold(f"{where} for {elapsed:.1f} s, but the deployment is at its floor: {replicas} "
+                    f"replica{'s' if replicas != 1 else ''} (min_replicas {spec.min_replicas})", running)
 
     if (state.last_event is not None and state.last_event != side and state.last_event_at is not None
             and now - state.last_event_at < spec.cooldown):

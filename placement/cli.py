@@ -95,6 +95,8 @@ def render(plan: Plan, console: Console) -> None:
             short.add_row(sf.model, f"{sf.required:.0f}", f"{sf.placed:.0f}", f"{sf.unplaced:.0f}",
                           " or ".join(f"{n} x {g}" for g, n in sf.gpus) or "-")
         console.print(short)
+    for f in plan.floors:  # NOTE: one line each, as the operator's status prints it
+        console.print(f"{'warning' if f.met else 'floor not met'}: {f.describe()}", markup=False, highlight=False)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,9 @@ go last. :meth:`PlanDiff.capacity_dips` replays the steps and names every point 
 serving capacity falls below the lower of its old and new requirement.
 
 ``replan`` keeps every old replica that still helps, releases whole GPUs whose replicas have
-become surplus, and places only the deficit on free GPUs, so the diff stays small.
+become surplus (never one a replica floor still needs), places only the deficit on free GPUs,
+and then meets the replica floors over kept and added GPUs together
+(:func:`placement.solve.floors.spread`), so the diff stays small and floors hold across re-plans.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from placement.plan import Demand, GpuClass, GpuPlan, Inventory, Plan, Replica, SlicePlan
+from placement.plan import Demand, GpuClass, GpuPlan, Inventory, Plan, Replica, SlicePlan, node_of
 from placement.solve.capacity import replica_capacity
-from placement.solve.solver import DEFAULT, TIME_LIMIT, Options, SolverError, solve
+from placement.solve.floors import spread
+from placement.solve.solver import DEFAULT, TIME_LIMIT, Options, SolverError, candidates, solve
 from profiles.catalogue import gpu_model
 from profiles.profile import ProfileSet
 
@@ -184,6 +187,20 @@ def _with_slo(plan: Plan, demands: dict[str, Demand], profiles: ProfileSet) -> l
     return out
 
 
+def _spares(kept: list[GpuPlan], g: GpuPlan, dm: dict[str, Demand]) -> bool:
+    """Whether releasing ``g`` keeps every replica floor of its models that ``kept`` meets: as
+    many GPUs as the floor, and as many nodes as the floor that ``kept`` already spans."""
+    for m in {r.model for s in g.slices for r in s.replicas}:
+        floor = dm[m].min_replicas
+        if floor <= 1:
+            continue
+        before = {h.id for h in kept if any(r.model == m for s in h.slices for r in s.replicas)}
+        after = before - {g.id}
+        if len(after) < floor or len({node_of(i) for i in after}) < min(floor, len({node_of(i) for i in before})):
+            return False
+    return True
+
+
 def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
            method: str = "greedy", *, time_limit: float = TIME_LIMIT, options: Options = DEFAULT) -> tuple[Plan, PlanDiff]:
     """A plan for the new ``demands`` close to ``old``, and the diff from old to new."""
@@ -203,11 +220,12 @@ def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory
         for s in g.slices:
             for r in s.replicas:
                 lost[r.model] += r.capacity
-        if all(cap[m] - v + 1e-9 >= dm[m].required for m, v in lost.items()):
+        if all(cap[m] - v + 1e-9 >= dm[m].required for m, v in lost.items()) and _spares(kept, g, dm):
             kept.remove(g)
             for m, v in lost.items():
                 cap[m] -= v
-    deficit = [replace(d, rate=(d.required - cap[d.model]) / d.factor)
+    # the deficit's own floor is 1: the floors are met over kept and added GPUs together, below
+    deficit = [replace(d, rate=(d.required - cap[d.model]) / d.factor, min_replicas=1)
                for d in demands if d.required - cap[d.model] > 1e-6]
     used = {g.id for g in kept}
     free = replace(inventory, classes=tuple(
@@ -225,7 +243,11 @@ def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory
             # best-effort short on the free GPUs: from scratch it may fit, and says what does not
             raise SolverError("the free GPUs do not place every best-effort deficit")
         extra = part.gpus if part is not None else ()
-        new = Plan(tuple(kept) + tuple(extra), tuple(demands), inventory, f"replan-{method}", 0.0, 0.0, profiles)
+        gpus, floors = tuple(kept) + tuple(extra), ()
+        if any(d.min_replicas > 1 for d in demands):
+            cands = candidates(demands, profiles, inventory, options)
+            gpus, floors = spread(gpus, demands, inventory, profiles, cands, options)
+        new = Plan(gpus, tuple(demands), inventory, f"replan-{method}", 0.0, 0.0, profiles, floors=floors)
     except SolverError:
         # the free GPUs do not suffice: plan from scratch (the diff may then have to move more)
         new = solve(demands, profiles, inventory, method, time_limit=time_limit, options=options)

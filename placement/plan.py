@@ -5,6 +5,11 @@ the numbers the solver stored: placements legal and disjoint, memory, MPS shares
 limits, variants allowed, and capacity >= demand x headroom per model. It raises
 :class:`PlanError` naming the GPU, the slices and the rule of the first violation.
 
+Replica floors: a demand's ``min_replicas`` (the deployment's ``replicas`` or its autoscaling
+``min_replicas``) asks for that many replicas on as many distinct GPUs, and on as many distinct
+nodes where the pool has them. A plan that cannot meet a floor carries a :class:`FloorShortfall`
+saying so; :meth:`Plan.verify` refuses one that breaks a floor without saying so.
+
 Priority classes (AntMan's guaranteed / opportunistic split): guaranteed demand is planned
 first, at its SLO with its headroom, and must be placed whole. Best-effort demand is planned at
 its expected rate (no burst margin: the gateway sheds it first), fills the room guaranteed
@@ -51,6 +56,7 @@ class Demand:
     priority: Literal["guaranteed", "best-effort"] = "guaranteed"
     headroom: float = 1.0  # plan capacity >= rate x headroom
     objective: Literal["accuracy", "cost"] = "accuracy"  # the gateway's variant choice for its requests
+    min_replicas: int = 1  # the floor: replicas on that many distinct GPUs (and nodes, where the pool has them)
 
     @property
     def guaranteed(self) -> bool:
@@ -172,6 +178,37 @@ class Shortfall:
                 "unplaced_rps": round(self.unplaced, 1), "gpus_to_place": [{"gpu": g, "count": n} for g, n in self.gpus]}
 
 
+def node_of(gpu_id: str) -> str:
+    """The node a GPU id names (``<node>/gpu<i>``); an id without a node is a node of its own."""
+    return gpu_id.rsplit("/", 1)[0] if "/" in gpu_id else gpu_id
+
+
+@dataclass(frozen=True)
+class FloorShortfall:
+    """A replica floor the plan does not meet in full: the model's replicas stand on ``gpus``
+    distinct GPUs of ``nodes`` distinct nodes, fewer than its ``floor`` of one or the other,
+    and ``why`` (``only 2 GPUs``, ``no room on the pool's other GPUs``, ``only 1 node``).
+    ``met``: the GPUs are enough and only the spread over nodes falls short."""
+
+    model: str
+    floor: int
+    gpus: int
+    nodes: int
+    why: str
+
+    @property
+    def met(self) -> bool:
+        return self.gpus >= self.floor
+
+    def describe(self) -> str:
+        on = f" on {self.nodes} node{'s' if self.nodes != 1 else ''}" if self.met else ""
+        return f"model {self.model}: floor {self.floor} replicas: {self.gpus} placed{on}, {self.why}"
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "floor": self.floor, "gpus": self.gpus, "nodes": self.nodes,
+                "met": self.met, "why": self.why}
+
+
 @dataclass(frozen=True)
 class Replica:
     """One Triton server (an MPS client when share < 1) serving one variant."""
@@ -220,6 +257,7 @@ class Plan:
     accuracy_bound: float = 0.0  # objective accuracy: the MILP's upper bound on the mean accuracy; 0 if none
     shortfall: tuple[Shortfall, ...] = ()  # best-effort models an overfull pool could not place whole
     bound_seconds: float = 0.0  # of solve_seconds, computing lower_bound
+    floors: tuple[FloorShortfall, ...] = ()  # replica floors not met in full (placement.solve.floors)
 
     @property
     def partial(self) -> bool:
@@ -263,6 +301,11 @@ class Plan:
 
     def replicas(self) -> list[tuple[GpuPlan, SlicePlan, Replica]]:
         return [(g, s, r) for g in self.gpus for s in g.slices for r in s.replicas]
+
+    def hosts(self, model: str) -> tuple[set[str], set[str]]:
+        """The GPUs and the nodes holding a replica of ``model``."""
+        gpus = {g.id for g, _, r in self.replicas() if r.model == model}
+        return gpus, {node_of(i) for i in gpus}
 
     def capacities(self) -> dict[str, float]:
         """Planned requests per second of every model (0 for a model without replicas)."""
@@ -333,6 +376,7 @@ class Plan:
                 out += self._check_slice(g, s, gm, demands, served, where, variant_caps)
         out += self._check_budget()
         out += self._check_floor(variant_caps)
+        out += self._check_replica_floors()
         short = {s.model: s for s in self.shortfall}
         for m, d in demands.items():
             sf = short.get(m)
@@ -416,6 +460,20 @@ class Plan:
                 shown = ", ".join(f"{v} {r:.0f} req/s" for v, r in split.items() if r > 0) or "nothing served"
                 out.append(PlanError("accuracy", f"model {d.model}: predicted mean accuracy {mean:.4f} "
                                                  f"({shown}) < mean_accuracy_floor {floor:g}"))
+        return out
+
+    def _check_replica_floors(self) -> list[PlanError]:
+        """Each floor is met on distinct GPUs and nodes, or its shortfall is reported as it is."""
+        out, told = [], {f.model: f for f in self.floors}
+        for d in self.demands:
+            gpus, nodes = self.hosts(d.model)
+            f = told.get(d.model)
+            if f is not None and (f.gpus, f.nodes) != (len(gpus), len(nodes)):
+                out.append(PlanError("replicas", f"model {d.model}: floor reported on {f.gpus} GPUs of {f.nodes} "
+                                                 f"nodes, the plan has {len(gpus)} of {len(nodes)}"))
+            elif f is None and d.min_replicas > 1 and min(len(gpus), len(nodes)) < d.min_replicas:
+                out.append(PlanError("replicas", f"model {d.model}: floor {d.min_replicas} replicas, placed on "
+                                                 f"{len(gpus)} GPUs of {len(nodes)} nodes, not reported"))
         return out
 
     def _check_slice(self, g: GpuPlan, s: SlicePlan, gm, demands: dict[str, Demand],
@@ -504,7 +562,9 @@ class Plan:
                 "bound_seconds": round(self.bound_seconds, 3),
                 "partial": self.partial,
                 "shortfall": [s.to_dict() for s in self.shortfall],
+                "floors": [f.to_dict() for f in self.floors],
                 "models": [{"model": d.model, "rate": d.rate, "slo_ms": d.slo * 1e3, "priority": d.priority,
+                            "min_replicas": d.min_replicas,
                             "capacity_rps": round(caps[d.model], 1),
                             # None at rate 0: no ratio (JSON has no infinity)
                             "headroom": round(caps[d.model] / d.rate, 3) if d.rate > 0 else None,

@@ -21,7 +21,8 @@ from profiles.schema import (
     load_documents,
 )
 
-__all__ = ["SpecError", "check_profiles", "classic", "demand", "inventory", "load_problem", "profiles_for"]
+__all__ = ["SpecError", "check_profiles", "classic", "demand", "inventory", "load_problem", "profiles_for",
+           "replica_floor"]
 
 
 def inventory(pool: GpuPool) -> Inventory:
@@ -46,7 +47,15 @@ def inventory(pool: GpuPool) -> Inventory:
 def demand(md: ModelDeployment) -> Demand:
     s = md.spec
     return Demand(s.model, s.rate, s.slo_ms / 1e3, s.variant_names(), s.accuracy_floor, s.priority, s.headroom,
-                  s.objective)
+                  s.objective, replica_floor(md))
+
+
+def replica_floor(md: ModelDeployment) -> int:
+    """The replicas a deployment asks for on distinct GPUs: the larger of ``spec.replicas`` and
+    ``spec.autoscaling.min_replicas`` (KServe's ``minReplicas``, default 1; 0 asks for none)."""
+    s = md.spec
+    auto = s.autoscaling.min_replicas if s.autoscaling is not None else 1
+    return max(s.replicas or 0, auto)
 
 
 def profiles_for(docs: Documents, base: ProfileSet) -> ProfileSet:

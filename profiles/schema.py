@@ -286,6 +286,9 @@ class ModelDeploymentSpec(Strict):
                             description="planned capacity / expected rate (burst margin)")
     autoscaling: AutoscalingSpec | None = Field(default=None, description="re-plan from observed load "
                                                 "(off when absent)")
+    replicas: int | None = Field(default=None, ge=1, le=10_000, description="at least this many replicas, each "
+                                 "on its own GPU and on its own node where the pool has them (the rate may need "
+                                 "more); with autoscaling, the larger of this and min_replicas")
     llm: LlmSpec | None = Field(default=None, description="a generative model (OpenAI API), with slo_ms its "
                                 "time to first token")
 
@@ -301,8 +304,11 @@ class ModelDeploymentSpec(Strict):
             if not names or missing:
                 raise ValueError(f"source 'artifact' needs an artifact for every variant; "
                                  f"missing for {missing or 'all (no variants listed)'}")
+        a = self.autoscaling
+        if self.replicas is not None and a is not None and a.max_replicas is not None and self.replicas > a.max_replicas:
+            raise ValueError(f"replicas ({self.replicas}) exceeds autoscaling.max_replicas ({a.max_replicas})")
         if self.llm is not None:
-            given = [n for n in ("source", "autoscaling") if n in self.model_fields_set]
+            given = [n for n in ("source", "autoscaling", "replicas") if n in self.model_fields_set]
             if given or any(not isinstance(v, str) and v.artifact is not None for v in self.variants):
                 raise ValueError(f"{', '.join(given) or 'variants[].artifact'} is for classic deployments; an "
                                  "llm deployment's variants are LLM profiles served on engines")

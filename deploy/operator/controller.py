@@ -353,7 +353,8 @@ class Controller:
             n = sum(1 for _, _, r in plan.replicas() if r.model == md.spec.model)
             if a.max_replicas is not None and n > a.max_replicas:
                 return f"{md.spec.model}: the plan needs {n} replicas, above max_replicas ({a.max_replicas})"
-            if n < a.min_replicas:
+            # a floor the pool cannot meet is the plan's FloorShortfall, which status shows
+            if n < a.min_replicas and not any(f.model == md.spec.model for f in plan.floors):
                 return f"{md.spec.model}: the plan keeps {n} replicas, below min_replicas ({a.min_replicas})"
         return None
 
@@ -362,7 +363,9 @@ class Controller:
             spec = self._scale_spec(model)
             window_s = rate_window(spec.upscale_delay_s)
             window = self.observer.window(model, window_s, now)
-            decision, self.scaling[model] = autoscale.step(spec, state, window.rate, now, window_s=window_s)
+            replicas = sum(1 for _, _, r in self.plan.replicas() if r.model == model) if self.plan else None
+            decision, self.scaling[model] = autoscale.step(spec, state, window.rate, now, window_s=window_s,
+                                                           replicas=replicas)
             if decision.direction is None:
                 continue
             old = self.rates.get(model)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from placement.diff import replica_ids
+from placement.plan import FloorShortfall
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -135,9 +136,13 @@ def llm_served(c: Observed, model: str) -> dict[str, Any]:
                                        for k in ("ttft", "tpot", "both")}}
 
 
-def _conditions(c: Observed, model: str, reps: list[dict[str, Any]], short: Any) -> list[dict[str, Any]]:
+def _conditions(c: Observed, model: str, reps: list[dict[str, Any]], short: Any,
+                floor: Any = None) -> list[dict[str, Any]]:
     down = [r["id"] for r in reps if r["process"] != "running" or not r["serving"]]
-    # a best-effort model an overfull pool placed short is Degraded (PoolOverfull) too
+    # a best-effort model an overfull pool placed short is Degraded (PoolOverfull) too, and so is
+    # a replica floor the pool cannot meet on distinct GPUs (FloorUnmet; one short of nodes is not)
+    if floor is not None and not floor.met and short is None:
+        short = floor
     return [
             _condition(c, model, "Ready", bool(reps) and not down and c.failure is None,
                        "AllReplicasServing" if reps and not down else "ReplicasNotServing",
@@ -147,10 +152,14 @@ def _conditions(c: Observed, model: str, reps: list[dict[str, Any]], short: Any)
                        c.applying or f"generation {c.observed_generation} applied"),
             _condition(c, model, "Degraded", bool(down) or c.failure is not None or short is not None,
                        "ApplyFailed" if c.failure else ("ReplicaDown" if down else
-                                                        ("PoolOverfull" if short else "AsPlanned")),
+                                                        (_short_reason(short) if short else "AsPlanned")),
                        c.failure or (f"not serving: {', '.join(down)}" if down else
                                      (short.describe() if short else "every replica serving"))),
     ]
+
+
+def _short_reason(short: Any) -> str:
+    return "FloorUnmet" if isinstance(short, FloorShortfall) else "PoolOverfull"
 
 
 def _llm_deployment(c: Observed, md: ModelDeployment, now: float) -> dict[str, Any]:
@@ -183,7 +192,8 @@ def status(c: Observed) -> dict[str, Any]:
         model = md.spec.model
         reps = _replicas(c, model)
         short = next((sf for sf in c.plan.shortfall if sf.model == model), None) if c.plan else None
-        conds = _conditions(c, model, reps, short)
+        floor = next((f for f in c.plan.floors if f.model == model), None) if c.plan else None
+        conds = _conditions(c, model, reps, short, floor)
         rate = c.observer.window(model, RATE_WINDOW_S, now)
         att = c.observer.window(model, ATTAINMENT_WINDOW_S, now)
         deployments.append({
@@ -195,12 +205,16 @@ def status(c: Observed) -> dict[str, Any]:
             "answered_1m": int(att.totals.answered), "refused_1m": int(att.totals.rejected),
             "conditions": conds, "replicas": reps,
             **({"shortfall": short.to_dict()} if short is not None else {}),
+            # the floor the plan was made for (spec.replicas or autoscaling.min_replicas)
+            "min_replicas": next((d.min_replicas for d in c.plan.demands if d.model == model), 1) if c.plan else 1,
+            **({"floor": {**floor.to_dict(), "message": floor.describe()}} if floor is not None else {}),
         })
     return {
         "generation": c.generation, "observedGeneration": c.observed_generation,
         "gateway": {"http": c.gateway.http_url, "grpc": c.gateway.grpc_url} if c.gateway else None,
         "admin": c.admin_url, "gpus": (c.plan.gpu_count if c.plan else 0) + len(c.llm_plan.gpus),
         "shortfall": [sf.to_dict() for sf in c.plan.shortfall] if c.plan else [],
+        "floors": [{**f.to_dict(), "message": f.describe()} for f in c.plan.floors] if c.plan else [],
         "deployments": deployments, "events": [e.to_dict() for e in list(c.events)[-20:]],
     }
 
@@ -254,3 +268,6 @@ def print_status(st: dict[str, Any], out: Console) -> None:
         for x in d["conditions"]:
             if x["type"] == "Degraded" and x["status"] == "True":
                 out.print(f"{d['name']}: Degraded ({x['reason']}): {x['message']}", highlight=False)
+        floor = d.get("floor")
+        if floor and floor["met"]:  # an unmet one is the Degraded line above
+            out.print(f"{d['name']}: warning: {floor['message']}", highlight=False)

@@ -58,6 +58,7 @@ from placement.solve.candidates import (
     candidates,
     check_coverable,
 )
+from placement.solve.floors import spread
 from placement.solve.greedy import greedy_choice, missing_text
 from placement.solve.milp import EFFORT, Effort, SafetyStop
 from placement.solve.packing import pack
@@ -373,11 +374,12 @@ def solve_accuracy(demands: Sequence[Demand], profiles: ProfileSet, inv: Invento
                 label += "[time-limit]"  # the safety stop cut the search: another run may differ
         except MilpTimeout:
             gpus, label = greedy_accuracy(demands, profiles, inv, cands, opts), label + "->greedy"
+    gpus, floors = spread(gpus, demands, inv, profiles, cands, opts)
     placed = Plan(gpus, tuple(demands), inv, profiles=profiles).capacities()
     short = shortfalls(demands, inv, cands, opts, {mi: placed[d.model] for mi, d in enumerate(demands)})
     lb, lb_s = timed_bound(demands, inv, cands, opts, bound and not short, clock)
     return Plan(gpus, tuple(demands), inv, label, lb, clock() - t0, profiles, proven, acc_bound, shortfall=short,
-                bound_seconds=lb_s)
+                bound_seconds=lb_s, floors=floors)
 
 
 __all__ = ["greedy_accuracy", "over_budget", "solve_accuracy"]

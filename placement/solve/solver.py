@@ -22,6 +22,10 @@ Guaranteed demand is placed whole or not at all: if the pool cannot hold it the 
 saying how many GPUs of which kind are missing. Best-effort demand fills what is left; on an
 overfull pool the plan is partial, with a :class:`placement.plan.Shortfall` per best-effort
 model placed short (:mod:`placement.solve.shortfall`).
+
+Replica floors (a demand's ``min_replicas``) are met after either method by one pass over its
+GPUs, :func:`placement.solve.floors.spread`: distinct GPUs, distinct nodes where the pool has
+them, and a :class:`placement.plan.FloorShortfall` where the pool cannot.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from placement.solve.candidates import (
     check_coverable,
     layout_options,
 )
+from placement.solve.floors import placed, spread
 from placement.solve.greedy import greedy_choice, missing_text
 from placement.solve.packing import pack
 from placement.solve.shortfall import capacities, shortfalls
@@ -111,7 +116,10 @@ def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
             # no integer solution within the limit: the greedy's plan stands, and says so
             gpus, chosen = g.gpus, g.start.chosen
             label += "->greedy"
-    short = shortfalls(demands, inventory, cands, options, capacities(cands, chosen))
+    gpus, floors = spread(gpus, demands, inventory, profiles, cands, options)
+    caps = placed(gpus, demands) if any(d.min_replicas > 1 for d in demands) else capacities(cands, chosen)
+    short = shortfalls(demands, inventory, cands, options, caps)
+    # NOTE: the bound is the floorless problem's, a floor only adds constraints: still a lower bound
     lb, lb_s = timed_bound(demands, inventory, cands, options, bound and not short, clock, lower)
     return Plan(gpus, tuple(demands), inventory, label, lb, clock() - t0, profiles, proven, shortfall=short,
-                bound_seconds=lb_s)
+                bound_seconds=lb_s, floors=floors)
