@@ -17,7 +17,6 @@ import math
 import re
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,6 +24,15 @@ from tritonclient.grpc import service_pb2 as pb
 
 from gateway.errors import InvalidRequest
 from gateway.precheck import check_bytes_room, check_json_size, check_layout, check_signature
+from gateway.tensors import (  # noqa: F401  (the codec's API: its callers import them from here)
+    InferInput,
+    RequestedOutput,
+    RequestLayout,
+    Signature,
+    Tensor,
+    TensorLayout,
+    TensorSig,
+)
 from profiles.schema import LimitsSpec
 
 # bytes per element; BYTES elements are length-prefixed (4-byte little-endian) strings
@@ -56,52 +64,6 @@ def refuse_shm(name: str, params: Any) -> None:
     for k in SHM_PARAMS:
         if k in params:
             raise InvalidRequest(f"input '{name}': parameter {k!r}: shared memory is not offered by this server")
-
-
-@dataclass(slots=True)
-class Tensor:
-    name: str
-    datatype: str
-    shape: list[int]
-    raw: bytes | memoryview
-
-
-@dataclass(slots=True)
-class RequestedOutput:
-    name: str
-    binary: bool | None = None  # HTTP only: None = follow the request-level default
-    parameters: dict[str, Any] = field(default_factory=dict)  # forwarded (classification, ...)
-
-
-@dataclass(slots=True)
-class InferInput:
-    """One decoded inference request, protocol-neutral. ``outputs`` and ``parameters`` are
-    shared by requests that came with the same HTTP header (:class:`Memo`): read-only."""
-
-    inputs: list[Tensor]
-    outputs: list[RequestedOutput] = field(default_factory=list)  # empty = all outputs
-    id: str = ""
-    parameters: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSig:
-    name: str
-    datatype: str
-    dims: tuple[int, ...]  # without the batch dimension; -1 = variable
-
-
-@dataclass(frozen=True)
-class Signature:
-    """A model's inputs and outputs as its Triton backend declares them."""
-
-    inputs: dict[str, TensorSig]
-    outputs: dict[str, TensorSig]
-    max_batch_size: int  # 0: the model takes no batch dimension
-
-    @property
-    def batched(self) -> bool:
-        return self.max_batch_size > 0
 
 
 # --------------------------------------------------------------------------- shapes and bytes
@@ -308,29 +270,6 @@ class Memo:
             self._d.clear()
         self._d[key] = value
         return value
-
-
-@dataclass(frozen=True, slots=True)
-class TensorLayout:
-    """A tensor as a KServe v2 JSON header describes it: its bytes follow in the binary part
-    (``size``) or came in the JSON itself (``raw``)."""
-
-    name: str
-    datatype: str
-    shape: list[int]
-    size: int | None  # binary_data_size; None: the data came in the JSON
-    raw: bytes | None  # the JSON data as bytes (size is None)
-
-
-@dataclass(frozen=True, slots=True)
-class RequestLayout:
-    """Everything an HTTP infer request's JSON header says: a pure function of its bytes."""
-
-    inputs: tuple[TensorLayout, ...]
-    outputs: list[RequestedOutput]
-    id: str
-    parameters: dict[str, Any]
-    depth_checked: int  # the max_json_depth it was found within
 
 
 _REQUEST_LAYOUTS = Memo()

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from gateway.errors import InvalidRequest
-
-if TYPE_CHECKING:
-    from gateway.codec import RequestedOutput, RequestLayout, Signature
+from gateway.tensors import RequestedOutput, RequestLayout, Signature
 
 
 class Shaped(Protocol):
