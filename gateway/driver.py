@@ -8,8 +8,12 @@ each batch to its replica, answers each reject at once and arms a single timer a
 ``Decision.wakeup``. Time comes from the injected ``clock`` (default ``time.monotonic``).
 
 Invariant: every admitted request's future is resolved exactly once: with its outputs, with
-a reject from the core, or with a definite error (failed batch, replica removed with its batch
-in flight, model no longer served, shutdown).
+a reject from the core, or with a definite error (failed batch, its deadline passed with its
+batch unanswered, replica removed with its batch in flight, model no longer served, shutdown).
+
+Each batch sent is watched (:mod:`gateway.hedge`): each member is answered by its own deadline,
+and a batch its replica leaves unanswered well past its prediction is hedged to another replica
+(the first answer wins, the replica is suspect until it answers).
 
 What it holds is bounded (:mod:`gateway.queue_bounds`): a request is charged to its client
 when admitted and released when it leaves ``_pending`` (:meth:`Driver._drop`), whichever way
@@ -28,9 +32,8 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
-import grpc
-
-from gateway.codec import InferInput, Tensor, concat, split, validate
+from gateway.batchcall import send_batch
+from gateway.codec import InferInput, Tensor, validate
 from gateway.config import ServedModel, ServedReplica
 from gateway.contract import (  # noqa: F401  (SLO_HEADER: the front doors read it from here)
     SLO_HEADER,
@@ -40,7 +43,6 @@ from gateway.contract import (  # noqa: F401  (SLO_HEADER: the front doors read 
     forward_of,
     priority_of,
     sequence_of,
-    timeout_us,
 )
 from gateway.errors import (
     BackendError,
@@ -52,6 +54,7 @@ from gateway.errors import (
 )
 from gateway.fleet import Fleet, Model, Removal, Replica
 from gateway.frontdoor.stats import Statistics
+from gateway.hedge import Flight, Hedging
 from gateway.observe.metrics import GatewayMetrics
 from gateway.policy.types import Batch, Priority, Request, SchedulerCore
 from gateway.queue_bounds import QueueBounds
@@ -87,14 +90,15 @@ class _Pending:
     input: InferInput
     future: asyncio.Future
     forward: Forward | None = None  # what goes to Triton besides the tensors (its batch key)
-    batch: list[_Pending] | None = None  # once sent: its batch's members
-    task: asyncio.Task | None = None  # once sent: the wait for its batch's answer
+    flight: Flight | None = None  # once sent: its (latest) batch in flight
+    hedged_from: Flight | None = None  # once hedged: the batch it was sent in first, also waited on
+    requeued: bool = False  # hedged, and the core may still hold it queued for another replica
     trace: Any = None  # its spans (gateway.observe.tracing.RequestTrace) when tracing is on
     client: str | None = None  # whom its queue bounds charge (tenant or address; None: only the totals)
     nbytes: int = 0  # its input bytes, as charged
 
 
-class Driver:
+class Driver(Hedging):
     """Feeds requests to the core, sends its batches, answers its rejects; its ``fleet`` (the
     replicas it serves) may change while serving."""
 
@@ -131,6 +135,7 @@ class Driver:
         self._lag_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.draining = False
+        self.hedges = 0  # batches hedged to another replica (gateway.hedge)
         self.tracing: Any = None  # gateway.observe.tracing.Tracing when tracing is on: batch spans
 
     # ------------------------------------------------------------------ lifecycle
@@ -180,6 +185,9 @@ class Driver:
         for r in out.back:
             p = self._pending.get(r.id)
             if p is None:
+                continue
+            if (f := p.hedged_from) is not None and f.open and f.replica is not out.replica:
+                p.requeued = False  # its first replica may still answer it
                 continue
             if r.id in out.in_flight:
                 self._fail(p, Unavailable(f"replica {out.replica.id} was removed with the request in flight"))
@@ -360,10 +368,12 @@ class Driver:
             p = self._drop(request_id)
             if p is not None:
                 self.metrics.of(self.metrics.cancelled, p.request.model).inc()
+                self._release(p.hedged_from)
             return
         p = self._pending.get(request_id)
-        if p is not None and p.task is not None and all(q.future.done() for q in p.batch or ()):
-            p.task.cancel()  # nobody waits for its batch any more: the call to Triton is cancelled
+        if p is not None:  # nobody waits for its batch any more: the call to Triton is cancelled
+            self._release(p.flight)
+            self._release(p.hedged_from)
 
     # ------------------------------------------------------------------ the loop
 
@@ -387,9 +397,13 @@ class Driver:
             self._fail_all(Unavailable("gateway scheduler error"))
             return
         for rj in d.rejects:
-            p = self._drop(rj.request.id)
+            p = self._pending.get(rj.request.id)
             if p is None:
                 continue
+            if (f := p.hedged_from) is not None and f.open:
+                p.requeued = False  # no other replica can make its deadline: it stays where it is
+                continue
+            self._drop(rj.request.id)
             self.metrics.of(self.metrics.rejections, rj.request.model, rj.reason).inc()
             self.stats.answered(rj.request.model, _version([p]), "", False, now - rj.request.arrival)
             if not p.future.done():
@@ -422,69 +436,93 @@ class Driver:
     def _dispatch(self, b: Batch) -> None:
         """Send ``b`` now and leave the wait for its answer to a task: a replica client whose
         ``infer`` writes at call time (HTTP on a pooled connection) has the batch on its way
-        before the task's first loop turn."""
+        before the task's first loop turn. Its watch (:meth:`_watch`) is armed."""
         rep = self.fleet.replicas[b.replica]
         live = [p for r in b.requests if (p := self._pending.get(r.id)) is not None]
         sent = self.clock()
         bt = None if self.tracing is None or not live else self.tracing.batch(
             b.requests[0].model, b.variant, b.replica, b.rows, [p.trace for p in live])
-        answer = self._send(rep, b, live, sent, bt)
-        t = self._loop.create_task(self._run(rep, b, live, sent, answer if bt is None else bt.ended(answer)))  # type: ignore[union-attr]
+        served = self.fleet.models.get(b.requests[0].model)
+        f = Flight(rep, b, live, sent, 1.0 - served.served.margin if served is not None else 1.0)
+        answer = send_batch(rep, b, live, sent, served, bt)
+        t = self._loop.create_task(self._run(f, answer if bt is None else bt.ended(answer)))  # type: ignore[union-attr]
+        f.task = t
         self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
+        t.add_done_callback(partial(self._ended, f))
         for p in live:
-            p.batch, p.task = live, t
+            p.flight = f
+        if live:
+            self._watch(f, sent)
 
-    async def _run(self, rep: Replica, b: Batch, live: list[_Pending], sent: float,
-                   answer: Awaitable[list[list[Tensor]]]) -> None:
-        model = b.requests[0].model
+    def _ended(self, f: Flight, t: asyncio.Task) -> None:
+        self._tasks.discard(t)
+        if f.open:  # cancelled before its first step: the core is told all the same
+            self._abandoned(f)
+
+    async def _run(self, f: Flight, answer: Awaitable[list[list[Tensor]]]) -> None:
+        rep, b, live, sent = f.replica, f.batch, f.live, f.sent
         try:
             results = await answer
         except asyncio.CancelledError:  # every waiter gone (or shutdown): the replica is free again
-            self._abandoned(rep, b, live)
+            self._abandoned(f)
             raise
         except Exception as e:  # noqa: BLE001  (every failure is answered below)
+            self._closed(f)
             self._record_dispatch(b, live, sent)
-            self._on_failure(rep, b, live, e, sent)
+            self._on_failure(f, e)
             if rep.batch_done is not None:
                 rep.batch_done.set()
             return
         now = self.clock()
-        try:
-            self.core.on_complete(b, now)
-        except Exception:
-            log.exception("policy core failed in on_complete")
+        self._closed(f)
+        if not f.settled:  # hedged: the core was told then
+            f.settled = True
+            try:
+                self.core.on_complete(b, now)
+            except Exception:
+                log.exception("policy core failed in on_complete")
+        if rep.suspect:
+            self.fleet.answered(rep, now)
         if rep.batch_done is not None:  # a removal waits for it
             rep.batch_done.set()
         # deadline met or missed against the request's whole SLO budget, not the planned part
-        served = self.fleet.models.get(model)
-        keep = 1.0 - (served.served.margin if served else 0.0)
+        keep = f.keep
         met = []
+        answered = []
         for p, outs in zip(live, results, strict=True):
-            self._drop(p.request.id)
+            if self._drop(p.request.id) is None:
+                continue  # answered already: by the other replica of its hedge, or at its deadline
             r = p.request
+            answered.append(p)
             met.append(ok := now <= r.arrival + (r.deadline - r.arrival) / keep)
             if not p.future.done():
                 p.future.set_result(InferResult(outs, b.variant, b.replica, ok, self.expose_replicas,
                                                 sent - r.arrival, now - sent))
+            if p.hedged_from is not None:
+                self._answered(p, now)
         # with nothing queued a poll cannot dispatch or reject anything: skip it (hot path)
         if self._queued():
             self._poll()
         await asyncio.sleep(0)  # the answers go out first; the bookkeeping below is off their path
-        self._record(rep, b, live, met, sent, now)
+        self._record(rep, b, answered, met, sent, now)
 
-    def _abandoned(self, rep: Replica, b: Batch, live: list[_Pending]) -> None:
-        """A batch whose waiters all gave up was cancelled in flight: it is done for the core,
-        and its requests count as cancelled."""
-        try:
-            self.core.on_complete(b, self.clock())
-        except Exception:
-            log.exception("policy core failed in on_complete")
-        for p in live:
-            if self._drop(p.request.id) is not None:
+    def _abandoned(self, f: Flight) -> None:
+        """A batch whose waiters all gave up (or all were answered otherwise) was cancelled in
+        flight: it is done for the core, and its requests still pending count as cancelled."""
+        self._closed(f)
+        if not f.settled:
+            f.settled = True
+            try:
+                self.core.on_complete(f.batch, self.clock())
+            except Exception:
+                log.exception("policy core failed in on_complete")
+        for p in f.live:
+            if not p.future.done():  # never stranded (its waiters are gone whenever it is cancelled)
+                self._fail(p, Unavailable(f"batch on {f.replica.id} was abandoned"))
+            elif self._drop(p.request.id) is not None:
                 self.metrics.of(self.metrics.cancelled, p.request.model).inc()
-        if rep.batch_done is not None:
-            rep.batch_done.set()
+        if f.replica.batch_done is not None:
+            f.replica.batch_done.set()
         if not self.draining:
             self._poll()
 
@@ -521,64 +559,28 @@ class Driver:
             queue.observe(sent - p.request.arrival)
         self.metrics.of(self.metrics.batch_size, model, b.variant).observe(b.rows)
 
-    def _send(self, rep: Replica, b: Batch, live: list[_Pending], now: float,
-              bt: Any = None) -> Awaitable[list[list[Tensor]]]:
-        """Start one Triton request per group of requests whose non-batch shapes agree; the
-        awaitable gives each request's outputs (or raises what went wrong, sending included).
-        ``bt``: the batch's spans (tracing on), which send each call with its trace context."""
-        try:
-            if not live:
-                return _value([])
-            remaining = max(0.0, max(p.request.deadline for p in live) - now)
-            timeout = remaining + 2.0  # late answers are still answers; a hung replica is not
-            # Triton's timeout: what is left of the latest member's whole budget (margin included)
-            keep = 1.0 - self.fleet.models[live[0].request.model].served.margin
-            budget = max(r.arrival + (r.deadline - r.arrival) / keep for r in (p.request for p in live))
-            forward, triton_us = live[0].forward, timeout_us(budget - now)
-            groups: dict[tuple, list[int]] = {}
-            if len(live) == 1:  # one request is one group: no shape keys to compute
-                groups[()] = [0]
-            else:
-                for i, p in enumerate(live):
-                    key = tuple((t.name, tuple(t.shape[1:])) for t in sorted(p.input.inputs, key=lambda t: t.name))
-                    groups.setdefault(key, []).append(i)
-            inputs = [_group_inputs([live[i] for i in idx]) for idx in groups.values()]
-            calls = ([rep.client.infer(b.variant, x, timeout, forward, triton_us) for x in inputs] if bt is None
-                     else bt.calls(rep.client, b.variant, inputs, timeout, forward, triton_us))
-        except Exception as e:  # noqa: BLE001  (answered as the batch's failure)
-            return _raising(e)
-        batched = self.fleet.models[live[0].request.model].info.signature.batched  # type: ignore[union-attr]
-        return self._collect(rep, live, list(groups.values()), calls, batched)
-
-    async def _collect(self, rep: Replica, live: list[_Pending], groups: list[list[int]],
-                       calls: list[Awaitable[list[Tensor]]], batched: bool) -> list[list[Tensor]]:
-        """Each group's answer, cut back into its requests' outputs."""
-        answers = [await calls[0]] if len(calls) == 1 else await asyncio.gather(*calls)
-        results: list[list[Tensor]] = [[] for _ in live]
-        for idx, outs in zip(groups, answers, strict=True):
-            rows = [live[i].request.size for i in idx]
-            if batched:
-                _check_rows(rep.id, outs, sum(rows))
-            parts = [split(o, rows) for o in outs] if batched else [[o] for o in outs]
-            for k, i in enumerate(idx):
-                results[i] = [ps[k] for ps in parts]
-        return results
-
-    def _on_failure(self, rep: Replica, b: Batch, live: list[_Pending], e: Exception, sent: float) -> None:
+    def _on_failure(self, f: Flight, e: Exception) -> None:
+        """``f`` failed: a retryable error marks its replica unhealthy and its unanswered members
+        go back to the core (unless it was hedged: then those the core holds again are left to
+        it); the rest are answered with the error, except members still waiting on the first
+        replica of their hedge."""
+        rep, b, live, sent = f.replica, f.batch, f.live, f.sent
         now = self.clock()
         retryable = isinstance(e, BackendError) and e.retryable
         model = b.requests[0].model
         if retryable:
             log.warning("batch on %s failed, retrying elsewhere: %s", rep.id, e)
             self.fleet.set_health(rep, False, now)
-            retry = tuple(p.request for p in live if not p.future.done())
-        else:
-            retry = ()
-        try:
-            self.core.on_complete(b, now, retry=retry)
-        except Exception:
-            log.exception("policy core failed in on_complete")
-            retry = ()
+        retry: tuple = ()
+        if not f.settled:
+            f.settled = True
+            if retryable:
+                retry = tuple(p.request for p in live if not p.future.done())
+            try:
+                self.core.on_complete(b, now, retry=retry)
+            except Exception:
+                log.exception("policy core failed in on_complete")
+                retry = ()
         retried = {r.id for r in retry}
         self.stats.batch(model, _version(live), b.variant, b.rows, [sent - p.request.arrival for p in live],
                          now - sent, False)
@@ -587,44 +589,21 @@ class Driver:
         for p in live:
             if p.request.id in retried:
                 continue
-            self._drop(p.request.id)
+            first = p.hedged_from
+            if first is f and p.requeued:
+                continue  # hedged: the core sends it elsewhere
+            if first is not None and first is not f and first.open:
+                p.requeued = False  # the hedge failed: it waits on its first replica
+                continue
+            if self._drop(p.request.id) is None:
+                continue  # answered already
             self.metrics.of(self.metrics.failures, model).inc()
             self.stats.answered(model, _version([p]), b.variant, False, now - p.request.arrival)
             if not p.future.done():
                 p.future.set_exception(err)
+            if first is not None:
+                self._answered(p, now)
         self._poll()
-
-
-def _check_rows(replica: str, outs: list[Tensor], rows: int) -> None:
-    """A batch's answer must carry exactly its rows, else the whole batch fails."""
-    for o in outs:
-        if not o.shape or o.shape[0] != rows:
-            raise BackendError(
-                f"replica {replica}: output '{o.name}' has shape {o.shape}, expected {rows} rows "
-                "for the batch", grpc.StatusCode.INTERNAL, retryable=False)
-
-
-def _group_inputs(members: list[_Pending]) -> list[Tensor]:
-    """The inputs of requests that agree on shapes, stacked along the batch dimension."""
-    if len(members) == 1:
-        return members[0].input.inputs
-    names = [t.name for t in members[0].input.inputs]
-    return [concat([_by_name(p.input.inputs, n) for p in members]) for n in names]
-
-
-async def _value(v: Any) -> Any:
-    return v
-
-
-async def _raising(e: Exception) -> Any:
-    raise e
-
-
-def _by_name(tensors: list[Tensor], name: str) -> Tensor:
-    for t in tensors:
-        if t.name == name:
-            return t
-    raise InvalidRequest(f"input '{name}' is missing")
 
 
 def _version(members: list[_Pending]) -> str:

@@ -1,5 +1,6 @@
 """The live fleet the driver holds: which replicas serve each model and their clients, adding
-and removing them while serving, their health (ready probes), the check that every variant has
+and removing them while serving, their health (ready probes, and a replica suspect after a
+batch of it went unanswered past its hedge time: :mod:`gateway.hedge`), the check that every variant has
 its model's signature, and the versions a served model answers to (those its replicas' Triton
 models report).
 
@@ -54,6 +55,7 @@ class Replica:
     versions: tuple[str, ...] = ()  # its Triton model's versions; () until its metadata is checked
     removing: bool = False
     batch_done: asyncio.Event | None = None  # set when a batch of it completes (while removing)
+    suspect: bool = False  # a batch of it went unanswered past its hedge time (gateway.hedge)
 
 
 @dataclass
@@ -376,12 +378,27 @@ class Fleet:
 
     def set_health(self, rep: Replica, healthy: bool, now: float) -> None:
         """Mark ``rep`` healthy or not, and tell the core (a removed replica is left alone)."""
+        if healthy:
+            rep.suspect = False
         if rep.healthy == healthy or self.replicas.get(rep.id) is not rep:  # unchanged, or removed
             return
         rep.healthy = healthy
         log.info("replica %s is %s", rep.id, "healthy" if healthy else "unhealthy")
         self.metrics.of(self.metrics.healthy, rep.model, rep.id).set(int(healthy))
         self.core.set_healthy(rep.id, healthy, now)
+
+    def suspect(self, rep: Replica, now: float) -> None:
+        """A batch of ``rep`` went unanswered past its hedge time: no new batch goes to it
+        (unhealthy to the core) until it answers one (:meth:`answered`) or its ready probe
+        passes again."""
+        self.set_health(rep, False, now)
+        if self.replicas.get(rep.id) is rep:
+            rep.suspect = True
+
+    def answered(self, rep: Replica, now: float) -> None:
+        """A batch of ``rep`` was answered: a suspect replica takes batches again."""
+        if rep.suspect:
+            self.set_health(rep, True, now)
 
     async def health_loop(self) -> None:
         """Probe every replica each ``health_interval``: one flipping health is told to the

@@ -14,9 +14,9 @@ Rules (each one is tested):
   variants (below) answers nothing: the request stays admitted.
 - Drain and removal: a drained replica (``drain_replica``) takes no new batch and counts as
   no capacity for admission, planning and expiry; its batches in flight complete as usual.
-  When a variant has no replica left that is not draining (drained or removed), its queued
-  requests move, earliest deadline first, to the model's other variants by the rule of
-  :mod:`gateway.policy.migrate`. Those no variant takes stay queued after a drain (answered
+  When a variant has no replica left that is not draining (drained or removed), or none
+  healthy when a batch hands requests back to retry, its queued requests move, earliest
+  deadline first, to the model's other variants by the rule of :mod:`gateway.policy.migrate`. Those no variant takes stay queued after a drain (answered
   "no_replica" at the next poll) and are handed back by ``remove_replica``, as are the
   requests in flight on the removed replica. A replica added while serving takes batches
   from the next poll on.
@@ -414,9 +414,10 @@ class EdfScheduler(SequenceScheduling):
         return cached
 
     def _drained(self, model: _Model, group: _Group, now: float) -> None:
-        """When every replica of ``group`` drains, its queued requests move to other variants;
-        those no variant takes stay, for the next poll to answer ("no_replica")."""
-        if group.queued and all(self._replicas[i].draining for i in group.replicas):
+        """When no replica of ``group`` takes new batches (each drains, or is unhealthy after a
+        failed or hedged batch), its queued requests move to other variants; those no variant
+        takes stay, for the next poll to answer ("no_replica")."""
+        if group.queued and not self._healthy(group):
             for r in self._evacuate(model, group, now):
                 group.queue_of(r).push(r)
 
