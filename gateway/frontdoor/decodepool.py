@@ -16,7 +16,7 @@ round-robin, so a client sending many large bodies delays another client's large
 most one of its own per worker; the queue holds at most ``max_queued_bytes`` of jobs' bytes
 (bodies, and the outputs of answers to encode; past that: 429, reason ``queue_full``). A worker is started when a job finds none free (up to
 ``workers``), and a worker that dies fails only its own job (503) and is replaced by the next.
-The worker (``python -m gateway.frontdoor.decodepool``) reads a frame from stdin, answers one
+The worker (``python -m gateway.frontdoor``, :mod:`gateway.frontdoor.__main__`) reads a frame from stdin, answers one
 on stdout, and exits when stdin closes, so it never outlives the gateway.
 
 A frame is ``<IQ`` (meta length, blob length), a pickled meta and the blob: the request's
@@ -121,7 +121,7 @@ class _Worker:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gateway.frontdoor.decodepool", stdin=asyncio.subprocess.PIPE,
+            sys.executable, "-m", "gateway.frontdoor", stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, env=env, limit=PIPE)
         for pipe in (proc.stdin, proc.stdout):  # a slice per wakeup rather than 64 KiB (Linux)
             fd = pipe.get_extra_info("pipe").fileno() if isinstance(pipe, asyncio.StreamWriter) else None
@@ -297,10 +297,3 @@ def serve(ops: dict[str, Callable[..., tuple[Any, list[bytes | memoryview]]]]) -
         for p in parts:
             dst.write(p)
         dst.flush()
-
-
-if __name__ == "__main__":  # the worker: its errors are the package's classes, not this __main__'s
-    from gateway.frontdoor import decodepool
-    from gateway.frontdoor.decode import WORKER_OPS
-
-    decodepool.serve(WORKER_OPS)
