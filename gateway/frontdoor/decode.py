@@ -57,10 +57,10 @@ from gateway.errors import InvalidRequest
 from gateway.frontdoor.decodepool import DecodePool, TooLarge, raise_answer
 from gateway.frontdoor.encode import (
     INLINE_VALUES,
+    Encoded,
     encode_off_loop,
     http_answer_op,
     json_values,
-    may_be_large,
 )
 from gateway.precheck import bytes_elements, check_json_size, check_layout
 
@@ -131,13 +131,9 @@ class Decoder:
         self.inline_elements = inline_elements
         self.inline_values = inline_values
 
-    def answer_may_be_large(self, sig: Signature, req: InferInput) -> bool:
-        """Whether :meth:`http_answer` may need a worker for ``req``'s answer (:func:`may_be_large`)."""
-        return may_be_large(sig, req, self.inline_values)
-
     def http_answer(self, model: str, version: str, req: InferInput, outputs: list[Tensor],
                     parameters: dict[str, Any], client: str
-                    ) -> tuple[bytes | mmap.mmap, int | None] | Awaitable[tuple[bytes | mmap.mmap, int | None]]:
+                    ) -> Encoded | Awaitable[Encoded]:
         """The HTTP answer to ``req`` (:func:`~gateway.codec.encode_http_response`): encoded on
         the loop when it carries at most ``inline_values`` JSON values, else by a worker."""
         chosen = answered_outputs(req, outputs)

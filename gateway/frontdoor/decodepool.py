@@ -14,10 +14,11 @@ this project's machine: 1 MiB slices held the loop 3-5 ms each while a 281 MiB a
 Jobs wait in a :class:`FairQueue`: one FIFO per client (its tenant, else its address), served
 round-robin, so a client sending many large bodies delays another client's large body by at
 most one of its own per worker; the queue holds at most ``max_queued_bytes`` of jobs' bytes
-(bodies, and the outputs of answers to encode; past that: 429, reason ``queue_full``). A worker is started when a job finds none free (up to
-``workers``), and a worker that dies fails only its own job (503) and is replaced by the next.
-The worker (``python -m gateway.frontdoor``, :mod:`gateway.frontdoor.__main__`) reads a frame from stdin, answers one
-on stdout, and exits when stdin closes, so it never outlives the gateway.
+(bodies, and the outputs of answers to encode; past that: 429, reason ``queue_full``). A
+worker is started when a job finds none free (up to ``workers``), and a worker that dies fails
+only its own job (503) and is replaced by the next. The worker (``python -m gateway.frontdoor``,
+:mod:`gateway.frontdoor.__main__`) reads a frame from stdin, answers one on stdout, and exits
+when stdin closes, so it never outlives the gateway.
 
 A frame is ``<IQ`` (meta length, blob length), a pickled meta and the blob: the request's
 body, or the tensors decoded. A tensor the worker sliced from the request (binary data, raw

@@ -14,10 +14,10 @@ sent to the worker (only their sizes), and are appended on the loop as before.
 Whether an answer may need a worker is known before it comes (:func:`may_be_large`): from the
 outputs the request wants as JSON and their bounds in the model's signature (a model without
 one yet answers nothing: the driver refuses its requests). Only such
-requests wait for their answer in a task of their own (a loop turn more, some 10-15 us, and an
-answer that comes small after all is encoded on the loop there); every other answer (binary
-outputs, or JSON outputs the signature bounds, such as a 1x16 FP32) is encoded on the loop as
-before, in the callback that receives the driver's result.
+requests wait for their answer behind a future of their own (:func:`encoded_first`: a loop turn
+more, and an answer that comes small after all is encoded on the loop there); every other
+answer (binary outputs, or JSON outputs the signature bounds, such as a 1x16 FP32) is encoded on
+the loop as before, in the callback that receives the driver's result.
 
 The answer's JSON comes back from the worker in slices, into memory the HTTP server
 writes from as it is (:class:`~gateway.frontdoor.httpmessage.HttpResponse` takes the mapping).
@@ -29,14 +29,19 @@ MiB on this machine (fresh pages), some 90 ms for the 38 MiB of JSON of 8 MiB of
 
 from __future__ import annotations
 
+import asyncio
 import math
 import mmap
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from gateway.codec import DTYPE_SIZE, InferInput, Signature, Tensor, response_head
 from gateway.frontdoor.decodepool import DecodePool, raise_answer
 
 INLINE_VALUES = 1024  # JSON values encoded on the loop at most: about a millisecond of floats
+
+R = TypeVar("R")
+Encoded = tuple[bytes | mmap.mmap, int | None]  # an answer's body, and its JSON header's length (None: all of it)
 
 # each answered output as the worker gets it: name, datatype, shape, whether it goes binary, and
 # its size in bytes (those going as JSON follow one another in the job's blob)
@@ -56,7 +61,10 @@ def may_be_large(sig: Signature, req: InferInput, inline_values: int = INLINE_VA
     for the request's rows are too many."""
     default_binary = bool(req.parameters.get("binary_data_output", False))
     if req.outputs:
-        names = [o.name for o in req.outputs if not (default_binary if o.binary is None else o.binary)]
+        names = []  # (a loop, not a comprehension: this runs for every request)
+        for o in req.outputs:
+            if not (default_binary if o.binary is None else o.binary):
+                names.append(o.name)
         if not names:
             return False
     elif default_binary:
@@ -64,14 +72,63 @@ def may_be_large(sig: Signature, req: InferInput, inline_values: int = INLINE_VA
     else:
         names = None  # all of them
     shape = req.inputs[0].shape if req.inputs else None
-    rows = max(1, shape[0]) if sig.batched and shape else 1
+    rows = max(1, shape[0]) if sig.max_batch_size > 0 and shape else 1
     values = 0
     for name in sig.outputs if names is None else names:
         ts = sig.outputs.get(name)
-        if ts is None or ts.datatype == "BYTES" or any(d < 0 for d in ts.dims):
+        if ts is None or ts.datatype == "BYTES" or -1 in ts.dims:
             return True
         values += rows * math.prod(ts.dims)
     return values > inline_values
+
+
+def encoded_first(result: asyncio.Future[R], encode: Callable[[R], Encoded | Awaitable[Encoded]],
+                  into: list[Encoded]) -> asyncio.Future[R]:
+    """A future of ``result``'s outcome, done once ``encode(result)`` is done too (its answer
+    appended to ``into``): in ``result``'s own callback when ``encode`` answers at once, else
+    when its awaitable does (an error of either is the future's). No task unless ``encode``
+    needs one; cancelling the future cancels ``result`` and the encoding."""
+    outer: asyncio.Future[R] = result.get_loop().create_future()
+
+    def got(f: asyncio.Future[R]) -> None:
+        if outer.done():
+            return
+        if f.cancelled():
+            outer.cancel()
+            return
+        e = f.exception()
+        if e is not None:
+            outer.set_exception(e)
+            return
+        res = f.result()
+        try:
+            body = encode(res)
+        except Exception as err:  # noqa: BLE001  (the answer's error, as the result's would be)
+            outer.set_exception(err)
+            return
+        if isinstance(body, tuple):
+            into.append(body)
+            outer.set_result(res)
+            return
+        job = asyncio.ensure_future(body)
+        job.add_done_callback(lambda j: _encoded(outer, j, res, into))
+        outer.add_done_callback(lambda o: o.cancelled() and job.cancel())
+
+    result.add_done_callback(got)
+    outer.add_done_callback(lambda o: o.cancelled() and result.cancel())
+    return outer
+
+
+def _encoded(outer: asyncio.Future[R], job: asyncio.Future[Encoded], res: R, into: list[Encoded]) -> None:
+    if outer.done():
+        return
+    if job.cancelled():
+        outer.cancel()
+    elif (e := job.exception()) is not None:
+        outer.set_exception(e)
+    else:
+        into.append(job.result())
+        outer.set_result(res)
 
 
 def answer_layout(chosen: list[tuple[Tensor, bool]]) -> tuple[Layout, list[bytes | memoryview]]:
@@ -81,8 +138,7 @@ def answer_layout(chosen: list[tuple[Tensor, bool]]) -> tuple[Layout, list[bytes
 
 
 async def encode_off_loop(pool: DecodePool, client: str, model: str, version: str, rid: str,
-                          parameters: dict[str, Any], chosen: list[tuple[Tensor, bool]]
-                          ) -> tuple[bytes | mmap.mmap, int | None]:
+                          parameters: dict[str, Any], chosen: list[tuple[Tensor, bool]]) -> Encoded:
     """The answer's body and JSON header length (None: no binary output), as
     :func:`gateway.codec.encode_http_response` writes it, its JSON written by a worker of
     ``pool`` (queued for ``client``). An answer without binary outputs is the memory the

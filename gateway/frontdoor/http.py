@@ -28,9 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import mmap
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
 from urllib.parse import unquote
 
 from google.protobuf import json_format
@@ -49,6 +47,7 @@ from gateway.errors import (
 )
 from gateway.fleet import Model
 from gateway.frontdoor.decode import Decoder, inflate
+from gateway.frontdoor.encode import Encoded, encoded_first, may_be_large
 from gateway.frontdoor.httpserver import Handler, HttpRequest, HttpResponse, Later, error_response
 from gateway.frontdoor.limits import Refusal
 from gateway.frontdoor.security import OPEN_HTTP_PATHS, Tenant, Tenants, bearer_key
@@ -68,7 +67,6 @@ _OK = HttpResponse(200)
 _METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _CHALLENGE = (("WWW-Authenticate", "Bearer"),)
 _UNREAD_401 = HttpResponse(401)  # what a refusal before the body counts as
-T = TypeVar("T")
 
 
 def _json(doc: object) -> HttpResponse:
@@ -367,27 +365,16 @@ class HttpFrontDoor:
                                  hints=choice_headers(req.headers), trace=None if seen is None else seen.trace,
                                  client=client)
 
-        encoded: list[tuple[bytes | mmap.mmap, int | None]] = []  # the answer's body, when written before answer()
-
-        async def encode(res: InferResult) -> InferResult:
-            body = self.decoder.http_answer(name, version or model.default_version, decoded_inp[0], res.outputs,
-                                            res.parameters(), client or "")
-            encoded.append(body if isinstance(body, tuple) else await body)
-            return res
-
-        def answered(inp: InferInput) -> Awaitable[InferResult]:
-            # an answer that may carry many JSON values is encoded once it comes, off the loop
-            # when it does (gateway.frontdoor.encode); any other in answer(), as the result comes.
-            # The signature is read again: a large body may have been decoded meanwhile
-            result = submit(inp)
-            info = getattr(model, "info", None)  # None: the driver refused it
-            large = info is not None and self.decoder.answer_may_be_large(info.signature, inp)
-            return _then(result, encode) if large else result
-
-        # a large body is decoded off the loop (gateway.frontdoor.decode), then submitted
-        result = answered(decoded) if isinstance(decoded, InferInput) else _then(decoded, answered)
-        if not isinstance(result, asyncio.Future):
-            result = asyncio.ensure_future(result)
+        # an answer that may carry many JSON values is encoded once it comes (off the loop when it
+        # does: gateway.frontdoor.encode) into encoded; any other in answer(), as the result comes
+        encoded: list[Encoded] = []
+        if isinstance(decoded, InferInput):
+            result = submit(decoded)
+            if sig is not None and may_be_large(sig, decoded, self.decoder.inline_values):
+                result = self._encoded_first(result, decoded, name, version, model, client, encoded)
+        else:  # a large body is decoded off the loop (gateway.frontdoor.decode), then submitted
+            result = asyncio.ensure_future(_then(decoded, lambda inp: self._answered(
+                submit(inp), inp, name, version, model, client, encoded)))
 
         def answer(f: asyncio.Future[InferResult]) -> HttpResponse:
             e = f.exception()
@@ -403,12 +390,29 @@ class HttpFrontDoor:
         return Later(result, answer)
 
 
-async def _then(first: Awaitable[T], then: Callable[[T], Awaitable[InferResult]]) -> InferResult:
-    return await then(await first)
+    def _answered(self, result: asyncio.Future[InferResult], inp: InferInput, name: str, version: str, model: Model,
+                  client: str | None, encoded: list[Encoded]) -> asyncio.Future[InferResult]:
+        """``result``, or :meth:`_encoded_first` of it when its answer may carry many JSON values
+        (by the model's signature as it is now: it may have been told while ``inp`` was decoded)."""
+        info = getattr(model, "info", None)  # None: the driver refused it
+        if info is None or not may_be_large(info.signature, inp, self.decoder.inline_values):
+            return result
+        return self._encoded_first(result, inp, name, version, model, client, encoded)
+
+    def _encoded_first(self, result: asyncio.Future[InferResult], inp: InferInput, name: str, version: str,
+                       model: Model, client: str | None, encoded: list[Encoded]) -> asyncio.Future[InferResult]:
+        """A future of ``result`` done once its answer is encoded into ``encoded`` (by a worker
+        when it carries many JSON values)."""
+        return encoded_first(result, lambda res: self.decoder.http_answer(
+            name, version or model.default_version, inp, res.outputs, res.parameters(), client or ""), encoded)
+
+
+async def _then(decoding: Awaitable[InferInput], submit: Callable[[InferInput], Awaitable[InferResult]]) -> InferResult:
+    return await submit(await decoding)
 
 
 def _inferred(name: str, version: str, model: Model, inp: InferInput, res: InferResult,
-              encoded: tuple[bytes | mmap.mmap, int | None] | None = None) -> HttpResponse:
+              encoded: Encoded | None = None) -> HttpResponse:
     out, header_len = encoded or encode_http_response(name, version or model.default_version, inp, res.outputs,
                                                       res.parameters())
     if header_len is None:
