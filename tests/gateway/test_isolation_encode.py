@@ -221,6 +221,23 @@ def test_an_answer_no_encoder_can_write_is_a_400_wherever_it_is_encoded(run: Run
     run(main)
 
 
+def test_a_client_gone_while_its_answer_is_encoded_leaves_the_worker_to_others(run: Run) -> None:
+    driver = Driver(sig())
+
+    async def main(decoder: Decoder, pool: CountingPool) -> None:
+        door = HttpFrontDoor(driver, None, 64 * MiB, decoder=decoder)  # type: ignore[arg-type]
+        gone = call(door, values(300_000))
+        assert isinstance(gone, Later)
+        while not pool.jobs:
+            await asyncio.sleep(0.005)
+        gone.future.cancel()  # what the server does when the connection is lost
+        x = values(5000, seed=3)
+        a = await answer(door, x)
+        assert a.status == 200 and bytes(a.body) == inline_answer(x + 1)
+        assert gone.future.cancelled() and pool.jobs == ["http_answer"] * 2
+    run(main)
+
+
 # --------------------------------------------------------------------------- small answers
 
 
