@@ -389,7 +389,6 @@ class HttpFrontDoor:
 
         return Later(result, answer)
 
-
     def _answered(self, result: asyncio.Future[InferResult], inp: InferInput, name: str, version: str, model: Model,
                   client: str | None, encoded: list[Encoded]) -> asyncio.Future[InferResult]:
         """``result``, or :meth:`_encoded_first` of it when its answer may carry many JSON values
