@@ -55,12 +55,12 @@ def _profile(name: str, b1_ms: float, b8_ms: float) -> Profile:
 
 
 def write_repo(tmp: Path, triton_batches: bool) -> dict[str, Path]:
-    """The models: ``emu`` (the well-behaved client's), ``slow`` (where the queued attack
-    sends) and ``big`` (a [-1] input: the valid 60 MiB request). Their profile files.
+    """The models: ``emu`` (the well-behaved client's), ``slow`` (a [-1] input: where the
+    queued attack's valid 8 MiB requests wait) and ``big`` (a [-1] input: the valid 60 MiB request). Their profile files.
     ``triton_batches``: Triton's own dynamic batcher on (when clients call Triton directly)."""
     files = {}
     tmp.mkdir(parents=True, exist_ok=True)
-    for name, b1, b8, dims in (("emu", 20.0, 40.0, (16,)), ("slow", 400.0, 500.0, (16,)), ("big", 20.0, 40.0, (-1,))):
+    for name, b1, b8, dims in (("emu", 20.0, 40.0, (16,)), ("slow", 400.0, 500.0, (-1,)), ("big", 20.0, 40.0, (-1,))):
         prof = _profile(name, b1, b8)
         files[name] = tmp / f"{name}.yaml"
         save_profiles(files[name], [prof])

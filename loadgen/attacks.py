@@ -243,8 +243,8 @@ class Attack:
         threads = [threading.Thread(target=one, daemon=True) for _ in range(self.n(60))]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join(timeout=max(0.0, self.end - time.monotonic()) + 1.0)
+        for t in threads:  # answers may take an hour: what is still waiting is left (daemon threads)
+            t.join(timeout=max(0.0, self.end - time.monotonic()))
 
 
 ATTACKS: dict[str, Callable[[Attack], None]] = {

@@ -21,8 +21,10 @@ import yaml
 
 from deploy.gateway_process import start_serve
 from loadgen.isolation import Outcome, measure, rss_mib
+from profiles.emulator.repository import write_emulated_model
 from profiles.profile import save_profiles
 from profiles.triton.process import stop_group
+from profiles.triton.repository import TensorSpec
 from profiles.triton.server import TritonServer, free_port
 from tests.gateway.test_gateway_faults import slow_profile, write_replica
 
@@ -47,7 +49,9 @@ def gateway(tmp_path_factory):  # noqa: ANN201
     save_profiles(tmp / "emu.yaml", [prof])
     save_profiles(tmp / "slow.yaml", [slow])
     write_replica(tmp / "repo", "emu", prof)
-    write_replica(tmp / "repo", "slow", slow)
+    # the queued attack's model takes any length: its 8 MiB requests are valid, so they queue
+    write_emulated_model(tmp / "repo", "slow", slow, slice_id="slow/slice", input=TensorSpec("INPUT0", "FP32", (-1,)),
+                         output=TensorSpec("OUTPUT0", "FP32", (-1,)))
     with TritonServer(tmp / "repo") as triton:
         http_port, grpc_port = free_port(), free_port()
         cfg = tmp / "gw.yaml"
