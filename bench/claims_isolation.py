@@ -45,6 +45,16 @@ def isolation_gaps(r: Results) -> list[str]:
             out.append(f"**Isolation under `{attack}`**: the well-behaved client's attainment drops "
                        f"{v['drop_points']:.1f} points ({pct(x['attainment'])}, p99 {x['p99_ms']:.0f} ms, probes p99 "
                        f"{x['probe_p99_ms']:.0f} ms): the target is within 1 point.")
+    slow = {a: x["probe_p99_ms"] for a, x in hr.items() if a != "none" and x["probe_p99_ms"] > 100.0}
+    if slow:
+        out.append("**Health probes under attack**: p99 " + ", ".join(f"{v:.0f} ms ({a})" for a, v in slow.items())
+                   + ", above the 100 ms target: the event loop is busy with the attacker's large bodies and answers "
+                   "(read, joined, concatenated and written whole), not with per-value work.")
+    peak = {a: x["rss_peak_mib"] - x["rss_before_mib"] for a, x in hr.items() if a == "queued"}
+    for a, grew in peak.items():
+        if grew > 256 + 128 + 128:
+            out.append(f"**Memory under `{a}`**: the gateway's RSS grows {grew:.0f} MiB, past what its queue and buffer "
+                       "bounds allow (256 + 128 MiB per client): large answers in flight are not bounded.")
     for x in c["rows"]:
         if not x["met"]:
             out.append(f"**What isolation costs, {x['client']}**: {x['added_cpu_us']:+.1f} µs of gateway CPU per "
