@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.decode_lag import sig_of
+from bench.decode_lag import _Info, _Model, sig_of
 from gateway.codec import (
     InferInput,
     Signature,
@@ -64,20 +64,6 @@ from gateway.observe.memory import pin_large_blocks
 
 MiB = 1 << 20
 BATCH = 8
-
-
-@dataclass
-class _Model:
-    info: object
-    default_version: str = "1"
-
-    def check_version(self, version: str) -> None:
-        pass
-
-
-@dataclass
-class _Info:
-    signature: Signature
 
 
 @dataclass

@@ -34,6 +34,7 @@ from gateway.frontdoor.encode import INLINE_VALUES, may_be_large
 from gateway.frontdoor.http import HttpFrontDoor
 from gateway.frontdoor.httpmessage import HttpRequest, HttpResponse
 from gateway.frontdoor.httpserver import Later
+from tests.gateway.test_isolation_decode import with_lag
 
 MiB = 1 << 20
 LAG_MAX_S = 0.1  # encoding the 8 MiB answer on the loop held it 1.6-2 s
@@ -93,28 +94,6 @@ def plus_one(raw: bytes | memoryview) -> bytes:
 
 def values(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).random(n).astype(np.float32)
-
-
-async def with_lag(work: Callable[[], Awaitable[Any]]) -> tuple[Any, list[float]]:
-    """``work()``'s result and the loop's lag (s) sampled every millisecond meanwhile."""
-    loop = asyncio.get_running_loop()
-    lags: list[float] = []
-
-    async def tick() -> None:
-        while True:
-            t = loop.time()
-            await asyncio.sleep(0.001)
-            lags.append(loop.time() - t - 0.001)
-
-    ticker = asyncio.ensure_future(tick())
-    await asyncio.sleep(0.005)
-    lags.clear()
-    try:
-        result = await work()
-        await asyncio.sleep(0.003)
-    finally:
-        ticker.cancel()
-    return result, lags
 
 
 def call(door: HttpFrontDoor, x: np.ndarray) -> Later | HttpResponse:
