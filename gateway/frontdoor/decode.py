@@ -101,6 +101,8 @@ class GrpcCall:
 def read_grpc(raw: bytes, inline_bytes: int = INLINE_BYTES) -> GrpcCall:
     """The request in ``raw`` read as far as the loop reads it: everything but its raw
     contents (and its inputs, when they carry more than ``inline_bytes``)."""
+    if len(raw) <= inline_bytes:  # small: protobuf parses it whole faster than it is split
+        return GrpcCall(_parse(raw), raw, None)
     split = split_grpc(raw)
     if split is None:  # more fields than a request has, or bytes protobuf must judge
         return GrpcCall(_parse(raw), raw, None)
@@ -167,14 +169,9 @@ class Decoder:
         """A compressed body inflated on the loop when it is small both ways, else None."""
         if len(body) > self.inline_bytes:
             return None
-        if enc not in ("gzip", "deflate"):
-            raise InvalidRequest(f"Content-Encoding {enc!r} is not supported (gzip, deflate)")
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS if enc == "gzip" else zlib.MAX_WBITS)
         try:
-            out = d.decompress(body, self.inline_bytes + 1)
-        except zlib.error as e:
-            raise InvalidRequest(f"unreadable request body: {enc} data is corrupt ({e})") from None
-        if len(out) > self.inline_bytes:
+            out = inflate(body, enc, self.inline_bytes)
+        except TooLarge:  # past what is inflated here: a worker's (which checks max_body)
             return None
         if len(out) > max_body:
             raise TooLarge(f"request body exceeds {max_body} bytes once decoded")
