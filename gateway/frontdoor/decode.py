@@ -188,7 +188,7 @@ class Decoder:
         walk = sum(math.prod(s) for i, s in zip(call.req.inputs, shapes, strict=True) if i.datatype == "BYTES")
         if walk > self.inline_elements:
             return self._offload(client, "grpc", (sig, model), raw)
-        return parse_grpc_infer(call.req, call.raws, sig, model)
+        return parse_grpc_infer(call.req, call.raws)  # its declarations were checked against sig above
 
     async def _offload(self, client: str, op: str, args: tuple, blob: bytes | Callable[[], bytes]) -> InferInput:
         if callable(blob):
