@@ -124,12 +124,7 @@ class _Worker:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "gateway.frontdoor", stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, env=env, limit=PIPE)
-        for pipe in (proc.stdin, proc.stdout):  # a slice per wakeup rather than 64 KiB (Linux)
-            fd = pipe.get_extra_info("pipe").fileno() if isinstance(pipe, asyncio.StreamWriter) else None
-            if fd is not None:
-                with contextlib.suppress(OSError):
-                    fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE)
-        return cls(proc)
+        return cls(proc)  # the worker sizes the pipes (:func:`serve`): uvloop's transports do not show their fds
 
     async def call(self, op: str, args: tuple, blob: Blob) -> tuple[Any, mmap.mmap | bytearray]:
         meta = pickle.dumps((op, args))
@@ -209,7 +204,7 @@ class DecodePool:
     async def _add_worker(self) -> None:
         try:
             w = await _Worker.start()
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001  (whatever keeps a worker from starting fails the jobs waiting, never strands them)
             self._starting -= 1
             while (job := self.queue.pop()) is not None:
                 if not job.done.done():
@@ -226,7 +221,7 @@ class DecodePool:
     async def _serve(self, w: _Worker, job: _Job) -> None:
         try:
             answer = await w.call(job.op, job.args, job.blob)
-        except (OSError, EOFError, asyncio.IncompleteReadError, pickle.PickleError) as e:
+        except Exception as e:  # noqa: BLE001  (a dead worker: OSError, EOF, or uvloop's RuntimeError on a closed pipe)
             self._all.discard(w)
             self._spawn(w.stop())
             if not job.done.done():
@@ -276,6 +271,9 @@ def serve(ops: dict[str, Callable[..., tuple[Any, list[bytes | memoryview]]]]) -
     """The worker's loop: each frame on stdin is ``ops[op](blob, *args)``, answered on stdout
     as ``("ok", value)`` and the blobs it returned, concatenated; an :class:`InvalidRequest`
     as ``("invalid", message)``, :class:`TooLarge` as ``("too_large", message)``."""
+    for fd in (0, 1):  # a slice per wakeup rather than 64 KiB (Linux): both ends share the size
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE)
     src, dst = sys.stdin.buffer, sys.stdout.buffer
     while (head := _read(src, _FRAME.size)) is not None:
         meta_len, blob_len = _FRAME.unpack(head)

@@ -30,6 +30,7 @@ from gateway.frontdoor.http import HttpFrontDoor
 from gateway.frontdoor.httpmessage import HttpRequest, HttpResponse
 from gateway.frontdoor.httpserver import Later
 from gateway.precheck import check_json_size, max_json_bytes
+from gateway.serving import run_on_serve_loop
 
 MiB = 1 << 20
 LAG_MAX_S = 0.1  # the decode before this held the loop 0.5-1 s for each of these bodies
@@ -79,7 +80,7 @@ def run(main: Callable[[Decoder], Awaitable[None]]) -> None:
             await main(decoder)
         finally:
             await decoder.close()
-    asyncio.run(go())
+    run_on_serve_loop(go())  # the loop headrace serve runs on (uvloop's pipes differ from asyncio's)
 
 
 # --------------------------------------------------------------------------- signature checks first

@@ -34,6 +34,7 @@ from gateway.frontdoor.encode import INLINE_VALUES, may_be_large
 from gateway.frontdoor.http import HttpFrontDoor
 from gateway.frontdoor.httpmessage import HttpRequest, HttpResponse
 from gateway.frontdoor.httpserver import Later
+from gateway.serving import loop_factory
 from tests.gateway.test_isolation_decode import with_lag
 
 MiB = 1 << 20
@@ -114,7 +115,7 @@ async def answer(door: HttpFrontDoor, x: np.ndarray) -> HttpResponse:
 @pytest.fixture(scope="module")
 def loop() -> Iterator[tuple[asyncio.Runner, Decoder, CountingPool]]:
     """One event loop and decoder for the module's tests: its worker starts once."""
-    with asyncio.Runner() as runner:
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:  # the loop headrace serve runs on
         pool = CountingPool()
         decoder = Decoder(pool)
         try:
