@@ -19,12 +19,13 @@ from gateway.policy.types import Batch
 
 
 def send_batch(rep: Replica, b: Batch, live: list[Any], now: float, model: Model | None,
-               bt: Any = None) -> Awaitable[list[list[Tensor]]]:
+               bt: Any = None, max_bytes: int = 64 << 20) -> Awaitable[list[list[Tensor]]]:
     """Start one Triton request per group of ``live`` (the driver's pending records of the
-    batch's members) whose non-batch shapes agree; the awaitable gives each request's outputs
-    (or raises what went wrong, sending included). ``model``: the served model (its margin and
-    signature); ``bt``: the batch's spans (tracing on), which send each call with its trace
-    context."""
+    batch's members) whose non-batch shapes agree, each of at most ``max_bytes`` of inputs
+    (``max_message_bytes``: what a gRPC replica takes; a member alone may hold as much); the
+    awaitable gives each request's outputs (or raises what went wrong, sending included).
+    ``model``: the served model (its margin and signature); ``bt``: the batch's spans (tracing
+    on), which send each call with its trace context."""
     try:
         if not live:
             return _value([])
@@ -40,9 +41,15 @@ def send_batch(rep: Replica, b: Batch, live: list[Any], now: float, model: Model
         if len(live) == 1:  # one request is one group: no shape keys to compute
             groups[()] = [0]
         else:
+            sizes: dict[tuple, int] = {}
             for i, p in enumerate(live):
                 key = tuple((t.name, tuple(t.shape[1:])) for t in sorted(p.input.inputs, key=lambda t: t.name))
+                n = p.nbytes
+                if sizes.get(key, 0) + n > max_bytes and key in groups:  # full: its next members start another call
+                    groups[(len(groups), *key)] = groups.pop(key)
+                    sizes[key] = 0
                 groups.setdefault(key, []).append(i)
+                sizes[key] = sizes.get(key, 0) + n
         inputs = [_group_inputs([live[i] for i in idx]) for idx in groups.values()]
         calls = ([rep.client.infer(b.variant, x, timeout, forward, triton_us) for x in inputs] if bt is None
                  else bt.calls(rep.client, b.variant, inputs, timeout, forward, triton_us))

@@ -444,7 +444,7 @@ class Driver(Hedging):
             b.requests[0].model, b.variant, b.replica, b.rows, [p.trace for p in live])
         served = self.fleet.models.get(b.requests[0].model)
         f = Flight(rep, b, live, sent, 1.0 - served.served.margin if served is not None else 1.0)
-        answer = send_batch(rep, b, live, sent, served, bt)
+        answer = send_batch(rep, b, live, sent, served, bt, self.fleet.max_message_bytes)
         t = self._loop.create_task(self._run(f, answer if bt is None else bt.ended(answer)))  # type: ignore[union-attr]
         f.task = t
         self._tasks.add(t)
@@ -458,6 +458,11 @@ class Driver(Hedging):
         self._tasks.discard(t)
         if f.open:  # cancelled before its first step: the core is told all the same
             self._abandoned(f)
+        # its members refer to it (``flight``, ``hedged_from``): the cycle would keep their
+        # tensors (and the task's, through its frame) until a full collection, which a gateway
+        # that allocates few objects per request reaches rarely
+        f.live = []
+        f.task = None
 
     async def _run(self, f: Flight, answer: Awaitable[list[list[Tensor]]]) -> None:
         rep, b, live, sent = f.replica, f.batch, f.live, f.sent

@@ -142,6 +142,7 @@ class Fleet:
         self.metrics = metrics
         self._poll = poll
         self.health_interval = health_interval
+        self.max_message_bytes = max_message_bytes  # also the most inputs one call to a replica carries
         self.models = {m.name: Model(m) for m in models}
         # (protocol, url) -> BackendTls of servers spoken to over TLS
         self._tls = {(r.protocol, r.url): r.tls for m in models for r in m.replicas if r.tls is not None}

@@ -23,7 +23,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
 from gateway.backends.grpc import ModelInfo, Reachability, signature_of
-from gateway.backends.http1 import Connection, Headers, request_head
+from gateway.backends.http1 import AnswerTooLarge, Connection, Headers, request_head
 from gateway.backends.tls import BackendTls
 from gateway.codec import Memo, Tensor, TensorLayout, json_to_raw
 from gateway.contract import Forward
@@ -176,6 +176,10 @@ class TritonHttpReplica:
                       timeout: float | None, what: str) -> tuple[int, Headers, bytes]:
         try:
             status, hdrs, data = await fut
+        except AnswerTooLarge as e:  # the requests' answer, not the server, is at fault
+            conn.close()
+            raise BackendError(f"{what}: RESOURCE_EXHAUSTED: the answer is too large: {e}",
+                               grpc.StatusCode.RESOURCE_EXHAUSTED, retryable=False) from None
         except (OSError, ValueError) as e:
             conn.close()
             raise self._transport_error(e, timeout, what) from None

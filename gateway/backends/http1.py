@@ -26,6 +26,10 @@ def request_head(method: bytes, target: bytes, host: bytes, length: int, headers
     return b"%s %s HTTP/1.1\r\nHost: %s\r\n%sContent-Length: %d\r\n\r\n" % (method, target, host, headers, length)
 
 
+class AnswerTooLarge(ValueError):
+    """An answer past the connection's ``max_body``: the request's fault, not the server's."""
+
+
 class Connection(asyncio.Protocol):
     """One keep-alive connection with at most one request in flight (no pipelining).
 
@@ -63,6 +67,9 @@ class Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        # the parser refers back to this connection: until the cycle collector frees the pair,
+        # an answer cut off (refused, cancelled) would keep its pieces
+        self.body = []
         if self.transport is not None:
             self.transport.close()
 
@@ -99,7 +106,7 @@ class Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self.size += len(body)
         if self.size > self.max_body:
-            self.refuse(ValueError(f"response body exceeds {self.max_body} bytes"))
+            self.refuse(AnswerTooLarge(f"response body exceeds {self.max_body} bytes"))
         elif self.busy:
             self.body.append(body)
 
@@ -107,6 +114,7 @@ class Connection(asyncio.Protocol):
         if not self.busy:  # refused, or an answer nothing asked for
             return
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        self.body = []  # a pooled connection keeps no answer's pieces until its next request
         if not self.parser.should_keep_alive():
             self.close()
         self.busy = False

@@ -176,6 +176,9 @@ class _Connection(asyncio.Protocol):
         self._stop_timer()
         self._unstall()
         self.server._left(self)
+        # the transport refers to this protocol and this to it: dropped now, an answer still in
+        # its buffer (a client gone mid-answer) is let go at once, not at a full collection
+        self.transport = self.raw = self.tls = None
 
     def pause_writing(self) -> None:
         self.write_paused = self.now()
@@ -454,6 +457,14 @@ class _Connection(asyncio.Protocol):
     # ---- streamed answers
     def _start_stream(self, resp: StreamResponse, keep_alive: bool) -> None:
         """Write ``resp`` as its chunks come, in a task; the next answer waits for its end."""
+        if self.transport is None:  # the client left before its answer began: the stream ends
+            if resp.aborted is not None:
+                resp.aborted("disconnect")
+            if (aclose := getattr(resp.chunks, "aclose", None)) is not None:
+                task = self.loop.create_task(aclose())
+                self.server._tasks.add(task)
+                task.add_done_callback(self.server._tasks.discard)
+            return
         self.busy = True
         keep_alive = keep_alive and not self.server.stopping
         writer = self.writer = StreamWriter(resp, self.transport, self.raw, keep_alive,  # type: ignore[arg-type]

@@ -4,9 +4,14 @@ closes the connection for an answer it cannot frame."""
 
 from __future__ import annotations
 
+import asyncio
+
+import grpc
 import pytest
 
-from gateway.backends.http1 import Connection, Headers, request_head
+from gateway.backends.http import TritonHttpReplica
+from gateway.backends.http1 import AnswerTooLarge, Connection, Headers, request_head
+from gateway.errors import BackendError
 
 
 class Transport:
@@ -98,3 +103,41 @@ def test_a_connection_lost_mid_answer_fails_the_request_in_flight_only() -> None
     c.data_received(answer(b"hello")[:-2])
     c.connection_lost(None)
     assert len(c.outcomes) == 1 and isinstance(c.outcomes[0], ConnectionError)
+
+
+def test_no_answer_leaves_its_pieces_on_the_connection() -> None:
+    """A pooled connection keeps nothing of an answer once it is given (the parser refers back
+    to the connection: what it holds lives until a full collection), nor of one refused."""
+    c = Recorder(max_body=10)
+    c.send([b"GET / HTTP/1.1\r\n\r\n"])
+    raw = answer(b"hello")
+    c.data_received(raw[:-2])
+    c.data_received(raw[-2:])
+    assert c.body == []
+    c.send([b"GET / HTTP/1.1\r\n\r\n"])
+    raw = answer(b"x" * 11)
+    c.data_received(raw[:-3])  # 8 bytes of the body kept so far
+    c.data_received(raw[-3:])  # past 10: refused
+    assert isinstance(c.outcomes[-1], AnswerTooLarge) and c.body == []
+
+
+def test_an_answer_too_large_is_the_requests_fault_not_the_replicas() -> None:
+    """RESOURCE_EXHAUSTED, not retried elsewhere, and the server stays reachable: its other
+    models' requests are not failed over because one batch's answer was too large."""
+    async def main() -> None:
+        body = b"x" * 4096
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while await reader.readuntil(b"\r\n\r\n"):
+                writer.write(answer(body))
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        rep = TritonHttpReplica(f"127.0.0.1:{port}", max_message_bytes=1024)
+        with pytest.raises(BackendError) as e:
+            await rep._request(b"GET", "/v2/models/m/ready", b"", b"", 5.0, "m")  # noqa: SLF001
+        assert e.value.grpc_code == grpc.StatusCode.RESOURCE_EXHAUSTED and not e.value.retryable
+        assert not rep.reach.down
+        await rep.close()
+        server.close()
+        await server.wait_closed()
+    asyncio.run(main())

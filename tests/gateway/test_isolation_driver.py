@@ -523,3 +523,36 @@ def test_both_front_doors_charge_the_clients_address():
             s.settimeout(5)
             assert s.recv(64).startswith(b"HTTP/1.1 200")
             s.close()
+
+
+# --------------------------------------------------------------------------- one call's size
+
+
+def test_a_batch_goes_to_its_replica_in_calls_of_at_most_max_message_bytes() -> None:
+    """Members that each fit ``max_message_bytes`` batch together into more: one call carrying
+    them all would pass what a gRPC replica takes, and its answer what the gateway reads back
+    (eight 8 MiB requests failed together, and their replica was taken for unreachable)."""
+    async def main() -> None:
+        d, (fake,) = make_driver(Clock())
+        d.fleet.max_message_bytes = 3 * 16  # three of the requests below (2 rows x 2 FP32 each)
+        await d.start()
+        first = asyncio.create_task(d.infer("m", request([0, 0])))
+        await settle()
+        rest = [asyncio.create_task(d.infer("m", request([i, i], [i, -i]))) for i in range(1, 8)]
+        await settle()
+        fake.release()
+        await settle()
+        assert fake.calls[0] == ("v", 1)
+        # a batch is 8 rows (4 requests): sent as 3 requests and 1, each call at most 48 bytes
+        assert sorted(rows for _, rows in fake.calls[1:]) == [2, 6]
+        fake.release()
+        await settle()
+        assert fake.calls[3:] == [("v", 6)]  # the other 3 requests
+        fake.release()
+        outs = await asyncio.gather(first, *rest)
+        for i, res in enumerate(outs[1:], start=1):
+            y = np.frombuffer(bytes(res.outputs[0].raw), np.float32).reshape(res.outputs[0].shape)
+            np.testing.assert_array_equal(y, [[i, i], [i, -i]])
+        await d.stop()
+
+    run(main())
