@@ -1,12 +1,17 @@
 """What front door isolation costs per request: the gateway's CPU per request of this build,
 with every limit on at its defaults, against a build from before the limits (``--before``),
-three gateway processes per build, their rounds interleaved and their samples pooled, measured
-with tritonclient (HTTP and gRPC, sequential requests) against the echo model on CPU Triton.
+three gateway processes per build, measured with tritonclient (HTTP and gRPC, sequential
+requests) against the echo model on CPU Triton.
 
-    .venv/bin/python -m bench.isolation_cost [--before 14b4e86] [--rounds 6] [--requests 1000]
+    .venv/bin/python -m bench.isolation_cost [--before 14b4e86] [--rounds 24] [--requests 250]
 
-Both builds are clean clones (``bench.overhead_features.build_tree``), so uncommitted work
-changes neither. Target: at most +25 µs of gateway CPU per request. Writes
+This host's speed drifts by a factor of two over tens of seconds (the same build measured
+380-920 µs a request in one run), more than the effect measured. So each round measures,
+for each process pair (one of each build) and client, ``--requests`` on one build and then
+the same on the other (which goes first alternates), and the cost is the median of these
+paired differences, with a 95% bootstrap interval; the means of each build are reported
+beside it. Both builds are clean clones (``bench.overhead_features.build_tree``), so
+uncommitted work changes neither. Target: at most +25 µs of gateway CPU per request. Writes
 bench/results/isolation_cost.{json,md}.
 """
 
@@ -63,6 +68,7 @@ def run(before: str, rounds: int, requests: int) -> dict[str, Any]:
     commits = {"now": build_tree("HEAD", (), trees["now"]), "before": build_tree(before, (), trees["before"])}
     procs: dict[tuple[str, int], subprocess.Popen] = {}
     samples: dict[tuple[str, str], dict[str, list[float]]] = {}
+    diffs: dict[str, list[float]] = {}  # client -> paired differences (now - before), µs a request
     cpu0 = cpu_times()
     with TritonServer(work / "repo") as triton:
         try:
@@ -82,38 +88,44 @@ def run(before: str, rounds: int, requests: int) -> dict[str, Any]:
                 for _ in range(50):
                     t()
             for r in range(rounds):
-                order = sorted(targets, key=lambda k: ((k[1] + r) % COPIES, k[0] != ("now" if r % 2 else "before")))
-                for key in order:
-                    build, copy, client = key
-                    pid = procs[(build, copy)].pid
-                    settle(pid)
-                    c0 = cpu_seconds(pid)
-                    lat = []
-                    for _ in range(requests):
-                        s = time.perf_counter()
-                        targets[key]()
-                        lat.append(time.perf_counter() - s)
-                    settle(pid)
-                    s = samples.setdefault((build, client), {"cpu_us": [], "lat_ms": [], "per_process_cpu_us": []})
-                    used = (cpu_seconds(pid) - c0) / requests * 1e6
-                    s["cpu_us"].append(used)
-                    s["lat_ms"] += [x * 1e3 for x in lat]
-                    s["per_process_cpu_us"].append((copy, used))
+                for copy in range(COPIES):
+                    for client in ("http", "grpc"):
+                        pair = ("now", "before") if (r + copy) % 2 else ("before", "now")
+                        used = {}
+                        for build in pair:
+                            key = (build, copy, client)
+                            pid = procs[(build, copy)].pid
+                            settle(pid)
+                            c0 = cpu_seconds(pid)
+                            lat = []
+                            for _ in range(requests):
+                                t0 = time.perf_counter()
+                                targets[key]()
+                                lat.append(time.perf_counter() - t0)
+                            settle(pid)
+                            used[build] = (cpu_seconds(pid) - c0) / requests * 1e6
+                            s = samples.setdefault((build, client), {"cpu_us": [], "lat_ms": []})
+                            s["cpu_us"].append(used[build])
+                            s["lat_ms"] += [x * 1e3 for x in lat]
+                        diffs.setdefault(client, []).append(used["now"] - used["before"])
             for t in targets.values():
                 t.close()
         finally:
             for p in procs.values():
                 stop_group(p)
     rows = []
+    rng = np.random.default_rng(0)
     for client in ("http", "grpc"):
-        now, bef = samples[("now", client)], samples[("before", client)]
-        cpu_now, cpu_before = float(np.mean(now["cpu_us"])), float(np.mean(bef["cpu_us"]))
-        rows.append({"client": f"tritonclient {client}", "cpu_us_now": cpu_now, "cpu_us_before": cpu_before,
-                     "added_cpu_us": cpu_now - cpu_before,
+        now, bef, d = samples[("now", client)], samples[("before", client)], np.array(diffs[client])
+        boot = np.median(rng.choice(d, (2000, len(d))), axis=1)
+        added = float(np.median(d))
+        rows.append({"client": f"tritonclient {client}", "cpu_us_now": float(np.mean(now["cpu_us"])),
+                     "cpu_us_before": float(np.mean(bef["cpu_us"])), "added_cpu_us": added,
+                     "added_ci95_us": [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))],
+                     "paired_diffs_us": d.tolist(),
                      "p50_ms_now": float(np.percentile(now["lat_ms"], 50)),
                      "p50_ms_before": float(np.percentile(bef["lat_ms"], 50)),
-                     "per_round_now": now["cpu_us"], "per_round_before": bef["cpu_us"],
-                     "met": cpu_now - cpu_before <= LIMIT_US})
+                     "met": added <= LIMIT_US})
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                           cwd=Path(__file__).parent).stdout.strip()
     return {"commit": head, "builds": commits, "settings": {"rounds": rounds, "requests": requests,
@@ -129,16 +141,21 @@ def render(res: dict[str, Any]) -> str:
         "",
         f"Gateway CPU per request, this build (`{res['builds']['now']}`, every limit on at its defaults) "
         f"against the build before the limits (`{res['builds']['before']}`): {s['copies']} gateway processes "
-        f"per build, {s['rounds']} interleaved rounds of {s['requests']} sequential tritonclient requests "
-        f"each, samples pooled; echo model (FP32 1x16) on CPU Triton. Target: at most +{s['limit_us']:g} µs.",
+        f"per build, {s['rounds']} rounds; in each, {s['requests']} sequential tritonclient requests to one "
+        "process of each build in turn (which goes first alternates); echo model (FP32 1x16) on CPU Triton. "
+        "The cost is the median of the paired differences (one per round, process pair and client), with its "
+        f"95% bootstrap interval: this host's speed drifts more than the effect. Target: at most "
+        f"+{s['limit_us']:g} µs.",
         "",
-        "| client | CPU µs/request before | now | added | p50 ms before | now | target met |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| client | CPU µs/request before (mean) | now (mean) | added (median of pairs) | 95% interval | "
+        "p50 ms before | now | target met |",
+        "|---|---:|---:|---:|---|---:|---:|---|",
     ]
     for r in res["rows"]:
+        lo, hi = r.get("added_ci95_us", (float("nan"), float("nan")))
         lines.append(f"| {r['client']} | {r['cpu_us_before']:.0f} | {r['cpu_us_now']:.0f} | "
-                     f"**{r['added_cpu_us']:+.1f}** | {r['p50_ms_before']:.3f} | {r['p50_ms_now']:.3f} | "
-                     f"{'yes' if r['met'] else 'NO'} |")
+                     f"**{r['added_cpu_us']:+.1f}** | {lo:+.1f} to {hi:+.1f} | {r['p50_ms_before']:.3f} | "
+                     f"{r['p50_ms_now']:.3f} | {'yes' if r['met'] else 'NO'} |")
     steal = res.get("steal_share")
     lines += ["", f"Stolen CPU during the run: {100 * steal:.1f}%." if steal is not None else "", ""]
     return "\n".join(lines)
@@ -147,8 +164,8 @@ def render(res: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.isolation_cost", description=__doc__.split("\n\n")[0])
     p.add_argument("--before", default=BEFORE, help="the build from before the limits (a commit)")
-    p.add_argument("--rounds", type=int, default=6)
-    p.add_argument("--requests", type=int, default=1000)
+    p.add_argument("--rounds", type=int, default=24)
+    p.add_argument("--requests", type=int, default=250)
     p.add_argument("--render", action="store_true", help="rewrite the markdown from the JSON")
     p.add_argument("--out", default=str(RESULTS))
     a = p.parse_args(argv)
