@@ -318,7 +318,7 @@ def parse_http_infer(body: bytes, header_length: str | None, max_depth: int = MA
     layout = http_layout(head, max_depth)
     if sig is not None:
         check_layout(sig, model, layout)
-    return assemble_http(layout, binary)
+    return assemble_http(layout, binary, sig)
 
 
 def split_http_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
@@ -349,8 +349,10 @@ def http_layout(head: bytes, max_depth: int = MAX_JSON_DEPTH) -> RequestLayout:
     return layout
 
 
-def assemble_http(layout: RequestLayout, binary: memoryview) -> InferInput:
-    """The request ``layout`` describes, its binary tensors sliced from ``binary``."""
+def assemble_http(layout: RequestLayout, binary: memoryview, checked: Signature | None = None) -> InferInput:
+    """The request ``layout`` describes, its binary tensors sliced from ``binary``; ``checked``:
+    the signature ``layout`` was checked against (:func:`check_layout`), which the driver then
+    does not check again."""
     out: list[Tensor] = []
     offset = 0
     for inp in layout.inputs:
@@ -369,7 +371,8 @@ def assemble_http(layout: RequestLayout, binary: memoryview) -> InferInput:
         out.append(t)
     if offset != len(binary):
         raise InvalidRequest(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
-    return InferInput(out, layout.outputs, layout.id, layout.parameters)
+    return InferInput(out, layout.outputs, layout.id, layout.parameters, checked,
+                      _rows(checked, [t.shape for t in layout.inputs]))
 
 
 def _request_layout(head: bytes, max_depth: int) -> RequestLayout:
@@ -506,13 +509,25 @@ def parse_grpc_infer(req: pb.ModelInferRequest, raws: list[memoryview] | None = 
     signature ``sig``, what it declares is checked first (:func:`check_grpc`)."""
     contents = req.raw_input_contents if raws is None else raws
     shapes, outputs = check_grpc(req, contents, sig, model)
+    return grpc_input(req, contents, shapes, outputs, sig)
+
+
+def grpc_input(req: pb.ModelInferRequest, contents: Sequence[bytes | memoryview], shapes: list[list[int]],
+               outputs: list[RequestedOutput], sig: Signature | None = None) -> InferInput:
+    """The request :func:`check_grpc` read ``shapes`` and ``outputs`` of (against ``sig``,
+    when given: the driver then does not check it again)."""
     out: list[Tensor] = []
     for i, (inp, shape) in enumerate(zip(req.inputs, shapes, strict=True)):
         t = Tensor(inp.name, inp.datatype, shape, contents[i] if contents else _grpc_contents(inp, inp.datatype, shape))
         check_size(t)
         out.append(t)
-    params = {k: _param_value(v) for k, v in req.parameters.items()}
-    return InferInput(out, outputs, req.id, params)
+    params = {k: _param_value(v) for k, v in req.parameters.items()} if req.parameters else {}
+    return InferInput(out, outputs, req.id, params, sig, _rows(sig, shapes))
+
+
+def _rows(sig: Signature | None, shapes: list[list[int]]) -> int:
+    """A checked request's rows (its inputs agree on them): its first input's batch dim."""
+    return shapes[0][0] if sig is not None and sig.batched and shapes and shapes[0] else 1
 
 
 def check_grpc(req: pb.ModelInferRequest, contents: Sequence[bytes | memoryview], sig: Signature | None = None,

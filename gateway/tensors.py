@@ -32,6 +32,8 @@ class InferInput:
     outputs: list[RequestedOutput] = field(default_factory=list)  # empty = all outputs
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
+    checked: Signature | None = None  # the signature its declarations were checked against, as decoded
+    rows: int = 1  # its rows along the batch dimension, once checked
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ from gateway.codec import (
     assemble_http,
     check_grpc,
     encode_http_response,
+    grpc_input,
     http_layout,
     parse_grpc_infer,
     parse_http_infer,
@@ -163,7 +164,7 @@ class Decoder:
             check_layout(sig, model, layout)
         if bytes_elements(t for t in layout.inputs if t.size is not None) > self.inline_elements:
             return self._offload(client, "http", (header_length, max_depth, sig, model, "", max_body), body)
-        return assemble_http(layout, binary)
+        return assemble_http(layout, binary, sig)
 
     def _inflated_here(self, body: bytes, enc: str, max_body: int) -> bytes | None:
         """A compressed body inflated on the loop when it is small both ways, else None."""
@@ -184,11 +185,11 @@ class Decoder:
         if call.deferred:
             return self._offload(client, "grpc", (sig, model), raw)
         contents = call.req.raw_input_contents if call.raws is None else call.raws
-        shapes, _ = check_grpc(call.req, contents, sig, model)
+        shapes, outputs = check_grpc(call.req, contents, sig, model)
         walk = sum(math.prod(s) for i, s in zip(call.req.inputs, shapes, strict=True) if i.datatype == "BYTES")
         if walk > self.inline_elements:
             return self._offload(client, "grpc", (sig, model), raw)
-        return parse_grpc_infer(call.req, call.raws)  # its declarations were checked against sig above
+        return grpc_input(call.req, contents, shapes, outputs, sig)
 
     async def _offload(self, client: str, op: str, args: tuple, blob: bytes | Callable[[], bytes]) -> InferInput:
         if callable(blob):

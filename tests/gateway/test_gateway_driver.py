@@ -304,3 +304,47 @@ def test_the_inflight_gauge_shows_the_batches_a_replica_holds_at_scrape_time():
         await d.stop()
 
     run(main())
+
+
+def test_a_request_checked_as_it_was_decoded_is_not_checked_again_unless_its_model_changed(monkeypatch):
+    """The front doors check what a request declares against the model's signature as they
+    decode it; the driver reuses that check for the same signature (the hot path paid for a
+    second walk), and checks again against any other, such as a reloaded model's."""
+    import json as _json
+    from dataclasses import replace as _replace
+
+    from gateway import driver as driver_mod
+    from gateway.codec import parse_grpc_infer, parse_http_infer
+
+    head = _json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 2],
+                                    "parameters": {"binary_data_size": 24}}]}).encode()
+    as_http = parse_http_infer(head + bytes(24), str(len(head)), sig=SIG, model="m")
+    req = pb.ModelInferRequest(model_name="m", inputs=[pb.ModelInferRequest.InferInputTensor(
+        name="x", datatype="FP32", shape=[3, 2])], raw_input_contents=[bytes(24)])
+    as_grpc = parse_grpc_infer(req, None, SIG, "m")
+    for inp in (as_http, as_grpc):
+        assert inp.checked is SIG and inp.rows == 3
+    assert parse_http_infer(head + bytes(24), str(len(head))).checked is None  # unchecked: no signature
+
+    checks = []
+    real = driver_mod.validate
+    monkeypatch.setattr(driver_mod, "validate", lambda *a: checks.append(a) or real(*a))
+
+    async def main() -> None:
+        clock = Clock()
+        d, (fake,) = make_driver(clock)
+        await d.start()
+        t = asyncio.create_task(d.infer("m", as_http))
+        await settle()
+        assert fake.calls == [("v", 3)] and checks == []
+        fake.release()
+        await t
+        d.fleet.models["m"].info = _replace(d.fleet.models["m"].info, signature=_replace(SIG))  # reloaded
+        t = asyncio.create_task(d.infer("m", as_grpc))
+        await settle()
+        assert len(checks) == 1  # another signature object: checked again
+        fake.release()
+        await t
+        await d.stop()
+
+    run(main())
