@@ -115,9 +115,10 @@ def _probe(addr: tuple[str, int], source: str, timeout: float = 2.0) -> float | 
     return time.perf_counter() - t if data.startswith(b"HTTP/1.1 200") else None
 
 
-def _probes(addr: tuple[str, int], source: str, stop: threading.Event, out: Outcome, pid: int) -> None:
+def _probes(addr: tuple[str, int], source: str, stop: threading.Event, out: Outcome, pid: int,
+            every_s: float) -> None:
     took: list[float] = []
-    while not stop.wait(0.1):
+    while not stop.wait(every_s):
         out.rss_peak_mib = max(out.rss_peak_mib, rss_mib(pid))
         t = _probe(addr, source)
         out.probes += 1
@@ -131,11 +132,12 @@ def _probes(addr: tuple[str, int], source: str, stop: threading.Event, out: Outc
 
 def measure(attack: str | None, *, http: str, grpc: str, model: str, pid: int, rate: float,
             duration: float, slo_s: float, scale: float = 1.0, warmup_s: float = 2.0,
-            settle_s: float = 3.0, queue_model: str | None = None) -> Outcome:
+            settle_s: float = 3.0, queue_model: str | None = None, probe_every_s: float = 0.1) -> Outcome:
     """Run ``attack`` (None: no attack) against the server ``pid`` listening on ``http`` /
     ``grpc`` for ``warmup_s + duration``, the well-behaved load and probes measuring over the
     last ``duration``; then stop the attack and read the RSS after ``settle_s``.
-    ``queue_model``: where the ``queued`` attack sends (a slow model)."""
+    ``queue_model``: where the ``queued`` attack sends (a slow model); ``probe_every_s``: the
+    pause between one probe's end and the next."""
     out = Outcome(attack or "none")
     out.rss_before_mib = out.rss_peak_mib = rss_mib(pid)
     host, _, port = http.rpartition(":")
@@ -148,7 +150,7 @@ def measure(attack: str | None, *, http: str, grpc: str, model: str, pid: int, r
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
         time.sleep(warmup_s)
     stop = threading.Event()
-    prober = threading.Thread(target=_probes, args=((host, int(port)), "127.0.0.3", stop, out, pid), daemon=True)
+    prober = threading.Thread(target=_probes, args=((host, int(port)), "127.0.0.3", stop, out, pid, probe_every_s), daemon=True)
     prober.start()
     try:
         asyncio.run(_witness(http, model, rate, duration, slo_s, out))

@@ -11,7 +11,7 @@ each 8 MiB body cost 2,048 page faults when joined and again when freed, which k
 loop busy (health probes waited 200-550 ms at the 99th percentile while one client sent 8 MiB
 requests, 50-90 ms this way). What the heap keeps is given back by :func:`trimmer`
 (``malloc_trim``, which also returns free pages inside the heap, below objects that live on)
-every few seconds; it costs well under a millisecond on a heap with nothing to give back.
+every few seconds, in a thread; it costs well under a millisecond on a heap with nothing to give back.
 Neither does anything where the C library is not glibc.
 """
 
@@ -65,7 +65,9 @@ async def trimmer(period_s: float = 2.0) -> None:
     while True:
         await asyncio.sleep(period_s)
         t = time.perf_counter()
-        _LIBC.malloc_trim(0)
+        # in a thread: returning a few hundred MiB takes tens of ms, which the loop does not wait
+        # for (only a large allocation made meanwhile waits for the heap's lock)
+        await asyncio.to_thread(_LIBC.malloc_trim, 0)
         took = time.perf_counter() - t
         if took > 0.005:
             log.debug("malloc_trim took %.1f ms", took * 1e3)
