@@ -19,7 +19,7 @@ from gateway.policy.types import Batch
 
 
 def send_batch(rep: Replica, b: Batch, live: list[Any], now: float, model: Model | None,
-               bt: Any = None, max_bytes: int = 64 << 20) -> Awaitable[list[list[Tensor]]]:
+               bt: Any = None, *, max_bytes: int) -> Awaitable[list[list[Tensor]]]:
     """Start one Triton request per group of ``live`` (the driver's pending records of the
     batch's members) whose non-batch shapes agree, each of at most ``max_bytes`` of inputs
     (``max_message_bytes``: what a gRPC replica takes; a member alone may hold as much); the

@@ -372,7 +372,7 @@ def assemble_http(layout: RequestLayout, binary: memoryview, checked: Signature 
     if offset != len(binary):
         raise InvalidRequest(f"{len(binary) - offset} bytes of binary data are not claimed by any input")
     return InferInput(out, layout.outputs, layout.id, layout.parameters, checked,
-                      _rows(checked, [t.shape for t in layout.inputs]))
+                      _rows(checked, layout.inputs[0].shape) if checked is not None else 1)
 
 
 def _request_layout(head: bytes, max_depth: int) -> RequestLayout:
@@ -522,12 +522,12 @@ def grpc_input(req: pb.ModelInferRequest, contents: Sequence[bytes | memoryview]
         check_size(t)
         out.append(t)
     params = {k: _param_value(v) for k, v in req.parameters.items()} if req.parameters else {}
-    return InferInput(out, outputs, req.id, params, sig, _rows(sig, shapes))
+    return InferInput(out, outputs, req.id, params, sig, _rows(sig, shapes[0]) if sig is not None else 1)
 
 
-def _rows(sig: Signature | None, shapes: list[list[int]]) -> int:
-    """A checked request's rows (its inputs agree on them): its first input's batch dim."""
-    return shapes[0][0] if sig is not None and sig.batched and shapes and shapes[0] else 1
+def _rows(sig: Signature, shape: list[int]) -> int:
+    """A request checked against ``sig``: its rows (its inputs agree on them), from its first input's ``shape``."""
+    return shape[0] if sig.batched and shape else 1
 
 
 def check_grpc(req: pb.ModelInferRequest, contents: Sequence[bytes | memoryview], sig: Signature | None = None,

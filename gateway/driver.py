@@ -449,7 +449,7 @@ class Driver(Hedging):
             b.requests[0].model, b.variant, b.replica, b.rows, [p.trace for p in live])
         served = self.fleet.models.get(b.requests[0].model)
         f = Flight(rep, b, live, sent, 1.0 - served.served.margin if served is not None else 1.0)
-        answer = send_batch(rep, b, live, sent, served, bt, self.fleet.max_message_bytes)
+        answer = send_batch(rep, b, live, sent, served, bt, max_bytes=self.fleet.max_message_bytes)
         t = self._loop.create_task(self._run(f, answer if bt is None else bt.ended(answer)))  # type: ignore[union-attr]
         f.task = t
         self._tasks.add(t)
