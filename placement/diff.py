@@ -1,26 +1,34 @@
 """Re-planning: a ``PlanDiff`` between two plans, ordered make-before-break, and ``replan``.
 
 A diff is a sequence of steps (create a slice, start an MPS daemon, start or stop a replica,
-...). Steps that only add go first; removals follow; additions that need space a removal frees
-go last. :meth:`PlanDiff.capacity_dips` replays the steps and names every point where a model's
-serving capacity falls below the lower of its old and new requirement.
+...). Steps that only add go first; then each replacement on a slice both plans hold, one at
+a time: the successor starts beside its predecessor (their shares oversubscribe the slice
+for the handover, which MPS and time-slicing both allow; memory must fit both), then the
+predecessor stops. Removals follow; additions that need space a removal frees go last.
+:meth:`PlanDiff.dips` replays the steps and names every point where a model's serving
+capacity falls below the lower of its old and new requirement.
+
+A replica's identity is everything that changes what it serves: model, variant, share, max
+batch and its ``revision`` (the artifact's digest and Triton settings). A kept replica keeps
+its id; a successor gets one its predecessor does not hold.
 
 ``replan`` keeps every old replica that still helps, releases whole GPUs whose replicas have
-become surplus (never one a replica floor still needs), places only the deficit on free GPUs,
-and then meets the replica floors over kept and added GPUs together
-(:func:`placement.solve.floors.spread`), so the diff stays small and floors hold across re-plans.
+become surplus (never one a replica floor still needs), places the deficit first in room the
+kept GPUs leave (:func:`placement.solve.floors.fill`), then on free GPUs, and then meets the
+replica floors over kept and added GPUs together (:func:`placement.solve.floors.spread`), so
+the diff stays small and floors hold across re-plans.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
 from placement.plan import Demand, GpuClass, GpuPlan, Inventory, Plan, Replica, SlicePlan, node_of
 from placement.solve.capacity import replica_capacity
-from placement.solve.floors import spread
+from placement.solve.floors import fill, spread
 from placement.solve.solver import DEFAULT, TIME_LIMIT, Options, SolverError, candidates, solve
 from profiles.catalogue import gpu_model
 from profiles.profile import ProfileSet
@@ -44,15 +52,30 @@ class Step:
         return f"{self.action} {where}{what}"
 
 
+def _name(r: Replica) -> str:
+    return r.variant + (f"~{r.revision[:8]}" if r.revision else "")
+
+
 def replica_ids(g: GpuPlan, s: SlicePlan) -> list[str]:
-    """Stable ids of a slice's replicas: ``<gpu>/<slice>/<variant>[#k]``."""
+    """Ids of a slice's replicas: each one's own once a diff named it, else
+    ``<gpu>/<slice>/<variant>[~<revision>][#k]`` by position."""
     seen: Counter[str] = Counter()
     out = []
     for r in s.replicas:
-        seen[r.variant] += 1
-        base = f"{g.id}/{s.label}/{r.variant}"
-        out.append(base if seen[r.variant] == 1 else f"{base}#{seen[r.variant]}")
+        seen[_name(r)] += 1
+        base = f"{g.id}/{s.label}/{_name(r)}"
+        out.append(r.id or (base if seen[_name(r)] == 1 else f"{base}#{seen[_name(r)]}"))
     return out
+
+
+def _fresh_id(g: GpuPlan, s: SlicePlan, r: Replica, taken: set[str]) -> str:
+    base, k = f"{g.id}/{s.label}/{_name(r)}", 1
+    rid = base
+    while rid in taken:
+        k += 1
+        rid = f"{base}#{k}"
+    taken.add(rid)
+    return rid
 
 
 def _slices(plan: Plan | None) -> dict[tuple[str, str], tuple[GpuPlan, SlicePlan]]:
@@ -62,21 +85,32 @@ def _slices(plan: Plan | None) -> dict[tuple[str, str], tuple[GpuPlan, SlicePlan
 
 
 def _rkey(r: Replica) -> tuple:
-    return (r.model, r.variant, r.share, r.max_batch)
+    return (r.model, r.variant, r.share, r.max_batch, r.revision)
+
+
+def _memory_mb(plans: Sequence[Plan | None], r: Replica, gpu: str, slice_profile: str) -> float:
+    """A replica's memory from the first plan whose profiles know its variant there (0: none)."""
+    for p in plans:
+        if p is not None and p.profiles is not None:
+            found = p.profiles.find(variant=r.variant, gpu=gpu, slice=slice_profile)
+            if found:
+                return found[0].memory_mb
+    return 0.0
 
 
 @dataclass(frozen=True)
 class PlanDiff:
     old: Plan | None
-    new: Plan
+    new: Plan  # every replica carries its id (a kept one its old id)
     steps: tuple[Step, ...]
 
     @property
     def reconfigurations(self) -> int:
         return len(self.steps)
 
-    def capacity_dips(self) -> list[str]:
-        """Where, replaying the steps, a model's capacity drops below min(old, new) need."""
+    def dips(self) -> list[tuple[int, str, float, float]]:
+        """Where, replaying the steps, a model's capacity drops below the lower of its old and
+        new requirement: (step index, model, capacity then, requirement), req/s."""
         need: dict[str, float] = {d.model: d.required for d in self.new.demands}
         if self.old is not None:
             for d in self.old.demands:
@@ -90,36 +124,105 @@ class PlanDiff:
             if st.replica is None:
                 continue
             sign = 1.0 if st.action == "start_replica" else -1.0
-            cap[st.replica.model] += sign * st.replica.capacity
             m = st.replica.model
+            cap[m] += sign * st.replica.capacity
             if sign < 0 and cap[m] + 1e-6 < need.get(m, 0.0):
-                out.append(f"step {i} ({st.describe()}): {m} capacity {cap[m]:.0f} < {need[m]:.0f} req/s")
+                out.append((i, m, max(0.0, cap[m]), need[m]))
         return out
+
+    def down(self, i: int, model: str) -> int:
+        """Replicas of ``model`` short after step ``i``: fewer running than both plans hold."""
+        def count(p: Plan | None) -> int:
+            return sum(1 for _, _, r in p.replicas() if r.model == model) if p is not None else 0
+        running = before = count(self.old)
+        for st in self.steps[:i + 1]:
+            if st.replica is not None and st.replica.model == model:
+                running += 1 if st.action == "start_replica" else -1
+        return max(0, min(before, count(self.new)) - running)
+
+    def capacity_dips(self) -> list[str]:
+        """:meth:`dips`, each as one line."""
+        return [f"step {i} ({self.steps[i].describe()}): {m} capacity {c:.0f} < {n:.0f} req/s"
+                for i, m, c, n in self.dips()]
+
+
+@dataclass
+class _SliceChange:
+    """One slice both plans hold alike (profile, start, MPS): which replicas stay, start and stop."""
+
+    make: list[Step]
+    swap: list[Step]  # a successor started beside its predecessor, then the predecessor stopped
+    stop: list[Step]
+    late: list[Step]  # starts that need room a stop frees
+    replicas: tuple[Replica, ...]  # the new slice's, each with its id
+
+
+def _same_slice(g: GpuPlan, s: SlicePlan, og: GpuPlan, os_: SlicePlan, plans: Sequence[Plan | None]) -> _SliceChange:
+    """Kept replicas keep their ids; a new one starts now where the slice has room (share, MPS
+    clients, memory), else beside one of the old ones it replaces (preferring the same model)
+    when memory allows (their shares oversubscribe the slice for the handover), else after
+    the removals."""
+    gm = gpu_model(g.gpu)
+    olds = list(zip(os_.replicas, replica_ids(og, os_), strict=True))
+    pool: dict[tuple, list[tuple[Replica, str]]] = defaultdict(list)
+    for r, rid in olds:
+        pool[_rkey(r)].append((r, rid))
+    taken = {rid for _, rid in olds}
+    ids: list[str | None] = []
+    for r in s.replicas:
+        ids.append(pool[_rkey(r)].pop(0)[1] if pool[_rkey(r)] else None)
+    added = [i for i, rid in enumerate(ids) if rid is None]
+    for i in added:
+        ids[i] = _fresh_id(g, s, s.replicas[i], taken)
+    removed = [x for lst in pool.values() for x in lst]
+    removed.sort(key=lambda x: [rid for _, rid in olds].index(x[1]))
+    share = sum(r.share for r, _ in olds)
+    mem = sum(_memory_mb(plans, r, g.gpu, s.profile) for r, _ in olds)
+    clients, limit = len(olds), gm.mps_client_limit(s.profile) if s.mps else 1
+    limit_mb = gm.slice_memory_gb(s.profile) * 1024.0 + 1e-6
+    out = _SliceChange([], [], [], [], tuple(replace(r, id=rid or "") for r, rid in zip(s.replicas, ids, strict=True)))
+    for i in added:
+        r = out.replicas[i]
+        need = _memory_mb(plans, r, g.gpu, s.profile)
+        start = Step("start_replica", g.id, g.gpu, s, r, r.id)
+        if s.mps and share + r.share <= 1.0 + 1e-9 and clients < limit and mem + need <= limit_mb:
+            out.make.append(start)
+            share, mem, clients = share + r.share, mem + need, clients + 1
+            continue
+        if removed and mem + need <= limit_mb and (clients < gm.mps_client_limit(s.profile) or not s.mps):
+            k = next((j for j, (ro, _) in enumerate(removed) if ro.model == r.model), 0)
+            ro, rid = removed.pop(k)
+            out.swap += [start, Step("stop_replica", og.id, og.gpu, os_, ro, rid)]
+            share, mem = share + r.share - ro.share, mem + need - _memory_mb(plans, ro, g.gpu, s.profile)
+            continue
+        out.late.append(start)
+    out.stop = [Step("stop_replica", og.id, og.gpu, os_, ro, rid) for ro, rid in removed]
+    return out
 
 
 def diff(old: Plan | None, new: Plan) -> PlanDiff:
-    """Steps turning ``old`` (None: nothing configured) into ``new``, make-before-break."""
+    """Steps turning ``old`` (None: nothing configured) into ``new``, make-before-break: what
+    only adds first, then successors beside their predecessors one at a time (a rolling
+    replacement), then removals, then what needs the room they free. The diff's plan is
+    ``new`` with every replica's id (kept replicas keep theirs)."""
     o, n = _slices(old), _slices(new)
     old_gpus = {g.id: g for g in old.used()} if old else {}
+    plans = (new, old)
     make: list[Step] = []
+    swap: list[Step] = []
     brk: list[Step] = []
     late: list[Step] = []
     mig_on = {gid for gid, g in old_gpus.items() if g.mig}
+    named: dict[tuple[str, str], tuple[Replica, ...]] = {}
     for key, (g, s) in sorted(n.items()):
         prev = o.get(key)
-        same_slice = prev is not None and prev[1].mps == s.mps and prev[1].profile == s.profile
-        ids = replica_ids(g, s)
-        if same_slice:
-            have = Counter(_rkey(r) for r in prev[1].replicas)
-            keep_share = sum(r.share for r in prev[1].replicas)
-            for r, rid in zip(s.replicas, ids, strict=True):
-                if have[_rkey(r)] > 0:
-                    have[_rkey(r)] -= 1
-                    continue
-                # a new client fits now only if the old clients leave it room
-                room = keep_share + r.share <= 1.0 + 1e-9
-                (make if room else late).append(Step("start_replica", g.id, g.gpu, s, r, rid))
-                keep_share += r.share if room else 0.0
+        if prev is not None and prev[1].mps == s.mps and prev[1].profile == s.profile:
+            ch = _same_slice(g, s, prev[0], prev[1], plans)
+            make += ch.make
+            swap += ch.swap
+            brk += ch.stop
+            late += ch.late
+            named[key] = ch.replicas
             continue
         # a new slice: creatable now unless an old slice holds its region or the GPU changes mode
         old_g = old_gpus.get(g.id)
@@ -133,28 +236,27 @@ def diff(old: Plan | None, new: Plan) -> PlanDiff:
             seq.append(Step("create_slice", g.id, g.gpu, s))
         if s.mps:
             seq.append(Step("start_mps", g.id, g.gpu, s))
-        for r, rid in zip(s.replicas, ids, strict=True):
-            seq.append(Step("start_replica", g.id, g.gpu, s, r, rid))
+        reps = named[key] = tuple(replace(r, id=rid) for r, rid in zip(s.replicas, replica_ids(g, s), strict=True))
+        for r in reps:
+            seq.append(Step("start_replica", g.id, g.gpu, s, r, r.id))
     for key, (g, s) in sorted(o.items()):
         nxt = n.get(key)
-        same_slice = nxt is not None and nxt[1].mps == s.mps and nxt[1].profile == s.profile
-        keep = Counter(_rkey(r) for r in nxt[1].replicas) if same_slice else Counter()
+        if nxt is not None and nxt[1].mps == s.mps and nxt[1].profile == s.profile:
+            continue  # its stops are the slice change's
         for r, rid in zip(s.replicas, replica_ids(g, s), strict=True):
-            if keep[_rkey(r)] > 0:
-                keep[_rkey(r)] -= 1
-                continue
             brk.append(Step("stop_replica", g.id, g.gpu, s, r, rid))
-        if not same_slice:
-            if s.mps:
-                brk.append(Step("stop_mps", g.id, g.gpu, s))
-            if g.mig:
-                brk.append(Step("destroy_slice", g.id, g.gpu, s))
+        if s.mps:
+            brk.append(Step("stop_mps", g.id, g.gpu, s))
+        if g.mig:
+            brk.append(Step("destroy_slice", g.id, g.gpu, s))
     # a GPU going from MIG to whole: after its slices are gone, before its new replica starts
     for g in new.used():
         og = old_gpus.get(g.id)
         if og is not None and og.mig and not g.mig:
             late.insert(0, Step("disable_mig", g.id, g.gpu))
-    return PlanDiff(old, new, tuple(make + brk + late))
+    gpus = tuple(replace(g, slices=tuple(replace(s, replicas=named.get((g.id, s.label), s.replicas))
+                                         for s in g.slices)) for g in new.gpus)
+    return PlanDiff(old, replace(new, gpus=gpus), tuple(make + swap + brk + late))
 
 
 def _overlaps(gpu: str, a: SlicePlan, b: SlicePlan) -> bool:
@@ -176,7 +278,10 @@ def _with_slo(plan: Plan, demands: dict[str, Demand], profiles: ProfileSet) -> l
                 d = demands.get(r.model)
                 if d is None:
                     continue
-                p = profiles.get(r.variant, g.gpu, s.profile)
+                found = profiles.find(variant=r.variant, gpu=g.gpu, slice=s.profile)
+                if not found:  # its profile left with the documents that named it: a replacement
+                    continue
+                p = found[0]
                 cap = replica_capacity(p, d.slo, r.share, r.max_batch)
                 if cap is not None and d.allows(p):
                     reps.append(replace(r, capacity=cap.rate))
@@ -201,9 +306,21 @@ def _spares(kept: list[GpuPlan], g: GpuPlan, dm: dict[str, Demand]) -> bool:
     return True
 
 
+def stamp(plan: Plan, revisions: Mapping[tuple[str, str], str]) -> Plan:
+    """``plan`` with each replica's revision set from ``revisions`` (by model and variant; "" where absent)."""
+    def one(r: Replica) -> Replica:
+        rev = revisions.get((r.model, r.variant), "")
+        return r if r.revision == rev else replace(r, revision=rev)
+    return replace(plan, gpus=tuple(replace(g, slices=tuple(replace(s, replicas=tuple(one(r) for r in s.replicas))
+                                                            for s in g.slices)) for g in plan.gpus))
+
+
 def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
-           method: str = "greedy", *, time_limit: float = TIME_LIMIT, options: Options = DEFAULT) -> tuple[Plan, PlanDiff]:
-    """A plan for the new ``demands`` close to ``old``, and the diff from old to new."""
+           method: str = "greedy", *, time_limit: float = TIME_LIMIT, options: Options = DEFAULT,
+           revisions: Mapping[tuple[str, str], str] | None = None) -> tuple[Plan, PlanDiff]:
+    """A plan for the new ``demands`` close to ``old``, and the diff from old to new (the
+    diff's plan names every replica). ``revisions``: what each (model, variant) serves now; a
+    kept replica of another revision is replaced in place, one at a time."""
     dm = {d.model: d for d in demands}
     kept = _with_slo(old, dm, profiles)
     cap: dict[str, float] = defaultdict(float)
@@ -224,18 +341,26 @@ def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory
             kept.remove(g)
             for m, v in lost.items():
                 cap[m] -= v
+    if inventory.accuracy_aware:
+        # the split of answers across variants, the budget and the floor are the whole plan's:
+        # a plan for the deficit alone cannot honour them
+        new = stamp(solve(demands, profiles, inventory, method, time_limit=time_limit, options=options),
+                    revisions or {})
+        d = diff(old, new)
+        return d.new, d
+    short = {mi: d.required - cap[d.model] for mi, d in enumerate(demands) if d.required - cap[d.model] > 1e-6}
+    cands = None
+    if short:  # first into room the running GPUs leave: nothing that serves moves
+        cands = candidates(demands, profiles, inventory, options)
+        filled, short = fill(kept, demands, short, inventory, profiles, cands, options)
+        kept = list(filled)
     # the deficit's own floor is 1: the floors are met over kept and added GPUs together, below
-    deficit = [replace(d, rate=(d.required - cap[d.model]) / d.factor, min_replicas=1)
-               for d in demands if d.required - cap[d.model] > 1e-6]
+    deficit = [replace(demands[mi], rate=v / demands[mi].factor, min_replicas=1)
+               for mi, v in short.items() if v > 1e-6]
     used = {g.id for g in kept}
     free = replace(inventory, classes=tuple(
         GpuClass(c.gpu, tuple(i for i in c.ids if i not in used), c.cost_per_hour, c.mig, c.mps)
         for c in inventory.classes if any(i not in used for i in c.ids)))
-    if inventory.accuracy_aware:
-        # the split of answers across variants, the budget and the floor are the whole plan's:
-        # a plan for the deficit alone cannot honour them
-        new = solve(demands, profiles, inventory, method, time_limit=time_limit, options=options)
-        return new, diff(old, new)
     try:
         part = solve(deficit, profiles, free, method, time_limit=time_limit, options=options,
                      bound=False) if deficit else None
@@ -245,10 +370,11 @@ def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory
         extra = part.gpus if part is not None else ()
         gpus, floors = tuple(kept) + tuple(extra), ()
         if any(d.min_replicas > 1 for d in demands):
-            cands = candidates(demands, profiles, inventory, options)
+            cands = cands or candidates(demands, profiles, inventory, options)
             gpus, floors = spread(gpus, demands, inventory, profiles, cands, options)
         new = Plan(gpus, tuple(demands), inventory, f"replan-{method}", 0.0, 0.0, profiles, floors=floors)
     except SolverError:
         # the free GPUs do not suffice: plan from scratch (the diff may then have to move more)
         new = solve(demands, profiles, inventory, method, time_limit=time_limit, options=options)
-    return new, diff(old, new)
+    d = diff(old, stamp(new, revisions or {}))
+    return d.new, d

@@ -218,6 +218,12 @@ class Replica:
     share: float  # MPS active-thread fraction; 1 = the slice to itself
     max_batch: int
     capacity: float  # predicted req/s at the model's SLO (as the solver computed it)
+    # what it serves beyond the variant: a digest of its artifact (uri, version, files) and
+    # Triton settings; "" for built-in sources. A changed revision is a replacement, not a keep.
+    revision: str = ""
+    # the replica's id, once a diff has named it (:func:`placement.diff.replica_ids`); it stays
+    # with the replica across re-plans, so a successor never takes its predecessor's name
+    id: str = ""
 
 
 @dataclass(frozen=True)
@@ -540,7 +546,8 @@ class Plan:
                 {"id": g.id, "gpu": g.gpu, "mig": g.mig, "layout": g.layout, "slices": [
                     {"profile": s.profile, "start": s.start, "mps": s.mps, "replicas": [
                         {"model": r.model, "variant": r.variant, "share": r.share,
-                         "max_batch": r.max_batch, "capacity_rps": round(r.capacity, 1)}
+                         "max_batch": r.max_batch, "capacity_rps": round(r.capacity, 1),
+                         **({"revision": r.revision} if r.revision else {}), **({"id": r.id} if r.id else {})}
                         for r in s.replicas]}
                     for s in g.slices]}
                 for g in self.used()]},

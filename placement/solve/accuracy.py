@@ -47,7 +47,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix, hstack, vstack
 
-from placement.plan import EPS, Demand, GpuPlan, Inventory, Plan, has_known_accuracy
+from placement.plan import EPS, KEEP_SERVED, Demand, GpuPlan, Inventory, Plan, has_known_accuracy
 from placement.solve.bound import lower_bound, program, timed_bound, with_slack
 from placement.solve.candidates import (
     Candidate,
@@ -164,7 +164,8 @@ def _split_program(demands: Sequence[Demand], profiles: ProfileSet, inv: Invento
     ub = np.r_[base.ub, [rate[k] for k in range(ns)]]
     integ = np.r_[np.ones(n0 - len(slack)), np.zeros(len(slack) + ns)]
     spend = np.r_[base.c, np.zeros(ns)]
-    total = sum(demands[mi].rate for mi in by_model) or 1.0
+    # (a subnormal rate would scale the objective to infinity: the total is at least KEEP_SERVED)
+    total = max(sum(demands[mi].rate for mi in by_model), KEEP_SERVED)
     # an unplaced req/s costs more than the most accurate answer is worth
     accuracy = np.r_[np.zeros(n0 - len(slack)), np.full(len(slack), 2.0 / total), -np.array(acc) / total]
     return base, a, row_lo, row_hi, ub, integ, spend, np.r_[tie, np.zeros(len(slack) + ns)], accuracy

@@ -36,7 +36,7 @@ still short (fewer GPUs or nodes that can serve the model, or no room left) is r
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from placement.plan import (
     EPS,
@@ -147,6 +147,43 @@ def spread(gpus: Sequence[GpuPlan], demands: Sequence[Demand], inv: Inventory, p
     return tuple(out) + tuple(outside), tuple(short)
 
 
+def fill(gpus: Sequence[GpuPlan], demands: Sequence[Demand], deficit: dict[int, float], inv: Inventory,
+         profiles: ProfileSet, cands: Sequence[Candidate], opts: Options) -> tuple[tuple[GpuPlan, ...], dict[int, float]]:
+    """``gpus`` with room they already open (a free MPS share of a slice, a free MIG region)
+    taken by replicas for ``deficit`` (req/s short, by index into ``demands``), in demand
+    order, most of the deficit served first, as :func:`spread` ranks room. Returns the GPUs and
+    the deficits left. A re-plan places here first: the GPUs are running, and a replica added
+    beside the others changes nothing that serves."""
+    order = [i for c in inv.classes for i in c.ids]
+    rank = {i: k for k, i in enumerate(order)}
+    cls_of = {i: ci for ci, c in enumerate(inv.classes) for i in c.ids}
+    plan = {g.id: _Gpu(g.id, g.gpu, g.mig, [_Slice(s.profile, s.start, list(s.replicas)) for s in g.slices])
+            for g in gpus if g.id in cls_of}
+    memory = {(r.variant, g.gpu, s.profile): profiles.get(r.variant, g.gpu, s.profile).memory_mb
+              for g in plan.values() for s in g.slices for r in s.replicas}
+    left, changed = dict(deficit), set()
+    for mi in sorted(left):
+        mine = [c for c in cands if c.model == mi]
+        while left[mi] > EPS * max(1.0, demands[mi].required):
+            d = replace(demands[mi], rate=left[mi] / demands[mi].factor)
+            o = _best(plan, mine, d, inv, opts, cls_of, rank, memory, set(), None, opened=True)
+            if o is None:
+                break
+            _add(plan, o, d, memory)
+            changed.add(o.gid)
+            left[mi] = max(0.0, left[mi] - o.c.cap.rate)
+    mps = {(g.id, s.profile, s.start): s.mps for g in gpus for s in g.slices}  # a running slice keeps its mode
+    out = []
+    for g in gpus:
+        if g.id not in changed:
+            out.append(g)
+            continue
+        f = _frozen(plan[g.id])
+        out.append(replace(f, slices=tuple(replace(s, mps=mps.get((g.id, s.profile, s.start), s.mps))
+                                           for s in f.slices)))
+    return tuple(out), left
+
+
 def placed(gpus: Sequence[GpuPlan], demands: Sequence[Demand]) -> dict[int, float]:
     """Planned req/s per model index, read from the GPUs."""
     index = {d.model: mi for mi, d in enumerate(demands)}
@@ -217,9 +254,10 @@ def _move(plan: dict[str, _Gpu], mine: Sequence[Candidate], d: Demand, inv: Inve
 def _best(plan: dict[str, _Gpu], mine: Sequence[Candidate], d: Demand, inv: Inventory, opts: Options,
           cls_of: dict[str, int], rank: dict[str, int], memory: dict[tuple[str, str, str], float],
           hosts: set[str], avoid_nodes: set[str] | None, least: float = 0.0,
-          variant: str | None = None) -> _Option | None:
+          variant: str | None = None, opened: bool = False) -> _Option | None:
     """The best way to add one replica of ``d`` on a GPU outside ``hosts`` (and outside
-    ``avoid_nodes`` when given), of at least ``least`` req/s (of ``variant`` when given), or None."""
+    ``avoid_nodes`` when given), of at least ``least`` req/s (of ``variant`` when given; only
+    on GPUs the plan uses when ``opened``), or None."""
     used = {gid for gid, g in plan.items() if any(s.replicas for s in g.slices)}
     by_id = inv.by_id()
     spent_gpus = len(used)
@@ -230,6 +268,8 @@ def _best(plan: dict[str, _Gpu], mine: Sequence[Candidate], d: Demand, inv: Inve
             continue
         cls = inv.classes[ci]
         fresh = gid not in used
+        if fresh and opened:
+            continue
         if fresh and ((inv.max_gpus is not None and spent_gpus + 1 > inv.max_gpus) or
                       (inv.max_cost_per_hour is not None
                        and spent_cost + cls.cost_per_hour > inv.max_cost_per_hour + EPS)):

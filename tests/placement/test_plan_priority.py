@@ -144,7 +144,7 @@ def test_status_reports_a_short_best_effort_model_as_degraded_by_an_overfull_poo
                         serving=lambda: healthy, llm_plan=LlmPlan(),
                         gateway=SimpleNamespace(http_url="h", grpc_url="g"),
                         restarting=set(), transitions={}, observed_generation=1, generation=1, applying=None,
-                        failure=None, observer=SimpleNamespace(window=lambda *a: window), rates={}, admin_url=None,
+                        failure=None, rolled_back=None, observer=SimpleNamespace(window=lambda *a: window), rates={}, admin_url=None,
                         events=[])
     st = status(c)
     assert [s["model"] for s in st["shortfall"]] == ["b"]

@@ -307,6 +307,7 @@ class Seen:
     rates: dict[str, float] = field(default_factory=dict)
     applying: str | None = None
     failure: str | None = None
+    rolled_back: str | None = None
     restarting: dict[str, str] = field(default_factory=dict)
     transitions: dict = field(default_factory=dict)
     events: deque = field(default_factory=deque)
