@@ -230,6 +230,20 @@ class AutoscalingSpec(Strict):
         return self.upscale_delay_s if self.cooldown_s is None else self.cooldown_s
 
 
+class RolloutSpec(Strict):
+    """How a change to a deployment's replicas rolls out, as a Kubernetes Deployment's
+    ``RollingUpdate`` strategy and ``progressDeadlineSeconds`` do: one successor at a time
+    starts beside its predecessor (a surge of one) and must be Ready before it stops."""
+
+    max_unavailable: int = Field(default=0, ge=0, le=10_000,
+                                 description="replicas of this deployment that may be down at once during a change "
+                                 "(0: a change that cannot keep every replica serving is refused, unless "
+                                 "apply --allow-disruption)")
+    progress_deadline_s: float = Field(default=120.0, gt=0, le=3_600,
+                                       description="a new replica not Ready this long fails the change, which "
+                                       "is then rolled back")
+
+
 Source = Literal["emulated", "digits", "artifact"]
 
 
@@ -291,6 +305,7 @@ class ModelDeploymentSpec(Strict):
                                  "more); with autoscaling, the larger of this and min_replicas")
     llm: LlmSpec | None = Field(default=None, description="a generative model (OpenAI API), with slo_ms its "
                                 "time to first token")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="how a change rolls out")
 
     @model_validator(mode="after")
     def _variants(self) -> ModelDeploymentSpec:

@@ -3,12 +3,15 @@
 Every call but ``GET /healthz`` needs ``Authorization: Bearer <token>``; without it, or with a
 wrong one, the answer is 401 and nothing changes. The token is compared in constant time and
 never logged. With ``spec.admin.tls`` it is served over HTTPS (the token is still asked for). Errors are ``{"error": "..."}``: 400 for invalid documents, 422 for a demand the
-pool cannot place, 503 when an apply fails part-way (status says where).
+pool cannot place, 409 for a change that would drop a model's capacity (``allow_disruption=1``
+accepts it), 503 when an apply fails (it is rolled back; status says where and why).
 
 - ``GET /v1/status``: :func:`deploy.operator.status.status`
 - ``GET /v1/documents``: the applied documents (YAML)
-- ``POST /v1/apply[?dry_run=1]``: body is a YAML stream of documents
-- ``POST /v1/rollback``: apply the previous generation again
+- ``POST /v1/apply[?dry_run=1][&allow_disruption=1][&wait=0]``: body is a YAML stream of documents;
+  ``wait=0`` answers once the rollout has begun
+- ``POST /v1/rollback[?to=N][&dry_run=1][&allow_disruption=1]``: restore generation N (default:
+  the previous one)
 - ``POST /v1/down``: stop everything; the controller process exits
 """
 
@@ -21,7 +24,7 @@ import ssl
 
 from aiohttp import web
 
-from deploy.operator.controller import ApplyError, Controller
+from deploy.operator.controller import ApplyError, Controller, Disruption
 from placement.plan import PlanError
 from placement.solve.solver import SolverError
 from profiles.profile import ProfileError
@@ -56,6 +59,8 @@ async def _guard(coro):  # noqa: ANN001, ANN202
         return _error(400, str(e))
     except (SolverError, PlanError) as e:
         return _error(422, f"cannot place the demand: {e}")
+    except Disruption as e:
+        return _error(409, str(e))
     except ApplyError as e:
         return _error(503, str(e))
 
@@ -68,17 +73,28 @@ async def _documents(request: web.Request) -> web.Response:
     return web.Response(text=request.app[CONTROLLER].documents_yaml(), content_type="application/yaml")
 
 
+def _flag(request: web.Request, name: str, default: bool = False) -> bool:
+    v = request.query.get(name)
+    return default if v is None else v in ("1", "true", "yes")
+
+
 async def _apply(request: web.Request) -> web.Response:
-    dry = request.query.get("dry_run", "") in ("1", "true", "yes")
     try:
         text = await request.text()
     except UnicodeDecodeError:
         return _error(400, "the body must be UTF-8 YAML")
-    return await _guard(request.app[CONTROLLER].apply(text, dry_run=dry))
+    return await _guard(request.app[CONTROLLER].apply(
+        text, dry_run=_flag(request, "dry_run"), allow_disruption=_flag(request, "allow_disruption"),
+        wait=_flag(request, "wait", True)))
 
 
 async def _rollback(request: web.Request) -> web.Response:
-    return await _guard(request.app[CONTROLLER].rollback())
+    to = request.query.get("to")
+    if to is not None and not to.isdigit():
+        return _error(400, f"to: a generation number, got {to!r}")
+    return await _guard(request.app[CONTROLLER].rollback(
+        int(to) if to is not None else None, dry_run=_flag(request, "dry_run"),
+        allow_disruption=_flag(request, "allow_disruption")))
 
 
 async def _down(request: web.Request) -> web.Response:

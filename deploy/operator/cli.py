@@ -47,9 +47,10 @@ HELP = """examples:
   headrace up -f deploy/examples/quickstart --detach   # leave it running
   headrace up -f deploy/examples/quickstart --dry-run  # check and plan; start nothing
   headrace status -o table
-  headrace apply -f models.yaml --dry-run              # print the diff it would execute
-  headrace apply -f models.yaml
-  headrace rollback
+  headrace apply -f models.yaml --dry-run              # print the diff, and whether it would be refused
+  headrace apply -f models.yaml                        # roll it out, make-before-break; wait for it
+  headrace apply -f models.yaml --allow-disruption     # accept a change that drops capacity for a while
+  headrace rollback [--to N]                           # restore generation N's fleet
   headrace down
 The state directory is --state-dir, else $HEADRACE_STATE_DIR, else ./.headrace. The admin token
 comes from $HEADRACE_ADMIN_TOKEN, else the state directory's token file (made by up, mode 0600).
@@ -232,25 +233,38 @@ def _detach(args: argparse.Namespace, store: DirStateStore, out: Console) -> int
 # --------------------------------------------------------------------------- the others
 
 
-def apply(args: argparse.Namespace) -> int:
-    text, _, _ = validate(args.file)
-    url, token, ctx = _client(args)
-    res = call(url, token, "POST", "/v1/apply" + ("?dry_run=1" if args.dry_run else ""), text.encode(), context=ctx)
+def _query(**flags: object) -> str:
+    on = [f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in flags.items() if v is not None]
+    return "?" + "&".join(on) if on else ""
+
+
+def _print_change(res: dict, dry_run: bool) -> int:
     out = Console(width=WIDTH)
-    head = "would execute" if args.dry_run else f"generation {res['generation']}: executed"
+    head = "would execute" if dry_run else f"generation {res['generation']}: " + (
+        "rolling out" if res.get("rolling") else "executed")
     out.print(f"{head} {len(res['steps'])} steps", highlight=False)
     for s in res["steps"]:
         out.print(f"  {s}", highlight=False)
-    for d in res.get("capacity_dips", []):
-        out.print(f"  note: {d}", highlight=False)
+    if res.get("refused"):
+        out.print(f"refused: {res['refused']}", highlight=False)
+    else:
+        for d in res.get("capacity_dips", []):
+            out.print(f"  note: {d}", highlight=False)
     return 0
+
+
+def apply(args: argparse.Namespace) -> int:
+    text, _, _ = validate(args.file)
+    url, token, ctx = _client(args)
+    q = _query(dry_run=args.dry_run or None, allow_disruption=args.allow_disruption or None,
+               wait=None if args.wait else False)
+    return _print_change(call(url, token, "POST", "/v1/apply" + q, text.encode(), context=ctx), args.dry_run)
 
 
 def rollback(args: argparse.Namespace) -> int:
     url, token, ctx = _client(args)
-    res = call(url, token, "POST", "/v1/rollback", b"", context=ctx)
-    Console(width=WIDTH).print(f"generation {res['generation']}: executed {len(res['steps'])} steps", highlight=False)
-    return 0
+    q = _query(to=args.to, dry_run=args.dry_run or None, allow_disruption=args.allow_disruption or None)
+    return _print_change(call(url, token, "POST", "/v1/rollback" + q, b"", context=ctx), args.dry_run)
 
 
 def down(args: argparse.Namespace) -> int:
@@ -356,7 +370,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("apply", help="change the running deployment live (re-plan, make-before-break)",
                        epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-f", "--file", action="append", required=True, metavar="FILE|DIR")
-    p.add_argument("--dry-run", action="store_true", help="print the diff it would execute, change nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the diff it would execute, and whether it would be refused; change nothing")
+    disruption(p)
+    p.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True,
+                   help="return when the rollout is done (exit 0) or failed and rolled back (exit 1); "
+                   "--no-wait returns once it has begun (headrace status follows it)")
     common(p)
     p.set_defaults(func=_run(apply))
 
@@ -365,11 +384,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     common(p)
     p.set_defaults(func=_run(status))
 
-    for name, fn, text in (("down", down, "stop the gateway and every process the controller started"),
-                           ("rollback", rollback, "apply the previous generation again")):
-        p = sub.add_parser(name, help=text)
-        common(p)
-        p.set_defaults(func=_run(fn))
+    p = sub.add_parser("down", help="stop the gateway and every process the controller started")
+    common(p)
+    p.set_defaults(func=_run(down))
+
+    p = sub.add_parser("rollback", help="restore an earlier generation's fleet (placement, variants, artifacts)")
+    p.add_argument("--to", type=int, default=None, metavar="N", help="the generation to restore (default: the "
+                   "one before the current)")
+    p.add_argument("--dry-run", action="store_true", help="print the steps it would execute, change nothing")
+    disruption(p)
+    common(p)
+    p.set_defaults(func=_run(rollback))
+
+
+def disruption(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-disruption", action="store_true",
+                   help="apply a change that takes a model's capacity below its need for a while (the pool "
+                   "has no room to start the new replicas beside the old); refused without it (exit 2)")
 
 
 def main(argv: list[str] | None = None) -> int:

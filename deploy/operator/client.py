@@ -52,7 +52,7 @@ def call(url: str, token: str, method: str, path: str, body: bytes | None = None
             msg = json.loads(e.read()).get("error", "")
         except ValueError:
             msg = e.reason
-        raise CliError(f"{e.code}: {msg}", 2 if e.code in (400, 401, 422) else 1) from None
+        raise CliError(f"{e.code}: {msg}", 2 if e.code in (400, 401, 409, 422) else 1) from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         if isinstance(reason, ssl.SSLCertVerificationError):

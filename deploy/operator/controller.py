@@ -15,7 +15,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from deploy.operator.desired import Desired, prepare
@@ -28,7 +28,7 @@ from gateway.app import Gateway
 from gateway.config import resolve
 from placement import autoscale
 from placement.apply.render import Endpoint, gateway_config
-from placement.diff import PlanDiff, diff, replan
+from placement.diff import PlanDiff, Step, diff, replan, stamp
 from placement.llm import (
     LlmPlan,
     LlmReplica,
@@ -49,6 +49,16 @@ log = logging.getLogger("headrace.operator")
 
 class ApplyError(RuntimeError):
     """A plan could not be made or applied; the message says which step and why."""
+
+
+class Disruption(ApplyError):
+    """A change would take a model's serving capacity below its need, and was not allowed to."""
+
+
+# a step's undoing: the same step with the opposite action
+INVERSE = {"start_replica": "stop_replica", "stop_replica": "start_replica", "create_slice": "destroy_slice",
+           "destroy_slice": "create_slice", "start_mps": "stop_mps", "stop_mps": "start_mps",
+           "enable_mig": "disable_mig", "disable_mig": "enable_mig"}
 
 
 def rate_window(upscale_delay_s: float) -> float:
@@ -80,7 +90,9 @@ class Controller:
     events: deque[Event] = field(default_factory=lambda: deque(maxlen=200))
     executed: list[list[str]] = field(default_factory=list)  # each apply's steps, as described
     applying: str | None = None  # what the running apply is doing
-    failure: str | None = None  # why the last apply failed
+    failure: str | None = None  # why the last apply failed (and was not rolled back)
+    rolled_back: str | None = None  # why the last apply was rolled back
+    fleets: dict[int, tuple[Plan, LlmPlan]] = field(default_factory=dict)  # applied generations' fleets
     restarting: dict[str, str] = field(default_factory=dict)  # replica id -> why
     observer: Observer = field(default_factory=Observer)
     transitions: dict[tuple[str, str], tuple[bool, float]] = field(default_factory=dict)  # condition -> (status, since)
@@ -121,6 +133,7 @@ class Controller:
                 self.applying = None
             self.desired, self.plan, self.observed_generation = want, plan, 1
             self.history.append(1)
+            self.fleets[1] = (plan, llm_plan)
             self.executed.append([s.describe() for s in steps.steps])
             self._reset_scaling()
             self._event("", "Applied", f"generation 1: {len(plan.replicas())} replicas on {plan.gpu_count} GPUs"
@@ -162,17 +175,29 @@ class Controller:
 
     # ------------------------------------------------------------------ change
 
-    async def apply(self, text: str, dry_run: bool = False, reason: str = "apply") -> dict[str, Any]:
-        """Validate, re-plan from the current plan (fewest moves) and execute make-before-break.
-        Returns the generation and the steps (``dry_run``: the steps it would execute)."""
-        async with self._lock:
+    async def apply(self, text: str, dry_run: bool = False, reason: str = "apply", *,
+                    allow_disruption: bool = False, wait: bool = True, target: int | None = None) -> dict[str, Any]:
+        """Validate, re-plan from the current plan (fewest moves) and roll the change out
+        make-before-break. Returns the generation and the steps (``dry_run``: the steps it
+        would execute, and ``refused`` when it would refuse). A change that would take a
+        model's capacity below its need (:meth:`_disruptions`) is refused (:class:`Disruption`)
+        unless ``allow_disruption``. ``wait``: return once the rollout is done (else once it
+        has begun; status follows it). ``target``: restore generation ``target``'s fleet (its
+        placement, variants and artifacts), not a re-plan of ``text``."""
+        await self._lock.acquire()
+        handed = False
+        try:
             want = await asyncio.to_thread(prepare, text, self.base_profiles, reason)  # sizes LLM deployments
             if reason != "autoscale":
                 self.rates = {}
-            new, d, llm_new = await asyncio.to_thread(self._solve_diff, want)
+            if target is not None and target in self.fleets:
+                new, d, llm_new = await asyncio.to_thread(self._restore, want, target)
+            else:
+                new, d, llm_new = await asyncio.to_thread(self._solve_diff, want)
             start, stop = self._llm_diff(llm_new)
             if reason == "autoscale" and (why := self._out_of_bounds(want, new)):
                 raise ApplyError(why)
+            dips = self._disruptions(want, d)
             out = {"generation": self.generation + (0 if dry_run or reason == "autoscale" else 1),
                    "steps": [s.describe() for s in d.steps] + [f"start LLM engine {r.id} ({r.profile.name})"
                                                                for r in start]
@@ -180,26 +205,70 @@ class Controller:
                    "started": [s.replica_id for s in d.steps if s.action == "start_replica"] + [r.id for r in start],
                    "stopped": [s.replica_id for s in d.steps if s.action == "stop_replica"] + stop,
                    "capacity_dips": d.capacity_dips(), "plan": new.to_dict()}
+            if dips and not allow_disruption:
+                why = (f"the change would drop capacity: {dips[0]}"
+                       + (f" (and {len(dips) - 1} more)" if len(dips) > 1 else "")
+                       + "; the pool has no room to start its replicas beside the ones they replace"
+                       + ("" if reason == "autoscale" else "; apply --allow-disruption to accept it"))
+                if dry_run:
+                    return {**out, "refused": why}
+                raise Disruption(why)
             if dry_run:
                 return out
             if reason != "autoscale":
                 self.generation += 1
                 self.store.save_generation(self.generation, text)
+            if wait:
+                await self._commit(d, want, new, llm_new, reason, out)
+                return out
+            task = asyncio.create_task(self._commit(d, want, new, llm_new, reason, out, release=True))
+            self._heals.add(task)
+            task.add_done_callback(self._heals.discard)
+            handed = True
+            return {**out, "rolling": True}
+        finally:
+            if not handed:
+                self._lock.release()
+
+    async def _commit(self, d: PlanDiff, want: Desired, new: Plan, llm_new: LlmPlan, reason: str,
+                      out: dict[str, Any], release: bool = False) -> None:
+        """Run the change and record it (``release``: the apply lock is this task's to release)."""
+        try:
             await self._execute(d, want, new, llm_new)
             if reason != "autoscale":
                 self.observed_generation = self.generation
                 self.history.append(self.generation)
                 self._reset_scaling()
+            self.fleets[self.generation] = (self.plan, self.llm_plan)  # type: ignore[assignment]
             self._event("", "Applied", f"generation {self.generation} ({reason}): {len(out['steps'])} steps")
             self.save()
-            return out
+        except ApplyError:
+            if not release:
+                raise
+        finally:
+            if release:
+                self._lock.release()
 
-    async def rollback(self) -> dict[str, Any]:
-        """Apply the generation before the current one again, as a new generation."""
-        if len(self.history) < 2:
-            raise ApplyError("no previous generation to roll back to")
-        prev = self.history[-2]
-        return await self.apply(self.store.generation(prev), reason=f"rollback to generation {prev}")
+    def _disruptions(self, want: Desired, d: PlanDiff) -> list[str]:
+        """Where ``d`` takes a model's capacity below what it needs, beyond what the model's
+        ``rollout.max_unavailable`` replicas down at once allow, one line each."""
+        allowed = {md.spec.model: md.spec.rollout.max_unavailable for md in want.docs.deployments}
+        return [f"{m} {c:.0f} < {n:.0f} req/s at step {i + 1} ({d.steps[i].describe()})"
+                for i, m, c, n in d.dips() if d.down(i, m) > allowed.get(m, 0) or allowed.get(m, 0) == 0]
+
+    async def rollback(self, to: int | None = None, dry_run: bool = False,
+                       allow_disruption: bool = False) -> dict[str, Any]:
+        """Restore generation ``to`` (default: the one before the current), as a new generation:
+        its documents and, while this controller remembers it, its fleet (placement, variants,
+        artifacts) rather than a re-plan of its documents."""
+        if to is None:
+            if len(self.history) < 2:
+                raise ApplyError("no previous generation to roll back to")
+            to = self.history[-2]
+        if to not in self.history:
+            raise ApplyError(f"generation {to} was never applied; applied: {self.history}")
+        return await self.apply(self.store.generation(to), dry_run=dry_run, reason=f"rollback to generation {to}",
+                                allow_disruption=allow_disruption, target=to)
 
     def _llm_diff(self, new: LlmPlan) -> tuple[list[LlmReplica], list[str]]:
         """The LLM engines ``new`` adds, and the ids of those it drops."""
@@ -208,32 +277,33 @@ class Controller:
         return [r for r in new.replicas if r.id not in old], [rid for rid in old if rid not in keep]
 
     async def _execute(self, d: PlanDiff, want: Desired, new: Plan, llm_new: LlmPlan | None = None) -> None:
-        """Run ``d``'s steps, then move the LLM engines to ``llm_new`` (None: as they are)."""
+        """Run ``d``'s steps, then move the LLM engines to ``llm_new`` (None: as they are). A
+        step that fails (a replica not Ready within its deployment's progress deadline) rolls
+        the steps done back, in reverse, make-before-break again, and raises :class:`ApplyError`."""
         llm_new = self.llm_plan if llm_new is None else llm_new
         assert self.runtime is not None and self.gateway is not None
         if isinstance(self.runtime, LocalRuntime):
             self.runtime.set_profiles(want.profiles, want.sources)
+        deadlines = {md.spec.model: md.spec.rollout.progress_deadline_s for md in want.docs.deployments}
         done: list[str] = []
-        self.failure = None
+        ran: list[Step] = []
+        self.failure = self.rolled_back = None
         try:
             for i, st in enumerate(d.steps):
                 self.applying = f"step {i + 1}/{len(d.steps)}: {st.describe()}"
-                if st.action == "stop_replica":
-                    # break after make: the gateway stops sending to it, waits for its batches, forgets it
-                    if st.replica_id in self.gateway.driver.replicas:
-                        # a model the new plan still serves stays addressable even if a re-plan
-                        # from scratch must free this slice before the next replica can start
-                        stays = any(d.model == st.replica.model for d in new.demands)  # type: ignore[union-attr]
-                        await self.gateway.remove_replica(st.replica_id, self.drain_timeout, keep_model=stays)
-                    await asyncio.to_thread(self.runtime.run, st)
-                elif st.action == "start_replica":
-                    ep = await asyncio.to_thread(self.runtime.run, st)
-                    if ep is not None:
-                        await self._add_to_gateway(new, want, ep)
-                else:
-                    await asyncio.to_thread(self.runtime.run, st)
+                if st.replica is not None and isinstance(self.runtime, LocalRuntime):
+                    self.runtime.ex.ready_timeout = deadlines.get(st.replica.model, self.runtime.ex.ready_timeout)
+                await self._step(st, new, want)
+                ran.append(st)
                 done.append(st.describe())
                 self.save()
+        except Exception as e:  # noqa: BLE001  (undone below, then reported)
+            why = f"{self.applying}: {e}"
+            self.executed.append(done)
+            await self._undo(ran, why)
+            self.applying = None
+            raise ApplyError(self.failure or self.rolled_back or why) from e
+        try:
             # make before break: the new engines serve before the old ones drain and stop
             start, stop = self._llm_diff(llm_new)
             engines = self.engines = self.engines or LlmEngines(self.store.run_dir / "engines")
@@ -258,11 +328,50 @@ class Controller:
         except Exception as e:
             self.failure = f"{self.applying}: {e}"
             self._event("", "ApplyFailed", self.failure)
+            self.desired, self.plan = want, new  # the classic steps are done
             raise ApplyError(self.failure) from e
         finally:
             self.applying = None
-            self.executed.append(done)
+            if not self.executed or self.executed[-1] is not done:
+                self.executed.append(done)
         self.desired, self.plan, self.llm_plan = want, new, llm_new
+
+    async def _step(self, st: Step, plan: Plan, want: Desired) -> None:
+        """One step: a started replica joins the gateway once Ready; a stopped one leaves it
+        first (the gateway stops sending to it and waits for its batches)."""
+        assert self.runtime is not None and self.gateway is not None
+        if st.action == "stop_replica":
+            if st.replica_id in self.gateway.driver.replicas:
+                # a model the plan still serves stays addressable even if a re-plan from
+                # scratch must free this slice before the next replica can start
+                stays = any(dm.model == st.replica.model for dm in plan.demands)  # type: ignore[union-attr]
+                await self.gateway.remove_replica(st.replica_id, self.drain_timeout, keep_model=stays)
+            await asyncio.to_thread(self.runtime.run, st)
+        elif st.action == "start_replica":
+            ep = await asyncio.to_thread(self.runtime.run, st)
+            if ep is not None:
+                await self._add_to_gateway(plan, want, ep)
+        else:
+            await asyncio.to_thread(self.runtime.run, st)
+
+    async def _undo(self, ran: list[Step], why: str) -> None:
+        """Undo ``ran`` (the steps a failed change did), newest first: the fleet of the running
+        plan and documents again. Sets ``rolled_back`` (or ``failure`` if undoing fails too)."""
+        assert self.runtime is not None and self.plan is not None and self.desired is not None
+        if isinstance(self.runtime, LocalRuntime):
+            self.runtime.set_profiles(self.desired.profiles, self.desired.sources)
+        try:
+            for k, st in enumerate(reversed(ran)):
+                back = replace(st, action=INVERSE[st.action])
+                self.applying = f"rolling back {k + 1}/{len(ran)}: {back.describe()}"
+                await self._step(back, self.plan, self.desired)
+                self.save()
+        except Exception as e:  # noqa: BLE001
+            self.failure = f"{why}; rolling back failed at {self.applying}: {e}"
+            self._event("", "ApplyFailed", self.failure)
+            return
+        self.rolled_back = f"{why}; rolled back to generation {self.observed_generation} ({len(ran)} steps undone)"
+        self._event("", "RolledBack", self.rolled_back)
 
     async def _add_to_gateway(self, plan: Plan, want: Desired, ep: Endpoint) -> None:
         cfg = self._render(plan, want, [ep])
@@ -276,17 +385,24 @@ class Controller:
 
     def _solve_diff(self, want: Desired) -> tuple[Plan, PlanDiff, LlmPlan]:
         """A verified plan for ``want``, the steps from the running plan (none: from nothing), and
-        the LLM engines, placed first on whole GPUs the classic plan then does without."""
+        the LLM engines, placed first on whole GPUs the classic plan then does without. The
+        plan's replicas carry their revisions and ids."""
         busy = frozenset(g.id for g in self.plan.used()) if self.plan else frozenset()
         llm, inv = place(want.llm, inventory(single_pool(want.docs, ["apply"])), self.llm_plan, busy)
         demands = want.demands(self.rates)
         if self.plan is None or llm.gpus & busy:  # an LLM took a GPU of the running plan: plan afresh
-            new = solve(demands, want.profiles, inv, self.method)
-            new.verify()
-            return new, diff(self.plan, new), llm
-        new, d = replan(self.plan, demands, want.profiles, inv, self.method)
-        new.verify()
-        return new, d, llm
+            d = diff(self.plan, stamp(solve(demands, want.profiles, inv, self.method), want.revisions))
+        else:
+            _, d = replan(self.plan, demands, want.profiles, inv, self.method, revisions=want.revisions)
+        d.new.verify()
+        return d.new, d, llm
+
+    def _restore(self, want: Desired, generation: int) -> tuple[Plan, PlanDiff, LlmPlan]:
+        """Generation ``generation``'s fleet, re-verified, and the steps to it from the running plan."""
+        plan, llm = self.fleets[generation]
+        old = stamp(replace(plan, demands=tuple(want.demands({})), profiles=want.profiles), want.revisions)
+        old.verify()
+        return old, diff(self.plan, old), llm
 
     # ------------------------------------------------------------------ the loop
 

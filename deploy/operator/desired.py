@@ -23,7 +23,7 @@ from profiles.schema import (
     load_documents,
     parse_documents,
 )
-from profiles.triton.sources import VariantSource
+from profiles.triton.sources import SourceError, VariantSource, revision
 
 if TYPE_CHECKING:
     from gateway.frontdoor.tls import ServerTls
@@ -39,6 +39,8 @@ class Desired:
     sources: dict[tuple[str, str], VariantSource]
     settings: GatewaySpec
     llm: list[LlmChoice] = field(default_factory=list)  # the generative deployments, sized
+    # what each (model, variant) serves (:func:`profiles.triton.sources.revision`)
+    revisions: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def demands(self, rates: dict[str, float]) -> list[Demand]:
         out = []
@@ -85,12 +87,16 @@ def desired(docs: Documents, base: ProfileSet, names: list[str], text: str | Non
         if not md.spec.variants:
             for p in profiles.find(model=md.spec.model):
                 sources.setdefault((md.spec.model, p.variant), VariantSource(md.spec.source))
+    try:
+        revisions = {k: revision(k[1], src) for k, src in sources.items()}
+    except (SourceError, OSError) as e:
+        raise SpecError(f"{where}: {e}") from None
     settings = docs.gateways[0].spec if docs.gateways else GatewaySpec()
     try:  # the scheduler's settings are checked before any replica starts, not when the gateway does
         scheduler_config(settings.scheduler, f"{docs.origin(docs.gateways[0]) if docs.gateways else where}: spec")
     except ConfigError as e:
         raise SpecError(str(e)) from None
-    return Desired(stream(docs) if text is None else text, docs, profiles, sources, settings, llm)
+    return Desired(stream(docs) if text is None else text, docs, profiles, sources, settings, llm, revisions)
 
 
 def base_profiles() -> ProfileSet:

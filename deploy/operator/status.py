@@ -60,6 +60,7 @@ class Observed(Protocol):
     rates: dict[str, float]
     applying: str | None  # what the running apply is doing
     failure: str | None  # why the last apply failed
+    rolled_back: str | None  # why the last apply was rolled back
     restarting: dict[str, str]  # replica id -> why
     transitions: dict[tuple[str, str], tuple[bool, float]]  # (model, condition) -> (status, since)
     events: deque[Event]
@@ -148,8 +149,8 @@ def _conditions(c: Observed, model: str, reps: list[dict[str, Any]], short: Any,
                        "AllReplicasServing" if reps and not down else "ReplicasNotServing",
                        f"{len(reps) - len(down)}/{len(reps)} replicas serving"),
             _condition(c, model, "Progressing", c.applying is not None,
-                       "Applying" if c.applying else "Applied",
-                       c.applying or f"generation {c.observed_generation} applied"),
+                       "Applying" if c.applying else ("RolledBack" if c.rolled_back else "Applied"),
+                       c.applying or c.rolled_back or f"generation {c.observed_generation} applied"),
             _condition(c, model, "Degraded", bool(down) or c.failure is not None or short is not None,
                        "ApplyFailed" if c.failure else ("ReplicaDown" if down else
                                                         (_short_reason(short) if short else "AsPlanned")),

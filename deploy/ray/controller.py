@@ -141,7 +141,8 @@ class RayController(Controller):
         self._event("", "NodesChanged", f"{why}; re-planning on {sorted(present)}")
         await self._forget(set(left))
         try:
-            await self.apply(self.desired.text, reason=f"nodes: {why}")
+            # the capacity of the nodes that left is gone already: the re-plan may not wait for room
+            await self.apply(self.desired.text, reason=f"nodes: {why}", allow_disruption=True)
         except Exception:  # noqa: BLE001  (status says what no longer fits)
             self._event("", "Unschedulable", self.unfit or "")
 
@@ -158,9 +159,9 @@ class RayController(Controller):
                 await asyncio.to_thread(self.runtime.forget, rid)  # type: ignore[union-attr]
         self.plan = replace(self.plan, gpus=tuple(g for g in self.plan.gpus if node_of(g.id) not in gone))
 
-    async def apply(self, text: str, dry_run: bool = False, reason: str = "apply") -> dict[str, Any]:
+    async def apply(self, text: str, dry_run: bool = False, reason: str = "apply", **how: Any) -> dict[str, Any]:
         try:
-            out = await super().apply(text, dry_run, reason)
+            out = await super().apply(text, dry_run, reason, **how)
             if not dry_run:
                 await self._sync_gateways()
         except Exception as e:

@@ -7,6 +7,7 @@ and ``artifact`` (a Triton model directory of the user's: ONNX, TensorRT, Python
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 from dataclasses import dataclass
@@ -63,6 +64,37 @@ def check_artifact(variant: str, src: VariantSource) -> Path:
     if src.version is not None and src.version not in have:
         raise SourceError(f"variant {variant}: {d} has no version {src.version}; versions: {have}")
     return d
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}  # (path, size, mtime) -> sha256: a file read once
+
+
+def _file_digest(p: Path) -> str:
+    st = p.stat()
+    key = (str(p), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        with p.open("rb") as f:
+            _DIGESTS[key] = hashlib.file_digest(f, "sha256").hexdigest()
+    return _DIGESTS[key]
+
+
+def revision(variant: str, src: VariantSource) -> str:
+    """What a replica of ``variant`` serves, as a digest: for an artifact, its directory,
+    the version served and the SHA-256 of every file a replica copies (config.pbtxt, that
+    version's folder, the files beside them); "" for the built-in sources, whose models are
+    the profile's and the code's. A changed digest is a new revision: a rolling replacement."""
+    if src.kind != "artifact":
+        return ""
+    d = check_artifact(variant, src)
+    pick = src.version or versions(d)[-1]
+    h = hashlib.sha256(f"{d.resolve()}\0{pick}\0".encode())
+    for p in sorted(d.rglob("*")):
+        rel = p.relative_to(d)
+        top = rel.parts[0]
+        if p.is_dir() or (top.isdigit() and (d / top).is_dir() and int(top) != pick):
+            continue
+        h.update(f"{rel.as_posix()}\0{_file_digest(p)}\0".encode())
+    return h.hexdigest()[:16]
 
 
 def write_replica_model(repo: Path, variant: str, src: VariantSource, profile: Profile, where: Placement,

@@ -1,0 +1,240 @@
+"""Rollouts as the controller runs them, on a recording runtime and gateway (no process starts):
+a new artifact revision replaces its replica make-before-break, a replica that is not Ready
+rolls the change back, a change that would drop capacity is refused unless allowed, and
+rollback restores an earlier generation's fleet, not a re-plan of its documents."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deploy.operator.controller import ApplyError, Controller, Disruption
+from deploy.operator.desired import base_profiles, prepare, validate
+from deploy.operator.state import DirStateStore
+from placement.apply.executors import ExecutorError
+from placement.apply.render import Endpoint
+from placement.diff import Step
+from tests.operator_harness import deployment, pool, write_docs
+
+DIGITS = ["digits-small", "digits-medium", "digits-large"]
+
+
+@dataclass
+class Runtime:
+    """Records steps; a start of a replica id in ``fail`` raises as a Triton not Ready would."""
+
+    fail: set[str] = field(default_factory=set)
+    running: dict[str, Endpoint] = field(default_factory=dict)
+    log: list[tuple[str, str]] = field(default_factory=list)
+
+    def run(self, st: Step) -> Endpoint | None:
+        self.log.append((st.action, st.replica_id))
+        if st.action == "start_replica":
+            if any(f in st.replica_id for f in self.fail):
+                raise ExecutorError(f"{st.describe()}: not ready after 120 s")
+            r, s = st.replica, st.slice
+            assert r is not None and s is not None and st.replica_id not in self.running, st.replica_id
+            self.running[st.replica_id] = Endpoint(st.replica_id, r.model, r.variant, st.gpu, s.label, r.share,
+                                                   r.max_batch, r.capacity, "127.0.0.1:1", "127.0.0.1:2")
+            return self.running[st.replica_id]
+        if st.action == "stop_replica":
+            del self.running[st.replica_id]
+        return None
+
+    def alive(self, replica_id: str) -> bool:
+        return True
+
+    def endpoints(self) -> dict[str, Endpoint]:
+        return dict(self.running)
+
+    def processes(self) -> dict:
+        return {}
+
+    def stop(self) -> None:
+        self.running.clear()
+
+
+@dataclass
+class _Replica:
+    healthy: bool = True
+
+
+class Gateway:
+    """What the controller calls on its gateway, recorded: the replicas it routes to."""
+
+    http_url = grpc_url = "127.0.0.1:0"
+
+    def __init__(self) -> None:
+        self.driver = type("Driver", (), {"replicas": {}})()
+        self.llm = type("Llm", (), {"set_model": lambda *a: None, "drop_model": lambda *a: None})()
+
+    async def add_replica(self, served: Any, replica: Any) -> None:
+        self.driver.replicas[replica.id] = _Replica()
+
+    async def remove_replica(self, rid: str, drain: float, keep_model: bool = True) -> None:
+        del self.driver.replicas[rid]
+
+
+def started(tmp_path: Path, text: str) -> Controller:
+    """A controller serving generation 1 of ``text`` on the recording runtime and gateway."""
+    base = base_profiles()
+    ctl = Controller(DirStateStore(tmp_path / "state"), base, runtime=Runtime(), clock=lambda: 0.0,
+                     wall=lambda: 0.0)
+    ctl.gateway = Gateway()  # type: ignore[assignment]
+    want = prepare(text, base)
+    plan, d, llm = ctl._solve_diff(want)  # noqa: SLF001
+    ctl.desired = want
+    ctl.plan = plan
+    for st in d.steps:
+        ep = ctl.runtime.run(st)  # type: ignore[union-attr]
+        if ep is not None:
+            ctl.gateway.driver.replicas[ep.replica_id] = _Replica()  # type: ignore[union-attr]
+    ctl.generation = ctl.observed_generation = 1
+    ctl.history, ctl.fleets[1] = [1], (plan, llm)
+    ctl.store.save_generation(1, want.text)
+    return ctl
+
+
+def serving(ctl: Controller) -> list[str]:
+    return sorted(ctl.gateway.driver.replicas)  # type: ignore[union-attr]
+
+
+SCALER = 'name: "scaler"\nbackend: "python"\nmax_batch_size: 16\n'
+
+
+def artifact(tmp_path: Path) -> Path:
+    model = tmp_path / "models" / "scaler"
+    for v in (1, 2):
+        (model / str(v)).mkdir(parents=True)
+        (model / str(v) / "model.py").write_text(f"FACTOR = {v + 1}\n")
+    (model / "config.pbtxt").write_text(SCALER)
+    prof = {"apiVersion": "headrace.dev/v1", "kind": "Profile", "metadata": {"name": "scaler-v1@cpu/cpu"},
+            "spec": {"model": "scaler", "variant": "scaler-v1", "gpu": "cpu", "slice": "cpu", "max_batch": 16,
+                     "memory_mb": 0.0, "latency_ms": [{"batch": b, "p50": 0.5 + 0.01 * b, "p99": 2.0 + 0.02 * b}
+                                                      for b in (1, 4, 16)],
+                     "provenance": {"source": "test", "kind": "measured", "measured_batches": [1, 4, 16]}}}
+    (tmp_path / "scaler-v1.yaml").write_text(yaml.safe_dump(prof))
+    return model
+
+
+def scaler_docs(tmp_path: Path, version: int, name: str = "d.yaml") -> str:
+    v = {"name": "scaler-v1", "artifact": {"uri": "models/scaler", "version": version}, "profile": "scaler-v1.yaml"}
+    return validate([str(write_docs(tmp_path / name, pool(a100s=1), deployment("resnet50", 100, 100),
+                                    deployment("scaler", 50, 100, source="artifact", variants=[v])))])[0]
+
+
+def test_a_new_artifact_version_replaces_its_replica_beside_it_and_keeps_the_others(tmp_path: Path) -> None:
+    artifact(tmp_path)
+    ctl = started(tmp_path, scaler_docs(tmp_path, 1))
+    before = serving(ctl)
+    old = next(r for r in before if "scaler" in r)
+    out = asyncio.run(ctl.apply(scaler_docs(tmp_path, 2, "v2.yaml")))
+    new = next(r for r in serving(ctl) if "scaler" in r)
+    # NOTE: the successor starts (and joins the gateway) before its predecessor stops
+    assert [a for a in ctl.runtime.log[-2:]] == [("start_replica", new), ("stop_replica", old)]  # type: ignore[union-attr]
+    assert new != old and out["stopped"] == [old] and out["started"] == [new] and not out["capacity_dips"]
+    assert [r for r in before if r != old] == [r for r in serving(ctl) if r != new]  # resnet50 untouched
+    assert ctl.observed_generation == 2 and ctl.failure is None
+    # the same documents again: nothing to do
+    assert asyncio.run(ctl.apply(scaler_docs(tmp_path, 2, "v2.yaml")))["steps"] == []
+    # a file of the served version changes: a new revision, rolled out again
+    (tmp_path / "models/scaler/2/model.py").write_text("FACTOR = 30\n")
+    assert asyncio.run(ctl.apply(scaler_docs(tmp_path, 2, "v2.yaml")))["stopped"] == [new]
+
+
+def test_a_successor_that_is_not_ready_rolls_the_change_back(tmp_path: Path) -> None:
+    artifact(tmp_path)
+    ctl = started(tmp_path, scaler_docs(tmp_path, 1))
+    before = serving(ctl)
+    ctl.runtime.fail = {"scaler-v1~"}  # type: ignore[union-attr]
+    with pytest.raises(ApplyError, match="not ready after 120 s; rolled back to generation 1"):
+        asyncio.run(ctl.apply(scaler_docs(tmp_path, 2, "v2.yaml")))
+    assert serving(ctl) == before and sorted(ctl.runtime.running) == before  # type: ignore[union-attr]
+    assert ctl.observed_generation == 1 and ctl.failure is None and "rolled back" in (ctl.rolled_back or "")
+    assert [e.kind for e in ctl.events][-1] == "RolledBack" and ctl.applying is None
+
+
+def test_a_failure_part_way_undoes_what_was_done_newest_first(tmp_path: Path) -> None:
+    text = write_docs(tmp_path / "d.yaml", pool(a100s=1), deployment("resnet50", 100, 100),
+                      deployment("digits", 100, 50, source="digits", variants=DIGITS)).read_text()
+    ctl = started(tmp_path, text)
+    before = serving(ctl)
+    # rate x6 adds resnet50 replicas beside the one serving; the second to start fails
+    more = text.replace("rate: 100\n", "rate: 2000\n", 1)
+    plan, d, _ = ctl._solve_diff(prepare(more, ctl.base_profiles))  # noqa: SLF001
+    starts = [s.replica_id for s in d.steps if s.action == "start_replica"]
+    assert len(starts) >= 2 and not [s for s in d.steps if s.action == "stop_replica"]
+    ctl.runtime.fail = {starts[1]}  # type: ignore[union-attr]
+    with pytest.raises(ApplyError, match="rolled back"):
+        asyncio.run(ctl.apply(more))
+    assert serving(ctl) == before
+    assert ctl.runtime.log[-1] == ("stop_replica", starts[0])  # type: ignore[union-attr]
+
+
+def big(tmp_path: Path, variant: str) -> str:
+    """A profile of ``variant`` taking 50 of an A100-80GB's 80 GB: two never fit one GPU."""
+    name = f"{variant}@A100-80GB/gpu"
+    pts = [{"batch": b, "p50": 2.0 + 0.1 * b, "p99": 3.0 + 0.1 * b} for b in (1, 8, 32)]
+    doc = {"apiVersion": "headrace.dev/v1", "kind": "Profile", "metadata": {"name": name},
+           "spec": {"model": "big", "variant": variant, "gpu": "A100-80GB", "slice": "gpu", "max_batch": 32,
+                    "memory_mb": 50_000.0, "latency_ms": pts,
+                    "provenance": {"source": "test", "kind": "measured", "measured_batches": [1, 8, 32]}}}
+    (tmp_path / f"{variant}.yaml").write_text(yaml.safe_dump(doc))
+    return f"{variant}.yaml"
+
+
+def full_pool(tmp_path: Path, variants: list[str], name: str, **spec: Any) -> str:
+    vs = [{"name": v, "profile": big(tmp_path, v)} for v in variants]
+    gpu_pool = pool(a100s=1, host=False, mps=False)
+    gpu_pool["spec"]["nodes"][0]["gpus"][0]["mig"] = False
+    return validate([str(write_docs(tmp_path / name, gpu_pool, deployment("big", 100, 100, variants=vs, **spec)))])[0]
+
+
+def test_a_change_that_would_drop_capacity_is_refused_unless_allowed(tmp_path: Path) -> None:
+    ctl = started(tmp_path, full_pool(tmp_path, ["big-a"], "a.yaml"))
+    before, steps = serving(ctl), len(ctl.runtime.log)  # type: ignore[union-attr]
+    swap = full_pool(tmp_path, ["big-b"], "b.yaml")
+    dry = asyncio.run(ctl.apply(swap, dry_run=True))
+    assert dry["refused"].startswith("the change would drop capacity: big 0 < 110 req/s at step 1")
+    with pytest.raises(Disruption, match="apply --allow-disruption to accept it$"):
+        asyncio.run(ctl.apply(swap))
+    # NOTE: refused: nothing ran, the generation did not move
+    assert serving(ctl) == before and len(ctl.runtime.log) == steps and ctl.generation == 1  # type: ignore[union-attr]
+    asyncio.run(ctl.apply(swap, allow_disruption=True))
+    assert [r.rsplit("/", 1)[1] for r in serving(ctl)] == ["big-b"] and ctl.generation == 2
+
+
+def test_max_unavailable_lets_a_deployment_take_its_replicas_down_one_at_a_time(tmp_path: Path) -> None:
+    ctl = started(tmp_path, full_pool(tmp_path, ["big-a"], "a.yaml"))
+    swap = full_pool(tmp_path, ["big-b"], "b.yaml", rollout={"max_unavailable": 1})
+    assert "refused" not in asyncio.run(ctl.apply(swap, dry_run=True))
+    asyncio.run(ctl.apply(swap))
+    assert [r.rsplit("/", 1)[1] for r in serving(ctl)] == ["big-b"]
+
+
+def digits_docs(tmp_path: Path, variants: list[str], name: str) -> str:
+    return validate([str(write_docs(tmp_path / name, pool(a100s=1), deployment("resnet50", 100, 100),
+                                    deployment("digits", 100, 50, source="digits", variants=variants,
+                                               accuracy_floor=0.97)))])[0]
+
+
+def test_rollback_restores_the_fleet_of_the_generation_not_a_replan_of_its_documents(tmp_path: Path) -> None:
+    ctl = started(tmp_path, digits_docs(tmp_path, DIGITS, "d.yaml"))
+    variant = next(r for r in serving(ctl) if "digits" in r).rsplit("/", 1)[1]
+    keep = [v for v in DIGITS if v != variant]
+    asyncio.run(ctl.apply(digits_docs(tmp_path, keep, "d2.yaml")))
+    now = next(r for r in serving(ctl) if "digits" in r).rsplit("/", 1)[1]
+    # the documents of generation 1 allow the variant serving now: a re-plan of them would keep it
+    assert now in keep
+    out = asyncio.run(ctl.rollback())
+    assert out["generation"] == 3 and next(r for r in serving(ctl) if "digits" in r).endswith(variant)
+    assert ctl.observed_generation == 3 and ctl.history == [1, 2, 3]
+    back = asyncio.run(ctl.rollback(to=2, dry_run=True))
+    assert back["dry_run"] and any(s.endswith(variant) for s in back["stopped"]), back
+    with pytest.raises(ApplyError, match="generation 7 was never applied"):
+        asyncio.run(ctl.rollback(to=7))
