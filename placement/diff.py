@@ -306,6 +306,38 @@ def _spares(kept: list[GpuPlan], g: GpuPlan, dm: dict[str, Demand]) -> bool:
     return True
 
 
+def _trim(kept: list[GpuPlan], dm: dict[str, Demand], cap: dict[str, float]) -> list[GpuPlan]:
+    """``kept`` without the replicas a model can spare (capacity above its requirement without
+    it), the largest such first, so load that fell frees room on a GPU that stays; never one
+    whose GPU a replica floor still needs. ``cap`` is updated."""
+    gpus = list(kept)
+    while True:
+        best = None
+        for gi, g in enumerate(gpus):
+            for si, s in enumerate(g.slices):
+                for ri, r in enumerate(s.replicas):
+                    if cap[r.model] - r.capacity + 1e-9 < dm[r.model].required:
+                        continue
+                    alone = sum(x.model == r.model for t in g.slices for x in t.replicas) == 1
+                    if alone and not _spares(gpus, g, dm):
+                        continue
+                    if best is None or r.capacity > best[0]:
+                        best = (r.capacity, gi, si, ri)
+        if best is None:
+            return gpus
+        _, gi, si, ri = best
+        g, s = gpus[gi], gpus[gi].slices[si]
+        r = s.replicas[ri]
+        cap[r.model] -= r.capacity
+        reps = s.replicas[:ri] + s.replicas[ri + 1:]
+        slices = tuple(x if k != si else replace(s, replicas=reps) for k, x in enumerate(g.slices))
+        slices = tuple(x for x in slices if x.replicas)
+        if slices:
+            gpus[gi] = replace(g, slices=slices)
+        else:
+            gpus.pop(gi)
+
+
 def stamp(plan: Plan, revisions: Mapping[tuple[str, str], str]) -> Plan:
     """``plan`` with each replica's revision set from ``revisions`` (by model and variant; "" where absent)."""
     def one(r: Replica) -> Replica:
@@ -341,6 +373,7 @@ def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory
             kept.remove(g)
             for m, v in lost.items():
                 cap[m] -= v
+    kept = _trim(kept, dm, cap)
     if inventory.accuracy_aware:
         # the split of answers across variants, the budget and the floor are the whole plan's:
         # a plan for the deficit alone cannot honour them

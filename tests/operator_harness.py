@@ -132,3 +132,45 @@ class LoadThread(threading.Thread):
         assert self.summary is not None, "load run did not finish"
         return self.summary
 
+
+
+@dataclass
+class Answer:
+    sent: float  # monotonic
+    factor: float | None  # OUTPUT0 / INPUT0 of the scaler model (None: an error)
+    error: str = ""
+
+
+class TritonLoad(threading.Thread):
+    """An open-loop load of ``tritonclient.http`` requests to the scaler model (``x * FACTOR``,
+    the factor telling which version answered): one every ``1/rate`` s for ``duration`` s,
+    each answer (or error) recorded with when it was sent."""
+
+    def __init__(self, target: str, model: str, rate: float, duration: float) -> None:
+        super().__init__(daemon=True)
+        self.target, self.model, self.rate, self.duration = target, model, rate, duration
+        self.answers: list[Answer] = []
+        self.unanswered = 0
+
+    def run(self) -> None:
+        import numpy as np  # noqa: PLC0415
+        import tritonclient.http as th  # noqa: PLC0415
+
+        client = th.InferenceServerClient(self.target, concurrency=32, network_timeout=30.0)
+        x = th.InferInput("INPUT0", [1, 4], "FP32")
+        x.set_data_from_numpy(np.arange(1, 5, dtype=np.float32).reshape(1, 4))
+        pending = []
+        start = time.monotonic()
+        k = 0
+        while (at := start + k / self.rate) < start + self.duration:
+            time.sleep(max(0.0, at - time.monotonic()))
+            pending.append((time.monotonic(), client.async_infer(self.model, [x])))
+            k += 1
+        for sent, req in pending:
+            try:
+                out = req.get_result(timeout=30).as_numpy("OUTPUT0")
+                self.answers.append(Answer(sent, float(out[0][0])))
+            except Exception as e:  # noqa: BLE001  (recorded: the test asserts there are none)
+                self.answers.append(Answer(sent, None, str(e)[:200]))
+        self.unanswered = k - len(self.answers)
+        client.close()

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from deploy.operator.client import CliError, call
-from tests.operator_harness import LoadThread, deployment, operator_up, pool, write_docs
+from tests.operator_harness import LoadThread, TritonLoad, deployment, operator_up, pool, write_docs
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,8 @@ def lost_share(s: dict) -> float:
 def test_live_apply_under_load_adds_capacity_and_swaps_a_variant_losing_nothing(tmp_path: Path) -> None:
     resnet = deployment("resnet50", 200, 100)
     digits = deployment("digits", 100, 50, source="digits", variants=DIGITS, accuracy_floor=0.97)
-    v1 = write_docs(tmp_path / "v1.yaml", pool(a100s=2), resnet, digits)
+    # the quickstart pool: one emulated A100 and the host, no GPU to spare
+    v1 = write_docs(tmp_path / "v1.yaml", pool(a100s=1), resnet, digits)
     with operator_up(tmp_path, v1) as op:
         first = op.status()
         assert [op.condition(d, "Ready") for d in ("resnet50", "digits")] == ["True", "True"]
@@ -53,9 +54,9 @@ def test_live_apply_under_load_adds_capacity_and_swaps_a_variant_losing_nothing(
         assert answered_all(calm), calm
 
         # apply 1 doubles ResNet-50's rate: capacity must grow; apply 2 removes the serving digits variant
-        v2 = write_docs(tmp_path / "v2.yaml", pool(a100s=2), deployment("resnet50", 400, 100), digits)
+        v2 = write_docs(tmp_path / "v2.yaml", pool(a100s=1), deployment("resnet50", 400, 100), digits)
         keep = [v for v in DIGITS if v != serving[0]]
-        v3 = write_docs(tmp_path / "v3.yaml", pool(a100s=2), deployment("resnet50", 400, 100),
+        v3 = write_docs(tmp_path / "v3.yaml", pool(a100s=1), deployment("resnet50", 400, 100),
                         deployment("digits", 100, 50, source="digits", variants=keep, accuracy_floor=0.97))
         pids = op.pids()
         load = LoadThread(op.http, mix, rate, 30.0, 100, seed=2)
@@ -93,10 +94,12 @@ def test_live_apply_under_load_adds_capacity_and_swaps_a_variant_losing_nothing(
         for d in ("resnet50", "digits"):
             assert op.condition(d, "Ready") == "True" and op.condition(d, "Degraded") == "False"
 
-        # rollback applies generation 2's documents again, as generation 4: every digits variant allowed
+        # rollback restores generation 2's fleet, as generation 4: the first digits variant serves again
+        # (a re-plan of generation 2's documents, which allow every variant, would keep the new one)
         res = op.admin("POST", "/v1/rollback", b"")
         assert res["generation"] == 4 and op.status()["observedGeneration"] == 4
         assert op.admin("GET", "/v1/documents") == v2.read_text()
+        assert [r["variant"] for r in op.deployment("digits")["replicas"]] == serving
         assert op.condition("digits", "Ready") == "True"
 
 
@@ -129,8 +132,8 @@ def test_kill_9_of_a_managed_triton_is_healed_and_every_request_answered(tmp_pat
 
 def test_a_3x_load_step_scales_up_within_the_delay_and_back_down_once(tmp_path: Path) -> None:
     auto = {"upscale_delay_s": 3, "downscale_delay_s": 6, "min_replicas": 1, "max_replicas": 4}
-    # a pool with room to grow: the added capacity goes on a free GPU, make-before-break
-    docs = write_docs(tmp_path / "d.yaml", pool(a100s=2, host=False),
+    # one GPU: the added capacity goes beside the serving replica, make-before-break
+    docs = write_docs(tmp_path / "d.yaml", pool(a100s=1, host=False),
                       deployment("resnet50", 50, 40, headroom=1.1, autoscaling=auto))
     with operator_up(tmp_path, docs) as op:
         cap0 = op.deployment("resnet50")["capacity_rps"]
@@ -141,7 +144,13 @@ def test_a_3x_load_step_scales_up_within_the_delay_and_back_down_once(tmp_path: 
         step_at = time.monotonic()
         high.start()
         up_at = op.wait_for("scaled up", lambda: op.deployment("resnet50")["capacity_rps"] > cap0, timeout=30)
-        assert answered_all(high.result())
+        h = high.result()
+        assert answered_all(h) and h["errors"] == {}, h["errors"]  # NOTE: no 503 for lack of a replica
+        # after the scale-up (the next whole window on): >= 99% within the SLO, <= 1% refused
+        late = [w for w in h["timeline"] if w["t"] >= up_at - step_at + 1.0]
+        offered = sum(w["offered_rps"] for w in late)
+        assert late and sum(w["goodput_rps"] for w in late) >= 0.99 * offered, late
+        assert sum(w["rejected_rps"] for w in late) <= 0.01 * offered, late
         # capacity came within the delay (3 s) plus the 3 s rate window, the tick and the apply
         assert up_at - step_at <= 3 + 3 + 10, up_at - step_at
         cap_high = op.deployment("resnet50")["capacity_rps"]
@@ -214,10 +223,8 @@ instance_group [{ kind: KIND_CPU, count: 1 }]
 '''
 
 
-def test_a_users_own_triton_model_deploys_at_the_pinned_version(tmp_path: Path) -> None:
-    import numpy as np
-    import tritonclient.http as th
-
+def scaler_artifact(tmp_path: Path) -> None:
+    """models/scaler: version 1 answers x2, version 2 x3; scaler-v1.yaml: its profile on the host."""
     model = tmp_path / "models" / "scaler"
     for version, factor in ((1, 2.0), (2, 3.0)):
         (model / str(version)).mkdir(parents=True)
@@ -229,10 +236,21 @@ def test_a_users_own_triton_model_deploys_at_the_pinned_version(tmp_path: Path) 
                      "memory_mb": 0.0, "latency_ms": points,
                      "provenance": {"source": "test", "kind": "measured", "measured_batches": [1, 4, 16]}}}
     (tmp_path / "scaler-v1.yaml").write_text(yaml.safe_dump(prof))
+
+
+def scaler(version: int) -> dict:
     # relative paths: resolved against the YAML file's folder
-    variant = {"name": "scaler-v1", "artifact": {"uri": "models/scaler", "version": 1}, "profile": "scaler-v1.yaml"}
-    docs = write_docs(tmp_path / "d.yaml", pool(a100s=1), deployment("scaler", 50, 100, source="artifact",
-                                                                      variants=[variant]))
+    variant = {"name": "scaler-v1", "artifact": {"uri": "models/scaler", "version": version},
+               "profile": "scaler-v1.yaml"}
+    return deployment("scaler", 50, 100, source="artifact", variants=[variant])
+
+
+def test_a_users_own_triton_model_deploys_at_the_pinned_version(tmp_path: Path) -> None:
+    import numpy as np
+    import tritonclient.http as th
+
+    scaler_artifact(tmp_path)
+    docs = write_docs(tmp_path / "d.yaml", pool(a100s=1), scaler(1))
     with operator_up(tmp_path, docs) as op:
         assert op.condition("scaler", "Ready") == "True"
         client = th.InferenceServerClient(op.http)
@@ -242,6 +260,40 @@ def test_a_users_own_triton_model_deploys_at_the_pinned_version(tmp_path: Path) 
         # NOTE: version 1 (x2) serves, not the newer version 2 (x3) beside it
         np.testing.assert_array_equal(res.as_numpy("OUTPUT0"), np.arange(8, dtype=np.float32).reshape(2, 4) * 2)
         client.close()
+
+
+def test_a_new_artifact_version_rolls_out_under_load_answering_everything(tmp_path: Path) -> None:
+    from deploy.cli import main
+
+    scaler_artifact(tmp_path)
+    resnet = deployment("resnet50", 150, 100)
+    v1 = write_docs(tmp_path / "v1.yaml", pool(a100s=1), resnet, scaler(1))
+    v2 = write_docs(tmp_path / "v2.yaml", pool(a100s=1), resnet, scaler(2))
+    with operator_up(tmp_path, v1) as op:
+        pids = op.pids()
+        load = TritonLoad(op.http, "scaler", 35.0, 14.0)  # 70% of the deployment's rate
+        beside = LoadThread(op.http, "resnet50:1", 100, 14.0, 100, seed=7)
+        load.start()
+        beside.start()
+        time.sleep(3.0)
+        began = time.monotonic()
+        # NOTE: apply --wait returns once the rollout is done
+        assert main(["apply", "--state-dir", str(op.state_dir), "-f", str(v2), "--wait"]) == 0
+        done = time.monotonic()
+        load.join(120)
+        other = beside.result()
+        bad = [a for a in load.answers if a.factor is None]
+        assert not bad and load.unanswered == 0, bad[:5]
+        # NOTE: every answer after apply returned comes from version 2 (x3); before it, version 1 (x2)
+        after = [a.factor for a in load.answers if a.sent > done]
+        assert len(after) > 50 and set(after) == {3.0}, after
+        assert {a.factor for a in load.answers if a.sent < began} == {2.0}
+        assert answered_all(other) and other["rejected"] == 0, other
+        now = op.pids()
+        kept = [k for k in pids if "resnet50" in k]
+        assert kept and all(now[k] == pids[k] for k in kept)  # the other model's replica was not restarted
+        assert op.status()["observedGeneration"] == 2
+        assert op.condition("scaler", "Ready") == "True"
 
 
 def test_up_in_the_foreground_stops_everything_on_ctrl_c(tmp_path: Path) -> None:
