@@ -327,3 +327,32 @@ def test_up_in_the_foreground_stops_everything_on_ctrl_c(tmp_path: Path) -> None
         from deploy.operator.cli import ensure_down
 
         ensure_down(state)
+
+
+def test_a_change_that_would_drop_capacity_on_a_full_pool_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
+    from deploy.cli import main
+
+    def big(variant: str) -> dict:
+        # 50 of the A100's 80 GB: a successor never fits beside its predecessor
+        pts = [{"batch": b, "p50": 2.0 + 0.1 * b, "p99": 3.0 + 0.1 * b} for b in (1, 8, 32)]
+        doc = {"apiVersion": "headrace.dev/v1", "kind": "Profile", "metadata": {"name": f"{variant}@A100-80GB/gpu"},
+               "spec": {"model": "big", "variant": variant, "gpu": "A100-80GB", "slice": "gpu", "max_batch": 32,
+                        "memory_mb": 50_000.0, "latency_ms": pts,
+                        "provenance": {"source": "test", "kind": "measured", "measured_batches": [1, 8, 32]}}}
+        (tmp_path / f"{variant}.yaml").write_text(yaml.safe_dump(doc))
+        return {"name": variant, "profile": f"{variant}.yaml"}
+
+    full = pool(a100s=1, host=False, mps=False)
+    full["spec"]["nodes"][0]["gpus"][0]["mig"] = False
+    a = write_docs(tmp_path / "a.yaml", full, deployment("big", 100, 100, variants=[big("big-a")]))
+    b = write_docs(tmp_path / "b.yaml", full, deployment("big", 100, 100, variants=[big("big-b")]))
+    with operator_up(tmp_path, a) as op:
+        pids, plan = op.pids(), op.state()["plan"]
+        capsys.readouterr()
+        assert main(["apply", "--state-dir", str(op.state_dir), "-f", str(b), "--dry-run"]) == 0
+        assert "refused: the change would drop capacity: big 0 < 110 req/s" in capsys.readouterr().out
+        assert main(["apply", "--state-dir", str(op.state_dir), "-f", str(b)]) == 2
+        err = capsys.readouterr().err.splitlines()
+        # NOTE: one line, exit 2, and the fleet unchanged
+        assert len(err) == 1 and "--allow-disruption" in err[0] and "Traceback" not in err[0], err
+        assert op.pids() == pids and op.state()["plan"] == plan and op.status()["generation"] == 1
