@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,7 +30,7 @@ import numpy as np
 import tritonclient.http as httpclient
 import yaml
 
-from bench.output import write_results
+from bench.output import git_commit, write_results
 from deploy.gateway_process import start_serve
 from loadgen.attacks import ATTACKS
 from loadgen.isolation import Outcome, measure
@@ -183,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="headrace-isolation-") as tmp:
         for system in a.systems:
             rows += run_system(system, attacks, a.duration, Path(tmp))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
+    commit = git_commit()
     res = {"commit": commit, "host": f"{platform.node()} ({len(__import__('os').sched_getaffinity(0))} cores)",
            "settings": {"duration_s": a.duration, "warmup_s": 2.0, "rate": CAPACITY / 2, "slo_ms": SLO_S * 1e3,
                         "attacks": attacks, "systems": a.systems},

@@ -31,7 +31,7 @@ import yaml
 
 from bench.gateway_overhead import ECHO, settle
 from bench.host import cpu_times, steal_share
-from bench.output import write_results
+from bench.output import git_commit, write_results
 from bench.overhead_features import TritonClientTarget, build_tree, start_tree_gateway
 from profiles.profile import LatencyPoint, Profile, Provenance, save_profiles
 from profiles.triton.process import stop_group
@@ -126,8 +126,7 @@ def run(before: str, rounds: int, requests: int) -> dict[str, Any]:
                      "p50_ms_now": float(np.percentile(now["lat_ms"], 50)),
                      "p50_ms_before": float(np.percentile(bef["lat_ms"], 50)),
                      "met": added <= LIMIT_US})
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          cwd=Path(__file__).parent).stdout.strip()
+    head = git_commit()
     return {"commit": head, "builds": commits, "settings": {"rounds": rounds, "requests": requests,
                                                              "copies": COPIES, "limit_us": LIMIT_US},
             "steal_share": steal_share(cpu0, cpu_times()), "rows": rows,

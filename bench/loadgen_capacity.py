@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.output import write_results
+from bench.output import git_commit, write_results
 from loadgen.clients import Answer
 from loadgen.drivers import open_loop
 from loadgen.run import run_load
@@ -274,8 +274,7 @@ def locust_peak(url: str, duration: float, users: int = 64) -> dict[str, Any] | 
 
 
 def conditions() -> dict[str, Any]:
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                         cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
+    sha = git_commit()
     return {
         "cpus": os.cpu_count(),
         "loadavg_start": os.getloadavg(),

@@ -1,16 +1,19 @@
 """A live re-plan under load against the same load with no change, in the same run.
 
-``headrace up`` brings a fleet up (ResNet-50 on emulated A100-80GBs with MIG, the real digits
-family on the host). Each round offers open-loop Poisson load at ~70% of the planned capacity
-twice, through ``headrace load``'s engine: once with no change, once while ``headrace apply``
-doubles ResNet-50's rate (capacity is added), swaps the serving digits variant for another,
-and then puts both back (each apply make-before-break). Beside it, a plain ``tritonclient``
-HTTP client sends one request at a time, as a user's client would, and counts what fails.
-Reported per run: attainment, refused and late shares, p99, errors and unanswered requests;
-the change runs' window is the whole run (every apply happens inside it). Target: attainment
-within 1 point of the no-change run.
+``headrace up`` brings a fleet up on each pool: the quickstart's (one emulated A100-80GB and
+the host, no GPU to spare) and one with a second A100. It serves ResNet-50 on the emulated
+GPUs, the real digits family on the host, and a user's python-backend model
+(``deploy/examples/versioned``) at a pinned version. Each round offers open-loop Poisson load
+at ~70% of the planned capacity twice, through ``headrace load``'s engine: once with no change,
+once while ``headrace apply`` doubles ResNet-50's rate (capacity is added) and rolls the user
+model out at its other version, swaps the serving digits variant for another, and then puts
+the rate back (each apply make-before-break). Beside it, a plain ``tritonclient`` HTTP client
+sends one request at a time, as a user's client would, and counts what fails. Reported per
+run: attainment, refused and late shares, p99, errors and unanswered requests; the change
+runs' window is the whole run (every apply happens inside it). Target: attainment within 1
+point of the no-change run, no error (no 503).
 
-    .venv/bin/python -m bench.replan [--rounds 3] [--duration 30]
+    .venv/bin/python -m bench.replan [--rounds 3] [--duration 30] [--pools quickstart,two]
 """
 
 from __future__ import annotations
@@ -29,23 +32,31 @@ import numpy as np
 import yaml
 
 from bench.host import cpu_times, steal_share
-from bench.output import write_results
+from bench.output import git_commit, write_results
 from profiles.triton.process import exit_on_sigterm
 
 OUT = Path(__file__).parent / "results"
 DIGITS = ["digits-small", "digits-medium", "digits-large"]
 
 
-def documents(resnet_rate: float, digits_variants: list[str]) -> list[dict[str, Any]]:
+VERSIONED = Path(__file__).resolve().parents[1] / "deploy/examples/versioned"
+POOLS = {"quickstart": 1, "two": 2}  # emulated A100s beside the host
+
+
+def documents(a100s: int, resnet_rate: float, digits_variants: list[str], version: int) -> list[dict[str, Any]]:
     meta = {"apiVersion": "headrace.dev/v1"}
+    scaler = {"name": "scaler-v1", "artifact": {"uri": str(VERSIONED / "models/scaler"), "version": version},
+              "profile": str(VERSIONED / "profiles/scaler-v1.yaml")}
     return [
         {**meta, "kind": "GpuPool", "metadata": {"name": "bench"}, "spec": {"emulate": True, "nodes": [
-            {"name": "local", "gpus": [{"model": "A100-80GB", "count": 2}, {"model": "cpu", "count": 1}]}]}},
+            {"name": "local", "gpus": [{"model": "A100-80GB", "count": a100s}, {"model": "cpu", "count": 1}]}]}},
         {**meta, "kind": "ModelDeployment", "metadata": {"name": "resnet50"},
          "spec": {"model": "resnet50", "rate": resnet_rate, "slo_ms": 100}},
         {**meta, "kind": "ModelDeployment", "metadata": {"name": "digits"},
          "spec": {"model": "digits", "source": "digits", "rate": 100, "slo_ms": 50, "variants": digits_variants,
                   "accuracy_floor": 0.97}},
+        {**meta, "kind": "ModelDeployment", "metadata": {"name": "scaler"},
+         "spec": {"model": "scaler", "source": "artifact", "rate": 50, "slo_ms": 100, "variants": [scaler]}},
         {**meta, "kind": "Gateway", "metadata": {"name": "gw"},
          "spec": {"listen": {"host": "127.0.0.1", "http_port": 0, "grpc_port": 0}}},
     ]
@@ -139,9 +150,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--duration", type=float, default=30.0)
     ap.add_argument("--load", type=float, default=0.7, help="offered load / planned capacity")
+    ap.add_argument("--pools", default="quickstart,two", help=f"comma-separated, of {sorted(POOLS)}")
     ap.add_argument("--out", default=str(OUT))
     a = ap.parse_args(argv)
+    pools = a.pools.split(",")
+    if any(p not in POOLS for p in pools):
+        ap.error(f"--pools: each of {sorted(POOLS)} (got {a.pools!r})")
     exit_on_sigterm()
+    result = {"benchmark": "replan", "commit": git_commit(), "rounds": a.rounds, "duration_s": a.duration,
+              "load": a.load, "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
+              "pools": {p: one_pool(p, a) for p in pools}}
+    write_results(a.out, "replan", result, render(result))
+    print(render(result))
+    return 0
+
+
+def one_pool(name: str, a: argparse.Namespace) -> dict[str, Any]:
     from deploy.cli import main as headrace  # noqa: PLC0415
     from deploy.operator.cli import ensure_down  # noqa: PLC0415
     from deploy.operator.client import call  # noqa: PLC0415
@@ -150,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="headrace-bench-replan-"))
     state = tmp / "state"
     runs: list[dict[str, Any]] = []
+    a100s, version = POOLS[name], 1
     try:
-        base = write(tmp / "base.yaml", documents(200, DIGITS))
+        base = write(tmp / "base.yaml", documents(a100s, 200, DIGITS, version))
         assert headrace(["up", "--detach", "--state-dir", str(state), "-f", str(base), "--tick", "0.5"]) == 0
         store = DirStateStore(state)
         st = store.read()
@@ -159,38 +184,35 @@ def main(argv: list[str] | None = None) -> int:
         status = call(op["admin"], op["token"], "GET", "/v1/status")
         cap = {d["name"]: d["capacity_rps"] for d in status["deployments"]}
         serving = digits_serving(status)
-        r_rate, d_rate = a.load * cap["resnet50"], min(a.load * cap["digits"], 100.0)
-        mix = f"resnet50:{r_rate:.0f},digits:{d_rate:.0f}"
+        rates = {"resnet50": a.load * cap["resnet50"], "digits": min(a.load * cap["digits"], 100.0),
+                 "scaler": min(a.load * cap["scaler"], 35.0)}
+        mix = ",".join(f"{m}:{r:.0f}" for m, r in rates.items())
         for i in range(a.rounds):
             for change in (False, True):
-                # the swap removes whichever digits variant serves now
+                # the swap removes whichever digits variant serves now; the user model flips version
                 now = digits_serving(call(op["admin"], op["token"], "GET", "/v1/status"))
-                changes = [write(tmp / "double.yaml", documents(400, DIGITS)),
-                           write(tmp / "swap.yaml", documents(400, [v for v in DIGITS if v != now])),
-                           write(tmp / "back.yaml", documents(200, DIGITS))]
-                r = one_run(op, mix, r_rate + d_rate, a.duration, 100 + i, changes if change else None, tmp)
+                other = 3 - version
+                changes = [write(tmp / "double.yaml", documents(a100s, 400, DIGITS, other)),
+                           write(tmp / "swap.yaml", documents(a100s, 400, [v for v in DIGITS if v != now], other)),
+                           write(tmp / "back.yaml", documents(a100s, 200, DIGITS, other))]
+                r = one_run(op, mix, sum(rates.values()), a.duration, 100 + i, changes if change else None, tmp)
+                version = other if change else version
                 runs.append(r)
-                print(f"round {i} {'change' if change else 'steady'}: attainment {r['attainment']:.4%} "
+                print(f"{name} round {i} {'change' if change else 'steady'}: attainment {r['attainment']:.4%} "
                       f"refused {r['refused']:.3%} p99 {r['p99_ms']:.1f} ms errors {r['errors']} "
                       f"unanswered {r['unanswered']} tritonclient failed {r['tritonclient']['failed']} "
                       f"applies {[x['seconds'] for x in r['applies']]}", flush=True)
     finally:
         ensure_down(state)
-    result = summarize(runs, a, cap, mix, serving)
-    write_results(a.out, "replan", result, render(result))
-    print(render(result))
-    return 0
+    return summarize(runs, cap, mix, serving)
 
 
-def summarize(runs: list[dict[str, Any]], a: argparse.Namespace, cap: dict[str, float], mix: str,
-              serving: str) -> dict[str, Any]:
+def summarize(runs: list[dict[str, Any]], cap: dict[str, float], mix: str, serving: str) -> dict[str, Any]:
     def med(change: bool, key: str) -> float:
         return statistics.median(r[key] for r in runs if r["change"] == change)
 
     return {
-        "benchmark": "replan", "rounds": a.rounds, "duration_s": a.duration, "load": a.load,
         "capacity_rps": cap, "mix": mix, "digits_serving_at_start": serving,
-        "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "median": {k: {"steady": med(False, k), "change": med(True, k)}
                    for k in ("attainment", "refused", "late", "p99_ms")},
         "attainment_drop_points": round((med(False, "attainment") - med(True, "attainment")) * 100, 3),
@@ -207,29 +229,33 @@ def applied(run: dict[str, Any]) -> str:
 def render(r: dict[str, Any]) -> str:
     lines = [
         "# Live re-plan under load (`bench/replan.py`)", "",
-        f"Open-loop Poisson at {r['load']:.0%} of planned capacity ({r['mix']} req/s), {r['duration_s']:g} s "
-        f"per run, {r['rounds']} rounds. Each change run applies three generations inside its window: "
-        "ResNet-50's rate doubled (a replica added), the serving digits variant removed (another "
-        "started, the old one drained), then both back.", "",
-        "| run | round | attainment | refused | late | p99 ms | errors | unanswered | tritonclient sent / failed "
-        "| apply seconds (steps) | CPU stolen |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"Open-loop Poisson at {r['load']:.0%} of planned capacity, {r['duration_s']:g} s per run, {r['rounds']} "
+        "rounds per pool, commit " + r["commit"] + ". Each change run applies three generations inside its window: "
+        "ResNet-50's rate doubled (capacity added) with the user's python-backend model rolled out at its other "
+        "version, the serving digits variant removed (another started, the old one drained), then the rate "
+        "back.", "",
     ]
-    for i, x in enumerate(r["runs"]):
-        tc = x["tritonclient"]
-        steal = "-" if x["steal"] is None else f"{x['steal']:.1%}"
-        lines.append(f"| {'change' if x['change'] else 'steady'} | {i // 2} | {x['attainment']:.3%} | "
-                     f"{x['refused']:.3%} | {x['late']:.3%} | {x['p99_ms']:.1f} | {x['errors']} | {x['unanswered']} | "
-                     f"{tc['sent']} / {tc['failed']} | {applied(x)} "
-                     f"| {steal} |")
-    m = r["median"]
-    lines += [
-        "", "| median | steady | change |", "|---|---|---|",
-        *(f"| {k} | {m[k]['steady']:.4g} | {m[k]['change']:.4g} |" for k in m),
-        "", f"Attainment drop in the change window: **{r['attainment_drop_points']:+.2f} points** "
-        f"(target: within 1). Errors {r['errors']}, unanswered {r['unanswered']}, tritonclient failures "
-        f"{r['tritonclient_failed']} over all runs.", "",
-    ]
+    for name, p in r["pools"].items():
+        lines += [
+            f"## Pool `{name}` ({p['mix']} req/s)", "",
+            "| run | round | attainment | refused | late | p99 ms | errors | unanswered | tritonclient sent / failed "
+            "| apply seconds (steps) | CPU stolen |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for i, x in enumerate(p["runs"]):
+            tc = x["tritonclient"]
+            steal = "-" if x["steal"] is None else f"{x['steal']:.1%}"
+            lines.append(f"| {'change' if x['change'] else 'steady'} | {i // 2} | {x['attainment']:.3%} | "
+                         f"{x['refused']:.3%} | {x['late']:.3%} | {x['p99_ms']:.1f} | {x['errors']} | "
+                         f"{x['unanswered']} | {tc['sent']} / {tc['failed']} | {applied(x)} | {steal} |")
+        m = p["median"]
+        lines += [
+            "", "| median | steady | change |", "|---|---|---|",
+            *(f"| {k} | {m[k]['steady']:.4g} | {m[k]['change']:.4g} |" for k in m),
+            "", f"Attainment drop in the change window: **{p['attainment_drop_points']:+.2f} points** "
+            f"(target: within 1). Errors {p['errors']}, unanswered {p['unanswered']}, tritonclient failures "
+            f"{p['tritonclient_failed']} over all runs.", "",
+        ]
     return "\n".join(lines)
 
 

@@ -5,6 +5,7 @@ GPUs, the gateway; every process stopped by the harness (headrace down, then by 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
 import time
@@ -17,6 +18,7 @@ from deploy.operator.client import CliError, call
 from tests.operator_harness import LoadThread, TritonLoad, deployment, operator_up, pool, write_docs
 
 pytestmark = pytest.mark.integration
+VERSIONED = Path(__file__).resolve().parents[2] / "deploy/examples/versioned"
 
 DIGITS = ["digits-small", "digits-medium", "digits-large"]
 
@@ -198,44 +200,11 @@ def test_up_on_the_state_of_a_killed_controller_stops_what_it_left_and_serves(tm
         assert op.state()["controller_pid"] != st["controller_pid"]
 
 
-SCALER_PY = '''
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-FACTOR = {factor}
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", (x * FACTOR).astype(np.float32))]))
-        return out
-'''
-
-SCALER_CONFIG = '''name: "scaler"
-backend: "python"
-max_batch_size: 16
-input [{ name: "INPUT0", data_type: TYPE_FP32, dims: [ 4 ] }]
-output [{ name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 4 ] }]
-instance_group [{ kind: KIND_CPU, count: 1 }]
-'''
-
-
 def scaler_artifact(tmp_path: Path) -> None:
-    """models/scaler: version 1 answers x2, version 2 x3; scaler-v1.yaml: its profile on the host."""
-    model = tmp_path / "models" / "scaler"
-    for version, factor in ((1, 2.0), (2, 3.0)):
-        (model / str(version)).mkdir(parents=True)
-        (model / str(version) / "model.py").write_text(SCALER_PY.format(factor=factor))
-    (model / "config.pbtxt").write_text(SCALER_CONFIG)
-    points = [{"batch": b, "p50": 0.5 + 0.01 * b, "p99": 2.0 + 0.02 * b} for b in (1, 4, 16)]
-    prof = {"apiVersion": "headrace.dev/v1", "kind": "Profile", "metadata": {"name": "scaler-v1@cpu/cpu"},
-            "spec": {"model": "scaler", "variant": "scaler-v1", "gpu": "cpu", "slice": "cpu", "max_batch": 16,
-                     "memory_mb": 0.0, "latency_ms": points,
-                     "provenance": {"source": "test", "kind": "measured", "measured_batches": [1, 4, 16]}}}
-    (tmp_path / "scaler-v1.yaml").write_text(yaml.safe_dump(prof))
+    """models/scaler (version 1 answers x2, version 2 x3) and scaler-v1.yaml, its profile on the
+    host: deploy/examples/versioned, copied."""
+    shutil.copytree(VERSIONED / "models", tmp_path / "models")
+    shutil.copy(VERSIONED / "profiles/scaler-v1.yaml", tmp_path)
 
 
 def scaler(version: int) -> dict:

@@ -6,6 +6,7 @@ rollback restores an earlier generation's fleet, not a re-plan of its documents.
 from __future__ import annotations
 
 import asyncio
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,22 +105,13 @@ def serving(ctl: Controller) -> list[str]:
     return sorted(ctl.gateway.driver.replicas)  # type: ignore[union-attr]
 
 
-SCALER = 'name: "scaler"\nbackend: "python"\nmax_batch_size: 16\n'
+VERSIONED = Path(__file__).resolve().parents[2] / "deploy/examples/versioned"
 
 
-def artifact(tmp_path: Path) -> Path:
-    model = tmp_path / "models" / "scaler"
-    for v in (1, 2):
-        (model / str(v)).mkdir(parents=True)
-        (model / str(v) / "model.py").write_text(f"FACTOR = {v + 1}\n")
-    (model / "config.pbtxt").write_text(SCALER)
-    prof = {"apiVersion": "headrace.dev/v1", "kind": "Profile", "metadata": {"name": "scaler-v1@cpu/cpu"},
-            "spec": {"model": "scaler", "variant": "scaler-v1", "gpu": "cpu", "slice": "cpu", "max_batch": 16,
-                     "memory_mb": 0.0, "latency_ms": [{"batch": b, "p50": 0.5 + 0.01 * b, "p99": 2.0 + 0.02 * b}
-                                                      for b in (1, 4, 16)],
-                     "provenance": {"source": "test", "kind": "measured", "measured_batches": [1, 4, 16]}}}
-    (tmp_path / "scaler-v1.yaml").write_text(yaml.safe_dump(prof))
-    return model
+def artifact(tmp_path: Path) -> None:
+    """The example user model (deploy/examples/versioned), copied: the tests change its files."""
+    shutil.copytree(VERSIONED / "models", tmp_path / "models")
+    shutil.copy(VERSIONED / "profiles/scaler-v1.yaml", tmp_path)
 
 
 def scaler_docs(tmp_path: Path, version: int, name: str = "d.yaml") -> str:
