@@ -83,7 +83,10 @@ class Emulated:
         src = self.sources.get((r.model, r.variant), VariantSource())
         profile = self.profiles.get(r.variant, st.gpu_model, s.profile)
         repo = self.repo_dir(st.replica_id)
-        repo.mkdir(parents=True, exist_ok=True)
+        # a fresh repository: a replica of this id that ran before (a version rolled back and
+        # forth) left its files, which the new model's must not mix with
+        shutil.rmtree(repo, ignore_errors=True)
+        repo.mkdir(parents=True)
         arbiter = self._gpu(st.gpu).socket_path if src.kind == "emulated" else None
         where = Placement(f"{st.gpu}/{s.label}", s.mps, r.share, arbiter, st.replica_id)
         try:

@@ -230,3 +230,32 @@ def test_rollback_restores_the_fleet_of_the_generation_not_a_replan_of_its_docum
     assert back["dry_run"] and any(s.endswith(variant) for s in back["stopped"]), back
     with pytest.raises(ApplyError, match="generation 7 was never applied"):
         asyncio.run(ctl.rollback(to=7))
+
+
+def test_a_replica_id_started_again_gets_a_fresh_repository(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import placement.apply.emulated as emulated
+    from placement.diff import diff
+
+    artifact(tmp_path)
+    want = prepare(scaler_docs(tmp_path, 1), base_profiles())
+    plan, _, _ = Controller(DirStateStore(tmp_path / "state"), want.profiles)._solve_diff(want)  # noqa: SLF001
+    start = next(s for s in diff(None, plan).steps if s.action == "start_replica" and "scaler" in s.replica_id)
+    written = []
+
+    class Server:  # records the repository it is given instead of starting Triton
+        http_url = grpc_url = "127.0.0.1:0"
+
+        def __init__(self, repo: Path, **kw: Any) -> None:
+            written.append(sorted(p.name for p in (repo / "scaler-v1").iterdir()))
+
+        def start(self) -> None: ...
+
+        def __exit__(self, *a: Any) -> None: ...
+
+    monkeypatch.setattr(emulated, "TritonServer", Server)
+    ex = emulated.Emulated(want.profiles, sources=want.sources, workdir=tmp_path / "run")
+    ex.start_replica(start)
+    ex.stop_replica(start)
+    # NOTE: the same id again (a version rolled back to): the files it left do not break the copy
+    ex.start_replica(start)
+    assert written == [["1", "config.pbtxt"], ["1", "config.pbtxt"]]
