@@ -34,7 +34,7 @@ from deploy.commands import run
 from deploy.operator.client import ADMIN_CA_ENV, CliError, admin_context, call
 from deploy.operator.desired import admin_tls, validate
 from deploy.operator.state import STATE_ENV, DirStateStore, StateError, same_process
-from deploy.operator.status import print_endpoints, print_status
+from deploy.operator.status import changes, print_endpoints, print_status
 
 WIDTH = 120
 
@@ -267,8 +267,44 @@ def rollback(args: argparse.Namespace) -> int:
     return _print_change(call(url, token, "POST", "/v1/rollback" + q, b"", context=ctx), args.dry_run)
 
 
+def _controller_down(st: dict) -> bool:
+    """Whether the state says a local controller runs whose process is gone (killed, crashed)."""
+    pid = st.get("controller_pid")
+    return bool(st.get("running")) and not st.get("ray_address") and pid is not None \
+        and not same_process(pid, st.get("controller_started"))
+
+
+def _left(st: dict) -> dict[str, dict]:
+    """The recorded processes still running (pid and start time both match)."""
+    return {k: p for k, p in (st.get("processes") or {}).items() if same_process(p["pid"], p.get("started"))}
+
+
+def _stop_left(store: DirStateStore, st: dict, grace: float = 10.0) -> int:
+    """Stop what a dead controller left, from its state: SIGTERM to each recorded process group,
+    SIGKILL after ``grace`` s to what remains (matched by pid and start time, never by name).
+    Returns how many were running."""
+    left = _left(st)
+    for p in left.values():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p["pid"], signal.SIGTERM)
+    end = time.monotonic() + grace
+    while _left({"processes": left}) and time.monotonic() < end:
+        time.sleep(0.1)
+    for p in _left({"processes": left}).values():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(p["pid"], signal.SIGKILL)
+    store.write({**st, "running": False, "processes": {}, "admin_url": None})
+    return len(left)
+
+
 def down(args: argparse.Namespace) -> int:
     store = DirStateStore.default(args.state_dir)
+    st = store.read()
+    if _controller_down(st):
+        n = _stop_left(store, st)
+        Console(width=WIDTH).print(f"stopped: the controller (pid {st['controller_pid']}) was down; "
+                                   f"{n} processes it left stopped", highlight=False)
+        return 0
     url, token, ctx = _client(args)
     call(url, token, "POST", "/v1/down", b"", context=ctx)
     st = store.read()
@@ -308,13 +344,55 @@ def ensure_down(state_dir: str | Path) -> None:
         end = time.monotonic() + 60
         while same_process(pid, st.get("controller_started")) and time.monotonic() < end:
             time.sleep(0.2)
-    for p in (store.read().get("processes") or {}).values():
-        if same_process(p["pid"], p.get("started")):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p["pid"], signal.SIGKILL)
+    _stop_left(store, store.read(), grace=0.0)
+
+
+def watch(fetch, before: dict, interval: float, emit, sleep=time.sleep, polls: int | None = None) -> int:  # noqa: ANN001
+    """``status --watch``: every ``interval`` s, what changed since ``before``
+    (:func:`deploy.operator.status.changes`), a line each through ``emit``, until Ctrl-C (exit
+    0) or the controller stops answering (one line, exit 1). ``polls``: stop after that many."""
+    n = 0
+    try:
+        while polls is None or n < polls:
+            sleep(interval)
+            now = fetch()
+            for line in changes(before, now):
+                emit(line)
+            sys.stdout.flush()
+            before, n = now, n + 1
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    except CliError as e:
+        raise CliError(f"the controller stopped answering: {e}", 1) from None
+
+
+def _offline(st: dict) -> dict:
+    """What the state says while its controller is down: the generation, and which of the
+    processes it recorded still run (the gateway ran inside the controller and is gone)."""
+    left = _left(st)
+    return {"controller": "down", "message": f"the controller (pid {st['controller_pid']}) is not running; "
+            "this is its last recorded state (headrace down stops what it left; headrace up starts it again)",
+            "generation": st.get("generation"), "observedGeneration": st.get("observed_generation"),
+            "history": st.get("history"),
+            "processes": {k: {"pid": p["pid"], "running": k in left} for k, p in (st.get("processes") or {}).items()}}
 
 
 def status(args: argparse.Namespace) -> int:
+    st = DirStateStore.default(args.state_dir).read()
+    if _controller_down(st):
+        off = _offline(st)
+        if args.output == "json":
+            sys.stdout.write(json.dumps(off, indent=1) + "\n")
+        elif args.output == "yaml":
+            sys.stdout.write(yaml.safe_dump(off, sort_keys=False))
+        else:
+            out = Console(width=WIDTH)
+            out.print(f"{off['message']}\ngeneration {off['generation']} (observed {off['observedGeneration']})",
+                      highlight=False)
+            for k, p in off["processes"].items():
+                out.print(f"  {k}  pid {p['pid']}  {'running' if p['running'] else 'gone'}", highlight=False)
+        return 0
     url, token, ctx = _client(args)
     st = call(url, token, "GET", "/v1/status", context=ctx)
     if args.output == "json":
@@ -323,6 +401,9 @@ def status(args: argparse.Namespace) -> int:
         sys.stdout.write(yaml.safe_dump(st, sort_keys=False))
     else:
         print_status(st, Console(width=WIDTH))
+    if args.watch:
+        return watch(lambda: call(url, token, "GET", "/v1/status", context=ctx), st, args.interval,
+                     print if args.output == "table" else lambda line: print(json.dumps({"change": line})))
     return 0
 
 
@@ -381,6 +462,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("status", help="conditions, replicas, capacity vs observed rate, attainment")
     p.add_argument("-o", "--output", choices=("table", "yaml", "json"), default="table")
+    p.add_argument("--watch", "-w", action="store_true",
+                   help="then print each change (generation, conditions, events) as it happens, until Ctrl-C")
+    p.add_argument("--interval", type=float, default=1.0, help="--watch: seconds between looks (default 1)")
     common(p)
     p.set_defaults(func=_run(status))
 

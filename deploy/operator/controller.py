@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from collections import deque
@@ -93,6 +94,8 @@ class Controller:
     failure: str | None = None  # why the last apply failed (and was not rolled back)
     rolled_back: str | None = None  # why the last apply was rolled back
     fleets: dict[int, tuple[Plan, LlmPlan]] = field(default_factory=dict)  # applied generations' fleets
+    generations: dict[str, tuple[int, str]] = field(default_factory=dict)  # deployment -> (generation, spec digest)
+    observed: dict[str, int] = field(default_factory=dict)  # deployment -> its generation the fleet serves
     restarting: dict[str, str] = field(default_factory=dict)  # replica id -> why
     observer: Observer = field(default_factory=Observer)
     transitions: dict[tuple[str, str], tuple[bool, float]] = field(default_factory=dict)  # condition -> (status, since)
@@ -116,6 +119,7 @@ class Controller:
                 self.runtime.set_profiles(want.profiles, want.sources)
             self.generation = 1
             self.store.save_generation(1, want.text)
+            self._bump(want)
             self.applying = f"starting {sum(s.action == 'start_replica' for s in steps.steps)} replicas"
             try:
                 for st in steps.steps:
@@ -132,6 +136,7 @@ class Controller:
             finally:
                 self.applying = None
             self.desired, self.plan, self.observed_generation = want, plan, 1
+            self.observed = {n: g for n, (g, _) in self.generations.items()}
             self.history.append(1)
             self.fleets[1] = (plan, llm_plan)
             self.executed.append([s.describe() for s in steps.steps])
@@ -218,6 +223,7 @@ class Controller:
             if reason != "autoscale":
                 self.generation += 1
                 self.store.save_generation(self.generation, text)
+                self._bump(want)
             if wait:
                 await self._commit(d, want, new, llm_new, reason, out)
                 return out
@@ -237,6 +243,7 @@ class Controller:
             await self._execute(d, want, new, llm_new)
             if reason != "autoscale":
                 self.observed_generation = self.generation
+                self.observed = {n: g for n, (g, _) in self.generations.items()}
                 self.history.append(self.generation)
                 self._reset_scaling()
             self.fleets[self.generation] = (self.plan, self.llm_plan)  # type: ignore[assignment]
@@ -248,6 +255,17 @@ class Controller:
         finally:
             if release:
                 self._lock.release()
+
+    def _bump(self, want: Desired) -> None:
+        """Each deployment's generation: 1 when it appears, one more whenever its spec (or what
+        its artifacts hold) changes; a deployment no longer declared is forgotten."""
+        now = {}
+        for md in want.docs.deployments:
+            revs = sorted((v, r) for (m, v), r in want.revisions.items() if m == md.spec.model)
+            digest = hashlib.sha256((md.spec.model_dump_json() + repr(revs)).encode()).hexdigest()[:16]
+            gen, was = self.generations.get(md.metadata.name, (0, ""))
+            now[md.metadata.name] = (gen if digest == was else gen + 1, digest)
+        self.generations = now
 
     def _disruptions(self, want: Desired, d: PlanDiff) -> list[str]:
         """Where ``d`` takes a model's capacity below what it needs, beyond what the model's
@@ -507,7 +525,14 @@ class Controller:
 
     def _event(self, model: str, kind: str, message: str) -> None:
         log.info("%s %s %s", model or "-", kind, message)
-        self.events.append(Event(self.wall(), model, kind, message))
+        ev = Event(self.wall(), model, kind, message)
+        self.events.append(ev)
+        record = getattr(self.store, "record_event", None)  # a state directory keeps every event
+        if record is not None:
+            try:
+                record(ev.to_dict())
+            except OSError as e:
+                log.warning("event not recorded in the state directory: %s", e)
 
     def _state(self) -> dict[str, Any]:
         """The stored state; if its file went corrupt while this controller runs, the last one

@@ -97,9 +97,12 @@ def check_state(data: object) -> str | None:
     return None
 
 
+EVENTS_MAX_BYTES = 4 << 20
+
+
 class DirStateStore:
-    """The state in a directory: ``state.json``, ``generations/N.yaml``, ``token`` (0600),
-    ``run/`` (model repositories, logs) and ``controller.log``."""
+    """The state in a directory: ``state.json``, ``generations/N.yaml``, ``events.jsonl``,
+    ``token`` (0600), ``run/`` (model repositories, logs) and ``controller.log``."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).resolve()
@@ -154,6 +157,34 @@ class DirStateStore:
 
     def save_generation(self, generation: int, documents: str) -> None:
         _atomic(self.path / "generations" / f"{generation}.yaml", documents)
+
+    @property
+    def events_path(self) -> Path:
+        return self.path / "events.jsonl"
+
+    def record_event(self, event: dict[str, Any]) -> None:
+        """Append one event (RFC 3339 time, model, kind, message) to ``events.jsonl``; past
+        ``EVENTS_MAX_BYTES`` the older half is dropped."""
+        p = self.events_path
+        with p.open("a") as f:
+            f.write(json.dumps(event, sort_keys=True) + "\n")
+        if p.stat().st_size > EVENTS_MAX_BYTES:
+            lines = p.read_text().splitlines(keepends=True)
+            _atomic(p, "".join(lines[len(lines) // 2:]))
+
+    def events(self) -> list[dict[str, Any]]:
+        """Every event recorded, oldest first (a line that does not parse is skipped)."""
+        try:
+            lines = self.events_path.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
 
     def generation(self, generation: int) -> str:
         return (self.path / "generations" / f"{generation}.yaml").read_text()

@@ -5,6 +5,7 @@ same status printed as tables."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +40,12 @@ class Event:
     message: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"time": self.time, "model": self.model, "kind": self.kind, "message": self.message}
+        return {"time": rfc3339(self.time), "model": self.model, "kind": self.kind, "message": self.message}
+
+
+def rfc3339(t: float) -> str:
+    """``t`` (seconds since the epoch) as RFC 3339 UTC with milliseconds."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
 
 
 class Observed(Protocol):
@@ -59,6 +65,8 @@ class Observed(Protocol):
     observed_generation: int
     rates: dict[str, float]
     applying: str | None  # what the running apply is doing
+    generations: dict[str, tuple[int, str]]  # deployment -> (its metadata.generation, digest of its spec)
+    observed: dict[str, int]  # deployment -> the generation of it the running fleet serves
     failure: str | None  # why the last apply failed
     rolled_back: str | None  # why the last apply was rolled back
     restarting: dict[str, str]  # replica id -> why
@@ -72,13 +80,15 @@ class Observed(Protocol):
         ...
 
 
-def _condition(c: Observed, model: str, kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+def _condition(c: Observed, model: str, kind: str, ok: bool, reason: str, message: str,
+               observed: int | None = None) -> dict[str, Any]:
     key = (model, kind)
     prev = c.transitions.get(key)
     if prev is None or prev[0] != ok:
         c.transitions[key] = (ok, c.wall())
     return {"type": kind, "status": "True" if ok else "False", "reason": reason, "message": message,
-            "observedGeneration": c.observed_generation, "lastTransitionTime": c.transitions[key][1]}
+            "observedGeneration": c.observed_generation if observed is None else observed,
+            "lastTransitionTime": rfc3339(c.transitions[key][1])}
 
 
 def _replicas(c: Observed, model: str) -> list[dict[str, Any]]:
@@ -138,7 +148,7 @@ def llm_served(c: Observed, model: str) -> dict[str, Any]:
 
 
 def _conditions(c: Observed, model: str, reps: list[dict[str, Any]], short: Any,
-                floor: Any = None) -> list[dict[str, Any]]:
+                floor: Any = None, observed: int | None = None) -> list[dict[str, Any]]:
     down = [r["id"] for r in reps if r["process"] != "running" or not r["serving"]]
     # a best-effort model an overfull pool placed short is Degraded (PoolOverfull) too, and so is
     # a replica floor the pool cannot meet on distinct GPUs (FloorUnmet; one short of nodes is not)
@@ -147,15 +157,15 @@ def _conditions(c: Observed, model: str, reps: list[dict[str, Any]], short: Any,
     return [
             _condition(c, model, "Ready", bool(reps) and not down and c.failure is None,
                        "AllReplicasServing" if reps and not down else "ReplicasNotServing",
-                       f"{len(reps) - len(down)}/{len(reps)} replicas serving"),
+                       f"{len(reps) - len(down)}/{len(reps)} replicas serving", observed),
             _condition(c, model, "Progressing", c.applying is not None,
                        "Applying" if c.applying else ("RolledBack" if c.rolled_back else "Applied"),
-                       c.applying or c.rolled_back or f"generation {c.observed_generation} applied"),
+                       c.applying or c.rolled_back or f"generation {c.observed_generation} applied", observed),
             _condition(c, model, "Degraded", bool(down) or c.failure is not None or short is not None,
                        "ApplyFailed" if c.failure else ("ReplicaDown" if down else
                                                         (_short_reason(short) if short else "AsPlanned")),
                        c.failure or (f"not serving: {', '.join(down)}" if down else
-                                     (short.describe() if short else "every replica serving"))),
+                                     (short.describe() if short else "every replica serving")), observed),
     ]
 
 
@@ -177,10 +187,18 @@ def _llm_deployment(c: Observed, md: ModelDeployment, now: float) -> dict[str, A
         "observed_rps": round(rate.rate, 1),
         "attainment_1m": None if att.attainment is None else round(att.attainment, 5),
         "answered_1m": int(att.totals.answered), "refused_1m": int(att.totals.rejected),
-        "conditions": _conditions(c, s.model, reps, None), "replicas": reps,
+        **_generations(c, md.metadata.name),
+        "conditions": _conditions(c, s.model, reps, None, observed=c.observed.get(md.metadata.name)),
+        "replicas": reps,
         "llm": {"variant": ch.profile.variant if ch else None, "slo_ttft_ms": s.slo_ms,
                 "slo_tpot_ms": llm.slo_tpot_ms, "predicted_attainment": ch.predicted if ch else None, **served},
     }
+
+
+def _generations(c: Observed, name: str) -> dict[str, Any]:
+    """A deployment's own ``generation`` (its spec changed) and ``observedGeneration`` (that
+    spec serves), as a Kubernetes object's ``metadata.generation`` and ``status.observedGeneration``."""
+    return {"generation": c.generations.get(name, (0, ""))[0], "observedGeneration": c.observed.get(name, 0)}
 
 
 def status(c: Observed) -> dict[str, Any]:
@@ -194,11 +212,11 @@ def status(c: Observed) -> dict[str, Any]:
         reps = _replicas(c, model)
         short = next((sf for sf in c.plan.shortfall if sf.model == model), None) if c.plan else None
         floor = next((f for f in c.plan.floors if f.model == model), None) if c.plan else None
-        conds = _conditions(c, model, reps, short, floor)
+        conds = _conditions(c, model, reps, short, floor, c.observed.get(md.metadata.name))
         rate = c.observer.window(model, RATE_WINDOW_S, now)
         att = c.observer.window(model, ATTAINMENT_WINDOW_S, now)
         deployments.append({
-            "name": md.metadata.name, "model": model, "rate": md.spec.rate,
+            "name": md.metadata.name, "model": model, **_generations(c, md.metadata.name), "rate": md.spec.rate,
             "planned_rate": c.rates.get(model, md.spec.rate), "slo_ms": md.spec.slo_ms,
             "capacity_rps": round(c.plan.capacity(model), 1) if c.plan else 0.0,
             "observed_rps": round(rate.rate, 1),
@@ -218,6 +236,25 @@ def status(c: Observed) -> dict[str, Any]:
         "floors": [{**f.to_dict(), "message": f.describe()} for f in c.plan.floors] if c.plan else [],
         "deployments": deployments, "events": [e.to_dict() for e in list(c.events)[-20:]],
     }
+
+
+def changes(before: dict[str, Any] | None, now: dict[str, Any]) -> list[str]:
+    """What changed from one status to the next, a line each: the fleet's generation, each
+    deployment's conditions (type=status (reason): message) and the events since."""
+    out = []
+    if before is None or (before["generation"], before["observedGeneration"]) != (
+            now["generation"], now["observedGeneration"]):
+        out.append(f"generation {now['generation']} (observed {now['observedGeneration']})")
+    was = {(d["name"], c["type"]): c for d in (before or {}).get("deployments", ()) for c in d["conditions"]}
+    for d in now["deployments"]:
+        for c in d["conditions"]:
+            old = was.get((d["name"], c["type"]))
+            if old is None or (old["status"], old["reason"], old["message"]) != (c["status"], c["reason"], c["message"]):
+                out.append(f"{d['name']}: {c['type']}={c['status']} ({c['reason']}): {c['message']}")
+    seen = {(e["time"], e["kind"], e["message"]) for e in (before or {}).get("events", ())}
+    out += [f"{e['time']} {e['model'] or '-'} {e['kind']}: {e['message']}" for e in now["events"]
+            if (e["time"], e["kind"], e["message"]) not in seen]
+    return out
 
 
 def print_endpoints(st: dict[str, Any], out: Console) -> None:

@@ -200,6 +200,27 @@ def test_up_on_the_state_of_a_killed_controller_stops_what_it_left_and_serves(tm
         assert op.state()["controller_pid"] != st["controller_pid"]
 
 
+def test_status_and_down_work_from_the_state_while_the_controller_is_down(tmp_path: Path, capsys) -> None:
+    from deploy.cli import main
+    from deploy.operator.state import same_process
+
+    docs = write_docs(tmp_path / "d.yaml", pool(a100s=1, host=False), deployment("resnet50", 100, 100))
+    with operator_up(tmp_path, docs) as op:
+        st = op.state()
+        left = [(v["pid"], v["started"]) for v in st["processes"].values()]
+        os.kill(st["controller_pid"], signal.SIGKILL)
+        op.wait_for("controller gone", lambda: not same_process(st["controller_pid"], st["controller_started"]))
+        capsys.readouterr()
+        # NOTE: status exits 0 during the outage and says the controller is down
+        assert main(["status", "--state-dir", str(op.state_dir)]) == 0
+        out = capsys.readouterr().out
+        assert f"the controller (pid {st['controller_pid']}) is not running" in out and "generation 1" in out
+        assert main(["down", "--state-dir", str(op.state_dir)]) == 0
+        assert "was down" in capsys.readouterr().out
+        # NOTE: down leaves no process behind, from the state alone
+        assert not any(same_process(*p) for p in left) and op.state()["running"] is False
+
+
 def scaler_artifact(tmp_path: Path) -> None:
     """models/scaler (version 1 answers x2, version 2 x3) and scaler-v1.yaml, its profile on the
     host: deploy/examples/versioned, copied."""

@@ -259,3 +259,47 @@ def test_a_replica_id_started_again_gets_a_fresh_repository(tmp_path: Path, monk
     # NOTE: the same id again (a version rolled back to): the files it left do not break the copy
     ex.start_replica(start)
     assert written == [["1", "config.pbtxt"], ["1", "config.pbtxt"]]
+
+
+def test_each_deployment_has_its_own_generation_and_events_persist_with_rfc3339_times(tmp_path: Path) -> None:
+    import json
+    import re
+
+    artifact(tmp_path)
+    ctl = started(tmp_path, scaler_docs(tmp_path, 1))
+    ctl._bump(ctl.desired)  # noqa: SLF001  (as up does)
+    ctl.observed = {n: g for n, (g, _) in ctl.generations.items()}
+    asyncio.run(ctl.apply(scaler_docs(tmp_path, 2, "v2.yaml")))
+    # NOTE: only the deployment whose spec changed moves to generation 2
+    assert {n: g for n, (g, _) in ctl.generations.items()} == {"resnet50": 1, "scaler": 2}
+    assert ctl.observed == {"resnet50": 1, "scaler": 2} and ctl.generation == 2
+    # the same spec, but a file of its artifact changed: what it serves changed, so does its generation
+    (tmp_path / "models/scaler/2/model.py").write_text("FACTOR = 30\n")
+    asyncio.run(ctl.apply(scaler_docs(tmp_path, 2, "v2.yaml")))
+    assert ctl.generations["scaler"][0] == 3 and ctl.generations["resnet50"][0] == 1
+    lines = [json.loads(x) for x in (tmp_path / "state/events.jsonl").read_text().splitlines()]
+    assert [e["kind"] for e in lines] == ["Applied", "Applied"]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", e["time"]) for e in lines)
+    assert ctl.store.events() == lines  # type: ignore[attr-defined]
+
+
+def test_status_watch_prints_what_changed_and_stops_when_the_controller_does() -> None:
+    from deploy.operator.cli import watch
+    from deploy.operator.client import CliError
+
+    def st(gen: int, ready: str, events: list[str]) -> dict:
+        cond = {"type": "Ready", "status": ready, "reason": "r", "message": "m"}
+        return {"generation": gen, "observedGeneration": gen, "deployments": [{"name": "a", "conditions": [cond]}],
+                "events": [{"time": f"t{i}", "model": "a", "kind": k, "message": "x"} for i, k in enumerate(events)]}
+
+    seq = iter([st(1, "True", ["Applied"]), st(2, "False", ["Applied", "ApplyFailed"]),
+                st(2, "False", ["Applied", "ApplyFailed"])])
+    lines: list[str] = []
+    assert watch(lambda: next(seq), st(1, "True", ["Applied"]), 1.0, lines.append, sleep=lambda s: None, polls=3) == 0
+    assert lines == ["generation 2 (observed 2)", "a: Ready=False (r): m", "t1 a ApplyFailed: x"]
+
+    def gone() -> dict:
+        raise CliError("cannot reach the controller at http://x: refused", 1)
+
+    with pytest.raises(CliError, match="^the controller stopped answering: cannot reach"):
+        watch(gone, st(1, "True", []), 1.0, lines.append, sleep=lambda s: None)

@@ -139,13 +139,13 @@ def test_status_reports_a_short_best_effort_model_as_degraded_by_an_overfull_poo
                             spec=SimpleNamespace(model=d.model, rate=d.rate, slo_ms=d.slo * 1e3, llm=None))
             for d in demands]
     healthy = {rid: (0, True) for g in plan.used() for s in g.slices for rid in replica_ids(g, s)}  # all serve
-    c = SimpleNamespace(clock=lambda: 0.0, wall=lambda: "now", desired=SimpleNamespace(docs=SimpleNamespace(deployments=docs)),
+    c = SimpleNamespace(clock=lambda: 0.0, wall=lambda: 0.0, desired=SimpleNamespace(docs=SimpleNamespace(deployments=docs)),
                         plan=plan, runtime=SimpleNamespace(endpoints=dict, alive=lambda rid: True),
                         serving=lambda: healthy, llm_plan=LlmPlan(),
                         gateway=SimpleNamespace(http_url="h", grpc_url="g"),
                         restarting=set(), transitions={}, observed_generation=1, generation=1, applying=None,
-                        failure=None, rolled_back=None, observer=SimpleNamespace(window=lambda *a: window), rates={}, admin_url=None,
-                        events=[])
+                        failure=None, rolled_back=None, generations={}, observed={},
+                        observer=SimpleNamespace(window=lambda *a: window), rates={}, admin_url=None, events=[])
     st = status(c)
     assert [s["model"] for s in st["shortfall"]] == ["b"]
     by = {d["model"]: {x["type"]: x for x in d["conditions"]} for d in st["deployments"]}

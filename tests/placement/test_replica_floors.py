@@ -308,6 +308,8 @@ class Seen:
     applying: str | None = None
     failure: str | None = None
     rolled_back: str | None = None
+    generations: dict = field(default_factory=dict)
+    observed: dict = field(default_factory=dict)
     restarting: dict[str, str] = field(default_factory=dict)
     transitions: dict = field(default_factory=dict)
     events: deque = field(default_factory=deque)
