@@ -34,6 +34,7 @@ from typing import Any
 
 from gateway.batchcall import send_batch
 from gateway.codec import InferInput, Tensor, validate
+from gateway.coldstart import ColdStart
 from gateway.config import ServedModel, ServedReplica
 from gateway.contract import (  # noqa: F401  (SLO_HEADER: the front doors read it from here)
     SLO_HEADER,
@@ -137,6 +138,7 @@ class Driver(Hedging):
         self.draining = False
         self.hedges = 0  # batches hedged to another replica (gateway.hedge)
         self.tracing: Any = None  # gateway.observe.tracing.Tracing when tracing is on: batch spans
+        self.cold: ColdStart | None = None  # set by an operator that scales models to zero
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -160,6 +162,8 @@ class Driver(Hedging):
     async def add_replica(self, model: ServedModel, replica: ServedReplica) -> None:
         """Serve ``replica`` of ``model`` from now on (:meth:`Fleet.add_replica`)."""
         await self.fleet.add_replica(model, replica)
+        if self.cold is not None:
+            self.cold.ready(model.name)
 
     async def remove_replica(self, replica_id: str, timeout: float = 30.0, keep_model: bool = False) -> bool:
         """Drain the replica, wait up to ``timeout`` real seconds until nothing is in flight on
@@ -303,6 +307,10 @@ class Driver(Hedging):
         m = fleet.model(name, version)
         if self.draining:
             raise Unavailable("gateway is draining")
+        if self.cold is not None and not m.served.replicas and self.cold.holds(name):  # scaled to zero
+            return self._loop.create_task(self._after_cold(  # type: ignore[union-attr]
+                name, inp, slo_header, version=version, deadline=deadline, priority=priority, trace=trace,
+                hints=hints, client=client))
         if m.info is None and m.served.replicas:
             raise Unavailable(f"model '{name}' is not ready")
         fwd = seq = choice = None
@@ -362,6 +370,16 @@ class Driver(Hedging):
         else:
             self._poll_soon()
         return fut
+
+    async def _after_cold(self, name: str, inp: InferInput, slo_header: str | None, *,
+                          deadline: float | None, **kw: Any) -> InferResult:
+        """A request for a model with no replica: admitted once the first one serves
+        (:class:`gateway.coldstart.ColdStart`), its SLO counted from then; a client deadline
+        still counts the wait."""
+        assert self.cold is not None
+        waited = await self.cold.wait(name)
+        left = None if deadline is None else deadline - waited
+        return await self.submit(name, inp, slo_header, None, deadline=left, **kw)
 
     def _gone(self, request_id: int, fut: asyncio.Future) -> None:
         """A future cancelled by its waiter (a gRPC call the client cancelled, an HTTP client

@@ -5,8 +5,9 @@ down when it stays below ``planned x downscale_below`` for ``downscale_delay_s``
 rate is ``max observed / target_utilization``, which sits inside that band, so a steady load never flaps.
 The settings are the deployment's ``autoscaling:`` (:class:`profiles.schema.AutoscalingSpec`).
 An idle deployment scales down to a planned rate of 0, which the planner serves with one replica
-(:data:`placement.plan.KEEP_SERVED`), or ``min_replicas`` on distinct GPUs; the first observation
-above 0 starts an upscale run. Given the deployment's running ``replicas``, the policy never
+(:data:`placement.plan.KEEP_SERVED`), or ``min_replicas`` on distinct GPUs, or none at
+``min_replicas`` 0 (scale to zero: the gateway holds the next request and the operator starts a
+replica for it, :mod:`gateway.coldstart`); the first observation above 0 starts an upscale run. Given the deployment's running ``replicas``, the policy never
 scales down below its floor: a deployment already at ``min_replicas`` holds there quietly (a
 re-plan could release nothing: the planner keeps a floor's replicas, :mod:`placement.solve.floors`).
 """

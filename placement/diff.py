@@ -26,7 +26,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from placement.plan import Demand, GpuClass, GpuPlan, Inventory, Plan, Replica, SlicePlan, node_of
+from placement.plan import (
+    KEEP_SERVED,
+    Demand,
+    GpuClass,
+    GpuPlan,
+    Inventory,
+    Plan,
+    Replica,
+    SlicePlan,
+    node_of,
+)
 from placement.solve.capacity import replica_capacity
 from placement.solve.floors import fill, spread
 from placement.solve.solver import DEFAULT, TIME_LIMIT, Options, SolverError, candidates, solve
@@ -361,9 +371,9 @@ def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory
             for r in s.replicas:
                 cap[r.model] += r.capacity
     # release whole GPUs whose replicas are all surplus, least loaded first (a model at rate 0
-    # still requires KEEP_SERVED req/s, so it keeps one replica and no share divides by zero)
+    # still requires KEEP_SERVED req/s, so it keeps one replica, unless scaled to zero)
     def load(g: GpuPlan) -> float:
-        return sum(r.capacity / dm[r.model].required for s in g.slices for r in s.replicas)
+        return sum(r.capacity / max(dm[r.model].required, KEEP_SERVED) for s in g.slices for r in s.replicas)
     for g in sorted(list(kept), key=load):
         lost: dict[str, float] = defaultdict(float)
         for s in g.slices:

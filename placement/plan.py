@@ -70,7 +70,11 @@ class Demand:
 
     @property
     def required(self) -> float:
-        """Planned capacity: rate x factor, at least :data:`KEEP_SERVED` (one replica at rate 0)."""
+        """Planned capacity: rate x factor, at least :data:`KEEP_SERVED` (one replica at rate 0),
+        except at rate 0 with ``min_replicas`` 0: nothing (scaled to zero; the gateway keeps
+        the model addressable and asks for a replica on its first request)."""
+        if self.rate <= 0 and self.min_replicas == 0:
+            return 0.0
         return max(self.rate * self.factor, KEEP_SERVED)
 
     def allows(self, p: Profile) -> bool:

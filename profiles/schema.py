@@ -210,6 +210,9 @@ class AutoscalingSpec(Strict):
     cooldown_s: float | None = Field(default=None, ge=0, le=86_400,
                                      description="after a scale event, one in the opposite direction waits this "
                                      "long (None: upscale_delay_s)")
+    cold_start_timeout_s: float = Field(default=60.0, gt=0, le=3_600,
+                                        description="with min_replicas 0 (scale to zero): how long a request "
+                                        "waits for the model's first replica before 503 with Retry-After")
     min_rate: float | None = Field(default=None, ge=0, le=1e7,
                                    description="the planned rate never goes below this (None: no floor; "
                                    "min_replicas still holds)")

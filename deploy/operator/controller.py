@@ -26,6 +26,7 @@ from deploy.operator.runtime import LocalRuntime, ProcessRuntime
 from deploy.operator.state import StateError, StateStore
 from deploy.operator.status import Event, status
 from gateway.app import Gateway
+from gateway.coldstart import ColdStart
 from gateway.config import resolve
 from placement import autoscale
 from placement.apply.render import Endpoint, gateway_config
@@ -38,7 +39,7 @@ from placement.llm import (
     place,
     replica_config,
 )
-from placement.plan import Plan
+from placement.plan import KEEP_SERVED, Plan
 from placement.solve.solver import solve
 from placement.spec import inventory, single_pool
 from profiles.gateway_config import GatewayConfig
@@ -132,10 +133,12 @@ class Controller:
                 cfg = self._render(plan, want, self.runtime.endpoints().values())
                 self.gateway = Gateway(cfg)
                 await self.gateway.start()
+                self.gateway.driver.cold = ColdStart(self._cold)
                 self.observer.sample(self.gateway.driver.metrics.registry, self.clock())  # the counts' zero
             finally:
                 self.applying = None
             self.desired, self.plan, self.observed_generation = want, plan, 1
+            self._cold_waits()
             self.observed = {n: g for n, (g, _) in self.generations.items()}
             self.history.append(1)
             self.fleets[1] = (plan, llm_plan)
@@ -246,6 +249,7 @@ class Controller:
                 self.observed = {n: g for n, (g, _) in self.generations.items()}
                 self.history.append(self.generation)
                 self._reset_scaling()
+                self._cold_waits()
             self.fleets[self.generation] = (self.plan, self.llm_plan)  # type: ignore[assignment]
             self._event("", "Applied", f"generation {self.generation} ({reason}): {len(out['steps'])} steps")
             self.save()
@@ -368,7 +372,11 @@ class Controller:
         elif st.action == "start_replica":
             ep = await asyncio.to_thread(self.runtime.run, st)
             if ep is not None:
-                await self._add_to_gateway(plan, want, ep)
+                try:
+                    await self._add_to_gateway(plan, want, ep)
+                except BaseException:  # the gateway refused it: it must not run unseen
+                    await asyncio.to_thread(self.runtime.run, replace(st, action="stop_replica"))
+                    raise
         else:
             await asyncio.to_thread(self.runtime.run, st)
 
@@ -420,7 +428,8 @@ class Controller:
         plan, llm = self.fleets[generation]
         old = stamp(replace(plan, demands=tuple(want.demands({})), profiles=want.profiles), want.revisions)
         old.verify()
-        return old, diff(self.plan, old), llm
+        d = diff(self.plan, old)
+        return d.new, d, llm
 
     # ------------------------------------------------------------------ the loop
 
@@ -463,6 +472,44 @@ class Controller:
         t = asyncio.create_task(restart())
         self._heals.add(t)
         t.add_done_callback(self._heals.discard)
+
+    def _cold_waits(self) -> None:
+        """The models that scale to zero (autoscaling.min_replicas 0): the gateway holds their
+        requests while they have no replica, each up to its cold_start_timeout_s."""
+        cold = self.gateway.driver.cold if self.gateway is not None else None
+        if cold is not None and self.desired is not None:
+            cold.waits = {md.spec.model: md.spec.autoscaling.cold_start_timeout_s
+                          for md in self.desired.docs.deployments
+                          if md.spec.autoscaling is not None and md.spec.autoscaling.min_replicas == 0}
+
+    def _cold(self, model: str) -> None:
+        """The gateway's call: a request for ``model``, which has no replica, waits for one."""
+        t = asyncio.create_task(self._scale_from_zero(model))
+        self._heals.add(t)
+        t.add_done_callback(self._heals.discard)
+
+    async def _scale_from_zero(self, model: str) -> None:
+        """Plan ``model`` at its declared rate (at least its min_rate, else one replica's worth)
+        and start what that needs; the gateway lets the waiting requests go when it serves."""
+        md = next((m for m in self.desired.docs.deployments if m.spec.model == model), None) if self.desired else None
+        if md is None or md.spec.autoscaling is None:
+            return
+        rate = max(md.spec.rate, md.spec.autoscaling.min_rate or 0.0) or KEEP_SERVED
+        old = self.rates.get(model)
+        self.rates[model] = rate
+        self._event(model, "ScaleFromZero", f"a request arrived and no replica serves; planning {rate:g} req/s")
+        try:
+            await self.apply(self.desired.text, reason="autoscale")  # type: ignore[union-attr]
+        except Exception as e:  # noqa: BLE001  (the waiting requests get 503 when their wait ends)
+            if old is None:
+                self.rates.pop(model, None)
+            else:
+                self.rates[model] = old
+            self._event(model, "ScaleFailed", f"from zero: {e}")
+            return
+        self.scaling[model] = autoscale.initial(rate * md.spec.headroom, self.clock())
+        self._event(model, "ScaledUp", f"from zero: {sum(r.model == model for _, _, r in self.plan.replicas())} "
+                    "replicas")  # type: ignore[union-attr]
 
     def _reset_scaling(self) -> None:
         now = self.clock()

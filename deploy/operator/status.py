@@ -148,15 +148,19 @@ def llm_served(c: Observed, model: str) -> dict[str, Any]:
 
 
 def _conditions(c: Observed, model: str, reps: list[dict[str, Any]], short: Any,
-                floor: Any = None, observed: int | None = None) -> list[dict[str, Any]]:
+                floor: Any = None, observed: int | None = None, zero: bool = False) -> list[dict[str, Any]]:
+    """``zero``: the deployment scaled to zero (min_replicas 0 and nothing to serve): Ready
+    with no replica, as the next request starts one."""
     down = [r["id"] for r in reps if r["process"] != "running" or not r["serving"]]
     # a best-effort model an overfull pool placed short is Degraded (PoolOverfull) too, and so is
     # a replica floor the pool cannot meet on distinct GPUs (FloorUnmet; one short of nodes is not)
     if floor is not None and not floor.met and short is None:
         short = floor
+    zero = zero and not reps
     return [
-            _condition(c, model, "Ready", bool(reps) and not down and c.failure is None,
-                       "AllReplicasServing" if reps and not down else "ReplicasNotServing",
+            _condition(c, model, "Ready", (bool(reps) or zero) and not down and c.failure is None,
+                       "ScaledToZero" if zero else ("AllReplicasServing" if reps and not down else "ReplicasNotServing"),
+                       "no replica: the next request starts one" if zero else
                        f"{len(reps) - len(down)}/{len(reps)} replicas serving", observed),
             _condition(c, model, "Progressing", c.applying is not None,
                        "Applying" if c.applying else ("RolledBack" if c.rolled_back else "Applied"),
@@ -212,7 +216,8 @@ def status(c: Observed) -> dict[str, Any]:
         reps = _replicas(c, model)
         short = next((sf for sf in c.plan.shortfall if sf.model == model), None) if c.plan else None
         floor = next((f for f in c.plan.floors if f.model == model), None) if c.plan else None
-        conds = _conditions(c, model, reps, short, floor, c.observed.get(md.metadata.name))
+        zero = next((d.required == 0 for d in c.plan.demands if d.model == model), False) if c.plan else False
+        conds = _conditions(c, model, reps, short, floor, c.observed.get(md.metadata.name), zero)
         rate = c.observer.window(model, RATE_WINDOW_S, now)
         att = c.observer.window(model, ATTAINMENT_WINDOW_S, now)
         deployments.append({

@@ -337,7 +337,8 @@ def greedy_accuracy(demands: Sequence[Demand], profiles: ProfileSet, inv: Invent
     if inv.objective != "accuracy":
         return fit.gpus
     means = plan(fit.gpus).mean_accuracies()
-    top = {i: max((c.profile.accuracy or 0.0) for c in cands if c.model == i) for i in range(len(demands))}
+    top = {i: max(((c.profile.accuracy or 0.0) for c in cands if c.model == i), default=0.0)
+           for i in range(len(demands))}
     gain = {i: d.rate * (top[i] - (means[d.model] or 0.0)) for i, d in enumerate(demands)
             if means[d.model] is not None}
     best = plan(fit.gpus).mean_accuracy() or 0.0

@@ -187,15 +187,16 @@ def test_listeners_that_can_all_bind_pass(tmp_path: Path, spec: dict[str, Any]) 
 # --------------------------------------------------------------------------- rate 0
 
 
-def test_up_dry_run_plans_one_replica_for_each_model_at_rate_0(tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_up_dry_run_at_rate_0_plans_one_replica_or_none_at_min_replicas_0(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
     d = write_docs(tmp_path / "d.yaml", pool(), deployment("resnet50", 0, 100),
                    deployment("digits", 0, 50, source="digits", autoscaling={"min_replicas": 0}))
     rc = main(["up", "--dry-run", "--state-dir", str(tmp_path / "state"), "-f", str(d)])
     out, err = capsys.readouterr()
     assert (rc, err) == (0, "")
-    assert out.startswith("would start 2 replicas on 2 GPUs")
-    assert sum(" resnet50 (" in ln for ln in out.splitlines()) == 1 and "digits-" in out
+    # NOTE: one replica keeps resnet50 served at rate 0; digits (min_replicas 0) scales to zero
+    assert out.startswith("would start 1 replicas on 1 GPUs")
+    assert sum(" resnet50 (" in ln for ln in out.splitlines()) == 1 and "digits-" not in out
     assert not (tmp_path / "state" / "state.json").exists()
 
 

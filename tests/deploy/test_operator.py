@@ -346,3 +346,41 @@ def test_a_change_that_would_drop_capacity_on_a_full_pool_is_refused_in_one_line
         # NOTE: one line, exit 2, and the fleet unchanged
         assert len(err) == 1 and "--allow-disruption" in err[0] and "Traceback" not in err[0], err
         assert op.pids() == pids and op.state()["plan"] == plan and op.status()["generation"] == 1
+
+
+def test_a_model_scaled_to_zero_has_no_replica_and_its_first_request_starts_one(tmp_path: Path) -> None:
+    import numpy as np
+    import tritonclient.http as th
+    from tritonclient.utils import InferenceServerException
+
+    zero = {"min_replicas": 0, "upscale_delay_s": 3, "downscale_delay_s": 600}
+    docs = write_docs(tmp_path / "d.yaml", pool(a100s=1, host=False),
+                      deployment("resnet50", 0, 1000, autoscaling={**zero, "downscale_delay_s": 4}),
+                      deployment("bert-base", 0, 1000, autoscaling={**zero, "cold_start_timeout_s": 0.5}))
+    with operator_up(tmp_path, docs) as op:
+        # NOTE: at rate 0 with min_replicas 0 nothing runs, and both models stay addressable
+        assert op.deployment("resnet50")["replicas"] == [] and op.deployment("bert-base")["replicas"] == []
+        assert op.condition("resnet50", "Ready") == "True"  # ScaledToZero
+        assert not [k for k in op.pids() if k.startswith("triton:")]
+        client = th.InferenceServerClient(op.http, network_timeout=120.0)
+        x = th.InferInput("INPUT0", [1, 16], "FP32")  # the emulated model's input
+        x.set_data_from_numpy(np.zeros((1, 16), dtype=np.float32))
+        t0 = time.monotonic()
+        res = client.infer("resnet50", [x])  # waits (up to 60 s) while a replica starts
+        assert res.as_numpy("OUTPUT0").shape == (1, 16)
+        took = time.monotonic() - t0
+        assert op.deployment("resnet50")["replicas"] and [k for k in op.pids() if "resnet50" in k]
+        # a model whose wait is shorter than a start: 503 with Retry-After, and the replica still comes
+        t1 = time.monotonic()
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("bert-base", [x])
+        assert "503" in str(e.value.status()) or "one is starting" in str(e.value), e.value
+        assert time.monotonic() - t1 < 5.0
+        op.wait_for("bert-base replica", lambda: bool(op.deployment("bert-base")["replicas"]), timeout=90)
+        kinds = [e["kind"] for e in op.status()["events"]]
+        assert kinds.count("ScaleFromZero") == 2, kinds
+        # idle again: resnet50 scales back to zero after its downscale delay, and stays addressable
+        op.wait_for("resnet50 at zero", lambda: op.deployment("resnet50")["replicas"] == [], timeout=40)
+        assert not [k for k in op.pids() if "resnet50" in k] and op.condition("resnet50", "Ready") == "True"
+        client.close()
+        print(f"first request answered after {took:.1f} s")

@@ -71,7 +71,7 @@ class Gateway:
     http_url = grpc_url = "127.0.0.1:0"
 
     def __init__(self) -> None:
-        self.driver = type("Driver", (), {"replicas": {}})()
+        self.driver = type("Driver", (), {"replicas": {}, "cold": None})()
         self.llm = type("Llm", (), {"set_model": lambda *a: None, "drop_model": lambda *a: None})()
 
     async def add_replica(self, served: Any, replica: Any) -> None:
@@ -303,3 +303,18 @@ def test_status_watch_prints_what_changed_and_stops_when_the_controller_does() -
 
     with pytest.raises(CliError, match="^the controller stopped answering: cannot reach"):
         watch(gone, st(1, "True", []), 1.0, lines.append, sleep=lambda s: None)
+
+
+def test_a_replica_the_gateway_refuses_is_stopped_and_the_change_rolled_back(tmp_path: Path) -> None:
+    artifact(tmp_path)
+    ctl = started(tmp_path, scaler_docs(tmp_path, 1))
+    before = sorted(ctl.runtime.running)  # type: ignore[union-attr]
+
+    async def refuse(served: Any, replica: Any) -> None:
+        raise ValueError("signature differs from the variant's")
+
+    ctl.gateway.add_replica = refuse  # type: ignore[union-attr, method-assign]
+    with pytest.raises(ApplyError, match="signature differs"):
+        asyncio.run(ctl.apply(scaler_docs(tmp_path, 2, "v2.yaml")))
+    # NOTE: the successor Triton that started is stopped, not left running outside the gateway
+    assert sorted(ctl.runtime.running) == before  # type: ignore[union-attr]

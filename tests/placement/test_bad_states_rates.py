@@ -45,7 +45,8 @@ def demands(draw: st.DrawFn) -> list[Demand]:
     models = draw(st.lists(st.sampled_from(MODELS), min_size=1, max_size=2, unique=True))
     return [Demand(m, draw(RATES), draw(SLOS), headroom=draw(HEADROOMS),
                    accuracy_floor=draw(st.sampled_from([None, 0.0, 0.97, 1.0])),
-                   priority=draw(st.sampled_from(["guaranteed", "best-effort"])))
+                   priority=draw(st.sampled_from(["guaranteed", "best-effort"])),
+                   min_replicas=draw(st.sampled_from([1, 1, 0])))
             for m in models]
 
 
@@ -61,10 +62,12 @@ def plan_or_none(ds: Sequence[Demand], profiles: ProfileSet, inv: Inventory, met
 
 
 def assert_served(plan: Plan) -> None:
-    # NOTE: every demanded model has a replica, so the gateway can address it, even at rate 0
+    # NOTE: every demanded model has a replica, so the gateway can address it, even at rate 0,
+    # unless min_replicas 0 lets it scale to zero
     for d in plan.demands:
         if d.guaranteed:
-            assert any(r.model == d.model for _, _, r in plan.replicas()), d
+            held = any(r.model == d.model for _, _, r in plan.replicas())
+            assert held or (d.rate == 0 and d.min_replicas == 0), d
         if d.rate == 0:
             assert plan.headroom(d.model) == math.inf
 
@@ -99,6 +102,15 @@ def test_a_model_at_rate_0_or_near_it_gets_one_replica(profiles: ProfileSet, rat
     plan = solve([Demand("resnet50", rate, 0.1, headroom=1.1)], profiles, quickstart_pool())
     plan.verify()
     assert [r.model for _, _, r in plan.replicas()] == ["resnet50"]
+
+
+def test_at_rate_0_with_min_replicas_0_a_model_scales_to_zero(profiles: ProfileSet) -> None:
+    inv = quickstart_pool(a100s=2)
+    busy = solve([Demand("resnet50", 5000, 0.1, headroom=1.1, min_replicas=0)], profiles, inv)
+    idle, d = replan(busy, [Demand("resnet50", 0, 0.1, headroom=1.1, min_replicas=0)], profiles, inv)
+    idle.verify()
+    assert idle.replicas() == [] and not d.dips() and idle.headroom("resnet50") == math.inf
+    assert solve([Demand("resnet50", 0, 0.1, min_replicas=0)], profiles, inv).replicas() == []
 
 
 def test_replanning_a_busy_model_down_to_rate_0_keeps_one_replica(profiles: ProfileSet) -> None:
