@@ -268,14 +268,20 @@ def capacity(r: Results) -> list[Claim]:
 
 def replan(r: Results) -> list[Claim]:
     d = r["replan"]
-    change = [x["attainment"] for x in d["runs"] if x["change"]]
+
+    def one(name: str, p: dict) -> str:
+        change = [x["attainment"] for x in p["runs"] if x["change"]]
+        return (f"on the {name}, {p['mix']} req/s: {p['errors']} errors, {p['unanswered']} unanswered, "
+                f"{p['tritonclient_failed']} failures of a plain `tritonclient` client; attainment "
+                f"{pct(p['median']['attainment']['change'])} vs {pct(p['median']['attainment']['steady'], 1)} with no "
+                f"change (-{p['attainment_drop_points']:.2f} points; {pct(min(change))}-{pct(max(change))})")
+
+    names = {"quickstart": "quickstart pool (one emulated A100 and the host)", "two": "pool of two A100s and the host"}
     return [Claim("a live change loses nothing",
-                  f"3 applies inside each {d['duration_s']:g} s run at {d['load'] * 100:.0f}% load "
-                  f"({d['mix']}): {d['errors']} errors, {d['unanswered']} unanswered, {d['tritonclient_failed']} "
-                  f"failures of a plain `tritonclient` client; attainment {pct(d['median']['attainment']['change'])} "
-                  f"vs {pct(d['median']['attainment']['steady'], 1)} with no change (median of {d['rounds']} "
-                  f"rounds, -{d['attainment_drop_points']:.2f} points; {pct(min(change))}-{pct(max(change))}), the "
-                  f"misses late answers while a new Triton starts on the same cores",
+                  f"3 applies inside each {d['duration_s']:g} s run at {d['load'] * 100:.0f}% load (rate x2 with a "
+                  "version rollout, a variant swap, the rate back), median of "
+                  f"{d['rounds']} rounds: " + "; ".join(one(names.get(k, k), p) for k, p in d["pools"].items())
+                  + "; the misses are late answers while a new Triton starts on the same cores",
                   ("replan",))]
 
 
