@@ -318,3 +318,18 @@ def test_a_replica_the_gateway_refuses_is_stopped_and_the_change_rolled_back(tmp
         asyncio.run(ctl.apply(scaler_docs(tmp_path, 2, "v2.yaml")))
     # NOTE: the successor Triton that started is stopped, not left running outside the gateway
     assert sorted(ctl.runtime.running) == before  # type: ignore[union-attr]
+
+
+def test_apply_without_wait_answers_once_the_rollout_has_begun_and_finishes_it(tmp_path: Path) -> None:
+    artifact(tmp_path)
+    ctl = started(tmp_path, scaler_docs(tmp_path, 1))
+
+    async def run() -> tuple[dict, bool, bool]:
+        out = await ctl.apply(scaler_docs(tmp_path, 2, "v2.yaml"), wait=False)
+        begun = ctl._lock.locked()  # noqa: SLF001  (the rollout holds the apply lock)
+        await asyncio.gather(*list(ctl._heals))  # noqa: SLF001
+        return out, begun, ctl._lock.locked()  # noqa: SLF001
+
+    out, begun, still = asyncio.run(run())
+    assert out["rolling"] and out["generation"] == 2 and begun and not still
+    assert ctl.observed_generation == 2 and any("scaler-v1~" in r and r in out["started"] for r in serving(ctl))
