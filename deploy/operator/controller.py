@@ -325,19 +325,34 @@ class Controller:
             await self._undo(ran, why)
             self.applying = None
             raise ApplyError(self.failure or self.rolled_back or why) from e
+        # make before break: the new engines serve before the old ones drain and stop
+        start, stop = self._llm_diff(llm_new)
+        engines = self.engines = self.engines or LlmEngines(self.store.run_dir / "engines")
+        begun: list[str] = []
         try:
-            # make before break: the new engines serve before the old ones drain and stop
-            start, stop = self._llm_diff(llm_new)
-            engines = self.engines = self.engines or LlmEngines(self.store.run_dir / "engines")
             for ch in llm_new.choices:  # the deployments' SLOs and priority, changed or not
                 self.gateway.llm.set_model(model_config(ch, []))
             for r in start:
                 self.applying = f"starting LLM engine {r.id}"
+                begun.append(r.id)
                 url = await asyncio.to_thread(engines.start, r)
                 ch = next(c for c in llm_new.choices if c.model == r.model)
                 self.gateway.llm.add_replica(model_config(ch, []), replica_config(r, url))
                 done.append(f"start LLM engine {r.id}")
                 self.save()
+        except Exception as e:  # noqa: BLE001  (no old engine stopped yet: all of it is undone)
+            why = f"{self.applying}: {e}"
+            for rid in reversed(begun):
+                if self.gateway.llm.find(rid) is not None:
+                    await self.gateway.remove_replica(rid, self.drain_timeout)
+                await asyncio.to_thread(engines.stop_replica, rid)
+            for ch in self.llm_plan.choices:
+                self.gateway.llm.set_model(model_config(ch, []))
+            self.executed.append(done)
+            await self._undo(ran, why)
+            self.applying = None
+            raise ApplyError(self.failure or self.rolled_back or why) from e
+        try:
             for rid in stop:
                 self.applying = f"stopping LLM engine {rid}"
                 if self.gateway.llm.find(rid) is not None:
@@ -350,7 +365,7 @@ class Controller:
         except Exception as e:
             self.failure = f"{self.applying}: {e}"
             self._event("", "ApplyFailed", self.failure)
-            self.desired, self.plan = want, new  # the classic steps are done
+            self.desired, self.plan = want, new  # the classic steps and the new engines are done
             raise ApplyError(self.failure) from e
         finally:
             self.applying = None

@@ -333,3 +333,64 @@ def test_apply_without_wait_answers_once_the_rollout_has_begun_and_finishes_it(t
     out, begun, still = asyncio.run(run())
     assert out["rolling"] and out["generation"] == 2 and begun and not still
     assert ctl.observed_generation == 2 and any("scaler-v1~" in r and r in out["started"] for r in serving(ctl))
+
+
+class Engines:
+    """LLM engines, recorded; starting one in ``fail`` raises as an engine not healthy would."""
+
+    def __init__(self, fail: set[str]) -> None:
+        self.fail, self.running, self.log = fail, set(), []
+
+    def start(self, r: Any) -> str:
+        self.log.append(("start", r.id))
+        self.running.add(r.id)  # registered before it is healthy, as the real one is
+        if r.id in self.fail:
+            raise ExecutorError(f"engine {r.id} not healthy after 60s")
+        return "http://127.0.0.1:1"
+
+    def stop_replica(self, rid: str) -> None:
+        self.log.append(("stop", rid))
+        self.running.discard(rid)
+
+    def processes(self) -> dict:
+        return {}
+
+
+class Llm:
+    def __init__(self) -> None:
+        self.replicas: set[str] = set()
+
+    def set_model(self, model: Any) -> None: ...
+
+    def drop_model(self, name: str) -> None: ...
+
+    def add_replica(self, model: Any, r: Any) -> None:
+        self.replicas.add(r.id)
+
+    def find(self, rid: str) -> Any:
+        return rid if rid in self.replicas else None
+
+
+def test_an_llm_engine_that_does_not_start_undoes_the_engines_it_began(tmp_path: Path) -> None:
+    h100 = {"model": "H100-80GB", "count": 2, "mig": False}
+    gpus = pool(a100s=1)
+    gpus["spec"]["nodes"][0]["gpus"].append(h100)
+    chat = deployment("chat", 2, 1000, variants=["llama-3.1-8b-instruct-fp8"], llm={"slo_tpot_ms": 50, "replicas": 2})
+    text = validate([str(write_docs(tmp_path / "d.yaml", gpus, deployment("resnet50", 100, 100), chat))])[0]
+    ctl = started(tmp_path, text)  # the classic fleet only: no engine runs yet
+    _, _, llm = ctl._solve_diff(prepare(text, ctl.base_profiles))  # noqa: SLF001
+    first, second = (r.id for r in llm.replicas)
+    ctl.engines = Engines({second})  # type: ignore[assignment]
+    gw = ctl.gateway
+    gw.llm = Llm()  # type: ignore[union-attr]
+
+    async def remove(rid: str, drain: float, keep_model: bool = True) -> None:
+        gw.llm.replicas.discard(rid)  # type: ignore[union-attr]
+
+    gw.remove_replica = remove  # type: ignore[union-attr, method-assign]
+    with pytest.raises(ApplyError, match="not healthy after 60s; rolled back to generation 1"):
+        asyncio.run(ctl.apply(text))
+    # NOTE: the engine that started left the gateway and stopped; the one that failed was stopped too
+    assert ctl.engines.running == set() and gw.llm.replicas == set()  # type: ignore[union-attr]
+    assert ctl.engines.log[-2:] == [("stop", second), ("stop", first)]  # type: ignore[union-attr]
+    assert not ctl.llm_plan.replicas and ctl.observed_generation == 1
