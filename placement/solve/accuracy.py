@@ -47,7 +47,16 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix, hstack, vstack
 
-from placement.plan import EPS, KEEP_SERVED, Demand, GpuPlan, Inventory, Plan, has_known_accuracy
+from placement.plan import (
+    ACCURACY_EPS,
+    EPS,
+    KEEP_SERVED,
+    Demand,
+    GpuPlan,
+    Inventory,
+    Plan,
+    has_known_accuracy,
+)
 from placement.solve.bound import lower_bound, program, timed_bound, with_slack
 from placement.solve.candidates import (
     Candidate,
@@ -356,6 +365,38 @@ def greedy_accuracy(demands: Sequence[Demand], profiles: ProfileSet, inv: Invent
     return fit.gpus
 
 
+def _hold_floor(gpus: Sequence[GpuPlan], demands: Sequence[Demand], inv: Inventory,
+                profiles: ProfileSet) -> tuple[GpuPlan, ...]:
+    """``gpus`` without the least accurate replicas of a best-effort model whose mean accuracy
+    misses the floor. Placed short, such a model has every replica serve at capacity, so its
+    mean is its replicas' capacity-weighted one, which the program's served-rate columns may
+    leave below the floor (they need not fill a replica); fewer of its least accurate replicas
+    raise it. One replica is always kept."""
+    floor = inv.mean_accuracy_floor
+    if floor is None:
+        return tuple(gpus)
+    out = list(gpus)
+    acc = {p.variant: p.accuracy or 0.0 for d in demands for p in profiles.find(model=d.model)}
+    for d in demands:
+        if d.guaranteed:
+            continue
+        while True:
+            mean = Plan(tuple(out), tuple(demands), inv, profiles=profiles).mean_accuracy(d.model)
+            mine = [(acc.get(r.variant, 0.0), r.capacity, gi, si, ri) for gi, g in enumerate(out)
+                    for si, s in enumerate(g.slices) for ri, r in enumerate(s.replicas) if r.model == d.model]
+            if mean is None or mean + ACCURACY_EPS >= floor or len(mine) <= 1:
+                break
+            _, _, gi, si, ri = min(mine)
+            g, s = out[gi], out[gi].slices[si]
+            slices = tuple(x for x in (replace(s, replicas=s.replicas[:ri] + s.replicas[ri + 1:]) if k == si else x
+                                       for k, x in enumerate(g.slices)) if x.replicas)
+            if slices:
+                out[gi] = replace(g, slices=slices)
+            else:
+                out.pop(gi)
+    return tuple(out)
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -376,6 +417,7 @@ def solve_accuracy(demands: Sequence[Demand], profiles: ProfileSet, inv: Invento
                 label += "[time-limit]"  # the safety stop cut the search: another run may differ
         except MilpTimeout:
             gpus, label = greedy_accuracy(demands, profiles, inv, cands, opts), label + "->greedy"
+    gpus = _hold_floor(gpus, demands, inv, profiles)
     gpus, floors = spread(gpus, demands, inv, profiles, cands, opts)
     placed = Plan(gpus, tuple(demands), inv, profiles=profiles).capacities()
     short = shortfalls(demands, inv, cands, opts, {mi: placed[d.model] for mi, d in enumerate(demands)})
