@@ -98,11 +98,29 @@ def test_live_apply_under_load_adds_capacity_and_swaps_a_variant_losing_nothing(
 
         # rollback restores generation 2's fleet, as generation 4: the first digits variant serves again
         # (a re-plan of generation 2's documents, which allow every variant, would keep the new one)
+        assert serving[0] not in answered_by(op.http, "digits")
         res = op.admin("POST", "/v1/rollback", b"")
         assert res["generation"] == 4 and op.status()["observedGeneration"] == 4
         assert op.admin("GET", "/v1/documents") == v2.read_text()
         assert [r["variant"] for r in op.deployment("digits")["replicas"]] == serving
+        assert answered_by(op.http, "digits") == set(serving)  # NOTE: asserted on the answers
         assert op.condition("digits", "Ready") == "True"
+
+
+def answered_by(url: str, model: str, n: int = 5) -> set[str]:
+    """The variants that answered ``n`` tritonclient requests (each answer's ``headrace_variant``)."""
+    import numpy as np
+    import tritonclient.http as th
+
+    client = th.InferenceServerClient(url)
+    inp = client.get_model_metadata(model)["inputs"][0]
+    shape = [1] + [int(d) for d in inp["shape"][1:]]
+    x = th.InferInput(inp["name"], shape, inp["datatype"])
+    x.set_data_from_numpy(np.zeros(shape, dtype=np.float32))
+    try:
+        return {client.infer(model, [x]).get_response()["parameters"]["headrace_variant"] for _ in range(n)}
+    finally:
+        client.close()
 
 
 def test_kill_9_of_a_managed_triton_is_healed_and_every_request_answered(tmp_path: Path) -> None:
