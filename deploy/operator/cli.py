@@ -464,7 +464,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", choices=("table", "yaml", "json"), default="table")
     p.add_argument("--watch", "-w", action="store_true",
                    help="then print each change (generation, conditions, events) as it happens, until Ctrl-C")
-    p.add_argument("--interval", type=float, default=1.0, help="--watch: seconds between looks (default 1)")
+    p.add_argument("--interval", type=_interval, default=1.0, help="--watch: seconds between looks (default 1)")
     common(p)
     p.set_defaults(func=_run(status))
 
@@ -479,6 +479,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     disruption(p)
     common(p)
     p.set_defaults(func=_run(rollback))
+
+
+def _interval(v: str) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        x = float("nan")
+    if not 0.1 <= x <= 3600:
+        raise argparse.ArgumentTypeError(f"seconds between 0.1 and 3600 (got {v!r})")
+    return x
 
 
 def disruption(p: argparse.ArgumentParser) -> None:
