@@ -35,6 +35,7 @@ from placement.plan import (
     Plan,
     Replica,
     SlicePlan,
+    drop_replica,
     node_of,
 )
 from placement.solve.capacity import replica_capacity
@@ -184,8 +185,8 @@ def _same_slice(g: GpuPlan, s: SlicePlan, og: GpuPlan, os_: SlicePlan, plans: Se
     added = [i for i, rid in enumerate(ids) if rid is None]
     for i in added:
         ids[i] = _fresh_id(g, s, s.replicas[i], taken)
-    removed = [x for lst in pool.values() for x in lst]
-    removed.sort(key=lambda x: [rid for _, rid in olds].index(x[1]))
+    left = {rid for lst in pool.values() for _, rid in lst}
+    removed = [(r, rid) for r, rid in olds if rid in left]  # in the old slice's order
     share = sum(r.share for r, _ in olds)
     mem = sum(_memory_mb(plans, r, g.gpu, s.profile) for r, _ in olds)
     clients, limit = len(olds), gm.mps_client_limit(s.profile) if s.mps else 1
@@ -335,17 +336,8 @@ def _trim(kept: list[GpuPlan], dm: dict[str, Demand], cap: dict[str, float]) -> 
                         best = (r.capacity, gi, si, ri)
         if best is None:
             return gpus
-        _, gi, si, ri = best
-        g, s = gpus[gi], gpus[gi].slices[si]
-        r = s.replicas[ri]
+        r = drop_replica(gpus, *best[1:])
         cap[r.model] -= r.capacity
-        reps = s.replicas[:ri] + s.replicas[ri + 1:]
-        slices = tuple(x if k != si else replace(s, replicas=reps) for k, x in enumerate(g.slices))
-        slices = tuple(x for x in slices if x.replicas)
-        if slices:
-            gpus[gi] = replace(g, slices=slices)
-        else:
-            gpus.pop(gi)
 
 
 def stamp(plan: Plan, revisions: Mapping[tuple[str, str], str]) -> Plan:

@@ -20,7 +20,7 @@ replicas leave, and may be placed in part: a plan on an overfull pool carries a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from placement.solve.capacity import fits_memory, replica_capacity
@@ -180,6 +180,20 @@ class Shortfall:
     def to_dict(self) -> dict:
         return {"model": self.model, "required_rps": round(self.required, 1), "placed_rps": round(self.placed, 1),
                 "unplaced_rps": round(self.unplaced, 1), "gpus_to_place": [{"gpu": g, "count": n} for g, n in self.gpus]}
+
+
+def drop_replica(gpus: list[GpuPlan], gi: int, si: int, ri: int) -> Replica:
+    """Remove replica ``ri`` of slice ``si`` of ``gpus[gi]`` in place; a slice left empty goes,
+    and so does a GPU left with none. Returns the replica removed."""
+    g, s = gpus[gi], gpus[gi].slices[si]
+    r = s.replicas[ri]
+    slices = tuple(x for x in (replace(s, replicas=s.replicas[:ri] + s.replicas[ri + 1:]) if k == si else x
+                               for k, x in enumerate(g.slices)) if x.replicas)
+    if slices:
+        gpus[gi] = replace(g, slices=slices)
+    else:
+        gpus.pop(gi)
+    return r
 
 
 def node_of(gpu_id: str) -> str:

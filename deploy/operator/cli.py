@@ -90,18 +90,11 @@ def _not_running(store: DirStateStore) -> dict:
 def _cleanup_leftovers(store: DirStateStore, out: Console) -> None:
     """A controller that died left processes: stop exactly those (pid and start time match)."""
     st = _not_running(store)
-    left = [(name, p) for name, p in (st.get("processes") or {}).items() if same_process(p["pid"], p.get("started"))]
-    for name, p in left:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(p["pid"], sig)
-            except ProcessLookupError:
-                break
-            time.sleep(0.5)
-        out.print(f"stopped {name} (pid {p['pid']}), left by a previous controller")
+    left = _left(st)
     if left:
-        st.update(processes={}, running=False)
-        store.write(st)
+        _stop_left(store, st)
+        for name, p in left.items():
+            out.print(f"stopped {name} (pid {p['pid']}), left by a previous controller")
 
 
 async def _serve(args: argparse.Namespace, want: Desired, base: ProfileSet, store: DirStateStore,

@@ -55,6 +55,7 @@ from placement.plan import (
     GpuPlan,
     Inventory,
     Plan,
+    drop_replica,
     has_known_accuracy,
 )
 from placement.solve.bound import lower_bound, program, timed_bound, with_slack
@@ -386,14 +387,7 @@ def _hold_floor(gpus: Sequence[GpuPlan], demands: Sequence[Demand], inv: Invento
                     for si, s in enumerate(g.slices) for ri, r in enumerate(s.replicas) if r.model == d.model]
             if mean is None or mean + ACCURACY_EPS >= floor or len(mine) <= 1:
                 break
-            _, _, gi, si, ri = min(mine)
-            g, s = out[gi], out[gi].slices[si]
-            slices = tuple(x for x in (replace(s, replicas=s.replicas[:ri] + s.replicas[ri + 1:]) if k == si else x
-                                       for k, x in enumerate(g.slices)) if x.replicas)
-            if slices:
-                out[gi] = replace(g, slices=slices)
-            else:
-                out.pop(gi)
+            drop_replica(out, *min(mine)[2:])
     return tuple(out)
 
 
