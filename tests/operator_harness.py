@@ -174,3 +174,32 @@ class TritonLoad(threading.Thread):
                 self.answers.append(Answer(sent, None, str(e)[:200]))
         self.unanswered = k - len(self.answers)
         client.close()
+
+
+VERSIONED = Path(__file__).resolve().parents[1] / "deploy/examples/versioned"
+
+
+def versioned_model(tmp_path: Path) -> None:
+    """The example user model (deploy/examples/versioned: version 1 answers x2, version 2 x3)
+    copied under ``tmp_path``: ``models/scaler`` and its profile ``scaler-v1.yaml`` beside it."""
+    import shutil  # noqa: PLC0415
+
+    shutil.copytree(VERSIONED / "models", tmp_path / "models")
+    shutil.copy(VERSIONED / "profiles/scaler-v1.yaml", tmp_path)
+
+
+def full_gpu(tmp_path: Path, variants: list[str], name: str, **spec: Any) -> Path:
+    """Documents for model ``big`` on one A100-80GB without MIG or MPS, each of ``variants``
+    taking 50 of its 80 GB: a successor never fits beside its predecessor."""
+    vs = []
+    for v in variants:
+        pts = [{"batch": b, "p50": 2.0 + 0.1 * b, "p99": 3.0 + 0.1 * b} for b in (1, 8, 32)]
+        doc = {"apiVersion": "headrace.dev/v1", "kind": "Profile", "metadata": {"name": f"{v}@A100-80GB/gpu"},
+               "spec": {"model": "big", "variant": v, "gpu": "A100-80GB", "slice": "gpu", "max_batch": 32,
+                        "memory_mb": 50_000.0, "latency_ms": pts,
+                        "provenance": {"source": "test", "kind": "measured", "measured_batches": [1, 8, 32]}}}
+        (tmp_path / f"{v}.yaml").write_text(yaml.safe_dump(doc))
+        vs.append({"name": v, "profile": f"{v}.yaml"})
+    gpus = pool(a100s=1, host=False, mps=False)
+    gpus["spec"]["nodes"][0]["gpus"][0]["mig"] = False
+    return write_docs(tmp_path / name, gpus, deployment("big", 100, 100, variants=vs, **spec))

@@ -5,20 +5,26 @@ GPUs, the gateway; every process stopped by the harness (headrace down, then by 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import threading
 import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from deploy.operator.client import CliError, call
-from tests.operator_harness import LoadThread, TritonLoad, deployment, operator_up, pool, write_docs
+from tests.operator_harness import (
+    LoadThread,
+    TritonLoad,
+    deployment,
+    full_gpu,
+    operator_up,
+    pool,
+    versioned_model,
+    write_docs,
+)
 
 pytestmark = pytest.mark.integration
-VERSIONED = Path(__file__).resolve().parents[2] / "deploy/examples/versioned"
 
 DIGITS = ["digits-small", "digits-medium", "digits-large"]
 
@@ -239,13 +245,6 @@ def test_status_and_down_work_from_the_state_while_the_controller_is_down(tmp_pa
         assert not any(same_process(*p) for p in left) and op.state()["running"] is False
 
 
-def scaler_artifact(tmp_path: Path) -> None:
-    """models/scaler (version 1 answers x2, version 2 x3) and scaler-v1.yaml, its profile on the
-    host: deploy/examples/versioned, copied."""
-    shutil.copytree(VERSIONED / "models", tmp_path / "models")
-    shutil.copy(VERSIONED / "profiles/scaler-v1.yaml", tmp_path)
-
-
 def scaler(version: int) -> dict:
     # relative paths: resolved against the YAML file's folder
     variant = {"name": "scaler-v1", "artifact": {"uri": "models/scaler", "version": version},
@@ -257,7 +256,7 @@ def test_a_users_own_triton_model_deploys_at_the_pinned_version(tmp_path: Path) 
     import numpy as np
     import tritonclient.http as th
 
-    scaler_artifact(tmp_path)
+    versioned_model(tmp_path)
     docs = write_docs(tmp_path / "d.yaml", pool(a100s=1), scaler(1))
     with operator_up(tmp_path, docs) as op:
         assert op.condition("scaler", "Ready") == "True"
@@ -273,7 +272,7 @@ def test_a_users_own_triton_model_deploys_at_the_pinned_version(tmp_path: Path) 
 def test_a_new_artifact_version_rolls_out_under_load_answering_everything(tmp_path: Path) -> None:
     from deploy.cli import main
 
-    scaler_artifact(tmp_path)
+    versioned_model(tmp_path)
     resnet = deployment("resnet50", 150, 100)
     v1 = write_docs(tmp_path / "v1.yaml", pool(a100s=1), resnet, scaler(1))
     v2 = write_docs(tmp_path / "v2.yaml", pool(a100s=1), resnet, scaler(2))
@@ -340,20 +339,7 @@ def test_up_in_the_foreground_stops_everything_on_ctrl_c(tmp_path: Path) -> None
 def test_a_change_that_would_drop_capacity_on_a_full_pool_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
     from deploy.cli import main
 
-    def big(variant: str) -> dict:
-        # 50 of the A100's 80 GB: a successor never fits beside its predecessor
-        pts = [{"batch": b, "p50": 2.0 + 0.1 * b, "p99": 3.0 + 0.1 * b} for b in (1, 8, 32)]
-        doc = {"apiVersion": "headrace.dev/v1", "kind": "Profile", "metadata": {"name": f"{variant}@A100-80GB/gpu"},
-               "spec": {"model": "big", "variant": variant, "gpu": "A100-80GB", "slice": "gpu", "max_batch": 32,
-                        "memory_mb": 50_000.0, "latency_ms": pts,
-                        "provenance": {"source": "test", "kind": "measured", "measured_batches": [1, 8, 32]}}}
-        (tmp_path / f"{variant}.yaml").write_text(yaml.safe_dump(doc))
-        return {"name": variant, "profile": f"{variant}.yaml"}
-
-    full = pool(a100s=1, host=False, mps=False)
-    full["spec"]["nodes"][0]["gpus"][0]["mig"] = False
-    a = write_docs(tmp_path / "a.yaml", full, deployment("big", 100, 100, variants=[big("big-a")]))
-    b = write_docs(tmp_path / "b.yaml", full, deployment("big", 100, 100, variants=[big("big-b")]))
+    a, b = full_gpu(tmp_path, ["big-a"], "a.yaml"), full_gpu(tmp_path, ["big-b"], "b.yaml")
     with operator_up(tmp_path, a) as op:
         pids, plan = op.pids(), op.state()["plan"]
         capsys.readouterr()

@@ -6,13 +6,11 @@ rollback restores an earlier generation's fleet, not a re-plan of its documents.
 from __future__ import annotations
 
 import asyncio
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from deploy.operator.controller import ApplyError, Controller, Disruption
 from deploy.operator.desired import base_profiles, prepare, validate
@@ -20,7 +18,7 @@ from deploy.operator.state import DirStateStore
 from placement.apply.executors import ExecutorError
 from placement.apply.render import Endpoint
 from placement.diff import Step
-from tests.operator_harness import deployment, pool, write_docs
+from tests.operator_harness import deployment, full_gpu, pool, versioned_model, write_docs
 
 DIGITS = ["digits-small", "digits-medium", "digits-large"]
 
@@ -105,15 +103,6 @@ def serving(ctl: Controller) -> list[str]:
     return sorted(ctl.gateway.driver.replicas)  # type: ignore[union-attr]
 
 
-VERSIONED = Path(__file__).resolve().parents[2] / "deploy/examples/versioned"
-
-
-def artifact(tmp_path: Path) -> None:
-    """The example user model (deploy/examples/versioned), copied: the tests change its files."""
-    shutil.copytree(VERSIONED / "models", tmp_path / "models")
-    shutil.copy(VERSIONED / "profiles/scaler-v1.yaml", tmp_path)
-
-
 def scaler_docs(tmp_path: Path, version: int, name: str = "d.yaml") -> str:
     v = {"name": "scaler-v1", "artifact": {"uri": "models/scaler", "version": version}, "profile": "scaler-v1.yaml"}
     return validate([str(write_docs(tmp_path / name, pool(a100s=1), deployment("resnet50", 100, 100),
@@ -121,7 +110,7 @@ def scaler_docs(tmp_path: Path, version: int, name: str = "d.yaml") -> str:
 
 
 def test_a_new_artifact_version_replaces_its_replica_beside_it_and_keeps_the_others(tmp_path: Path) -> None:
-    artifact(tmp_path)
+    versioned_model(tmp_path)
     ctl = started(tmp_path, scaler_docs(tmp_path, 1))
     before = serving(ctl)
     old = next(r for r in before if "scaler" in r)
@@ -140,7 +129,7 @@ def test_a_new_artifact_version_replaces_its_replica_beside_it_and_keeps_the_oth
 
 
 def test_a_successor_that_is_not_ready_rolls_the_change_back(tmp_path: Path) -> None:
-    artifact(tmp_path)
+    versioned_model(tmp_path)
     ctl = started(tmp_path, scaler_docs(tmp_path, 1))
     before = serving(ctl)
     ctl.runtime.fail = {"scaler-v1~"}  # type: ignore[union-attr]
@@ -168,23 +157,8 @@ def test_a_failure_part_way_undoes_what_was_done_newest_first(tmp_path: Path) ->
     assert ctl.runtime.log[-1] == ("stop_replica", starts[0])  # type: ignore[union-attr]
 
 
-def big(tmp_path: Path, variant: str) -> str:
-    """A profile of ``variant`` taking 50 of an A100-80GB's 80 GB: two never fit one GPU."""
-    name = f"{variant}@A100-80GB/gpu"
-    pts = [{"batch": b, "p50": 2.0 + 0.1 * b, "p99": 3.0 + 0.1 * b} for b in (1, 8, 32)]
-    doc = {"apiVersion": "headrace.dev/v1", "kind": "Profile", "metadata": {"name": name},
-           "spec": {"model": "big", "variant": variant, "gpu": "A100-80GB", "slice": "gpu", "max_batch": 32,
-                    "memory_mb": 50_000.0, "latency_ms": pts,
-                    "provenance": {"source": "test", "kind": "measured", "measured_batches": [1, 8, 32]}}}
-    (tmp_path / f"{variant}.yaml").write_text(yaml.safe_dump(doc))
-    return f"{variant}.yaml"
-
-
 def full_pool(tmp_path: Path, variants: list[str], name: str, **spec: Any) -> str:
-    vs = [{"name": v, "profile": big(tmp_path, v)} for v in variants]
-    gpu_pool = pool(a100s=1, host=False, mps=False)
-    gpu_pool["spec"]["nodes"][0]["gpus"][0]["mig"] = False
-    return validate([str(write_docs(tmp_path / name, gpu_pool, deployment("big", 100, 100, variants=vs, **spec)))])[0]
+    return validate([str(full_gpu(tmp_path, variants, name, **spec))])[0]
 
 
 def test_a_change_that_would_drop_capacity_is_refused_unless_allowed(tmp_path: Path) -> None:
@@ -236,7 +210,7 @@ def test_a_replica_id_started_again_gets_a_fresh_repository(tmp_path: Path, monk
     import placement.apply.emulated as emulated
     from placement.diff import diff
 
-    artifact(tmp_path)
+    versioned_model(tmp_path)
     want = prepare(scaler_docs(tmp_path, 1), base_profiles())
     plan, _, _ = Controller(DirStateStore(tmp_path / "state"), want.profiles)._solve_diff(want)  # noqa: SLF001
     start = next(s for s in diff(None, plan).steps if s.action == "start_replica" and "scaler" in s.replica_id)
@@ -265,7 +239,7 @@ def test_each_deployment_has_its_own_generation_and_events_persist_with_rfc3339_
     import json
     import re
 
-    artifact(tmp_path)
+    versioned_model(tmp_path)
     ctl = started(tmp_path, scaler_docs(tmp_path, 1))
     ctl._bump(ctl.desired)  # noqa: SLF001  (as up does)
     ctl.observed = {n: g for n, (g, _) in ctl.generations.items()}
@@ -306,7 +280,7 @@ def test_status_watch_prints_what_changed_and_stops_when_the_controller_does() -
 
 
 def test_a_replica_the_gateway_refuses_is_stopped_and_the_change_rolled_back(tmp_path: Path) -> None:
-    artifact(tmp_path)
+    versioned_model(tmp_path)
     ctl = started(tmp_path, scaler_docs(tmp_path, 1))
     before = sorted(ctl.runtime.running)  # type: ignore[union-attr]
 
@@ -321,7 +295,7 @@ def test_a_replica_the_gateway_refuses_is_stopped_and_the_change_rolled_back(tmp
 
 
 def test_apply_without_wait_answers_once_the_rollout_has_begun_and_finishes_it(tmp_path: Path) -> None:
-    artifact(tmp_path)
+    versioned_model(tmp_path)
     ctl = started(tmp_path, scaler_docs(tmp_path, 1))
 
     async def run() -> tuple[dict, bool, bool]:
