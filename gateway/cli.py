@@ -82,3 +82,16 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, GatewayError, OSError) as e:
         print(f"headrace serve: {e}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gateway.cli serve ...``: ``headrace serve`` alone, without the rest of the
+    CLI (the operator starts its gateway process so)."""
+    p = argparse.ArgumentParser(prog="python -m gateway.cli")
+    register(p.add_subparsers(dest="command", required=True))
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

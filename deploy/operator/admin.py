@@ -66,7 +66,12 @@ async def _guard(coro):  # noqa: ANN001, ANN202
 
 
 async def _status(request: web.Request) -> web.Response:
-    return web.json_response(request.app[CONTROLLER].status())
+    ctl = request.app[CONTROLLER]
+    try:
+        await ctl.look()
+    except Exception as e:  # noqa: BLE001  (status then shows the gateway as last read)
+        log.warning("gateway not read for status: %s", e)
+    return web.json_response(ctl.status())
 
 
 async def _documents(request: web.Request) -> web.Response:

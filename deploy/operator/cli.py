@@ -1,7 +1,8 @@
 """``headrace up / apply / status / down / rollback``: the operator's commands.
 
-``up`` runs the controller (and the gateway in it) in the foreground until Ctrl-C, SIGTERM or
-``headrace down``; ``--detach`` leaves it running in its own session; ``--dry-run`` checks the
+``up`` runs the controller (and the gateway, a process of its own) in the foreground until
+Ctrl-C, SIGTERM or ``headrace down``; ``--detach`` leaves it running in its own session under
+a supervisor that starts it again if it dies (:mod:`deploy.operator.supervisor`); ``--dry-run`` checks the
 documents and the state directory, plans, prints what it would start and starts nothing. Every
 command refuses a state directory whose ``state.json`` is corrupt (one line, exit 2), before it
 starts or stops anything (:mod:`deploy.operator.state`). The other commands talk
@@ -97,20 +98,34 @@ def _cleanup_leftovers(store: DirStateStore, out: Console) -> None:
             out.print(f"stopped {name} (pid {p['pid']}), left by a previous controller")
 
 
-async def _serve(args: argparse.Namespace, want: Desired, base: ProfileSet, store: DirStateStore,
+async def _serve(args: argparse.Namespace, want: Desired | None, base: ProfileSet, store: DirStateStore,
                  out: Console) -> int:
+    """Run the controller until it is stopped: ``up`` of ``want``, or (``want`` None) taking
+    over the fleet the state records (:func:`deploy.operator.adopt.take_over`)."""
     from deploy.operator.admin import serve_admin  # noqa: PLC0415
     from deploy.operator.controller import Controller  # noqa: PLC0415
+    from deploy.operator.desired import prepare  # noqa: PLC0415
+    from deploy.operator.gateway_process import adopt_gateway, start_gateway  # noqa: PLC0415
     from deploy.operator.state import start_time  # noqa: PLC0415
+    from deploy.operator.takeover import AdoptError, check_adoptable, take_over  # noqa: PLC0415
     from placement.apply.executors import ExecutorError  # noqa: PLC0415
     from placement.plan import PlanError  # noqa: PLC0415
     from placement.solve.solver import SolverError  # noqa: PLC0415
 
+    st = store.read()
+    was = dict(st)
+    if want is None:
+        try:
+            check_adoptable(st)
+            want = prepare(store.generation(int(st["observed_generation"])), base, "adopt")
+        except (AdoptError, OSError, ValueError) as e:
+            raise CliError(f"cannot take the fleet over: {e}", 2) from None
     settings = want.settings
     token = store.token(settings.admin.token_file, settings.admin.token_env)
     tls = admin_tls(want.docs)
-    ctl = Controller(store, base, method=args.method, tick=args.tick)
-    st = store.read()
+    ctl = Controller(store, base, method=args.method, tick=args.tick,
+                     start_gateway=lambda cfg: start_gateway(store, cfg),
+                     adopt_gateway=lambda rec: adopt_gateway(store, rec))
     st.update(controller_pid=os.getpid(), controller_started=start_time(os.getpid()),
               token_file=settings.admin.token_file, running=False,
               admin_tls_cert=None if tls is None else str(tls.cert_path.resolve()))
@@ -122,10 +137,16 @@ async def _serve(args: argparse.Namespace, want: Desired, base: ProfileSet, stor
     runner = None
     try:
         try:
-            await ctl.up(want)
+            if args.adopt:
+                try:
+                    await take_over(ctl, was)
+                except AdoptError as e:
+                    raise CliError(f"cannot take the fleet over: {e}", 2) from None
+            else:
+                await ctl.up(want)
             runner, ctl.admin_url = await serve_admin(ctl, token, settings.admin.host, settings.admin.port,
                                                       None if tls is None else tls.ssl_context())
-        except (ExecutorError, SolverError, PlanError, OSError) as e:
+        except (ExecutorError, SolverError, PlanError, OSError, RuntimeError) as e:
             raise CliError(str(e).splitlines()[0] if isinstance(e, SolverError | PlanError) else str(e),
                            2 if isinstance(e, SolverError | PlanError) else 1) from None
         ctl.save()
@@ -155,6 +176,14 @@ async def _serve(args: argparse.Namespace, want: Desired, base: ProfileSet, stor
 def up(args: argparse.Namespace) -> int:
     out = Console(width=WIDTH)
     store = DirStateStore.default(args.state_dir)
+    if args.adopt:  # the supervisor's restart: the fleet the state records, not the files
+        from deploy.operator.desired import base_profiles  # noqa: PLC0415
+        from gateway.serving import run_on_serve_loop  # noqa: PLC0415
+
+        _not_running(store)
+        return run_on_serve_loop(_serve(args, None, base_profiles(), store, out))
+    if not args.file:
+        raise CliError("-f FILE|DIR is required (the deployment documents)", 2)
     text, want, base = validate(args.file, check_security=True)
     if args.dry_run:
         return _dry_run(want, base, store, args.method, out)
@@ -195,7 +224,10 @@ def _dry_run(want: Desired, base: ProfileSet, store: DirStateStore, method: str,
 
 
 def _detach(args: argparse.Namespace, store: DirStateStore, out: Console) -> int:
-    argv = [sys.executable, "-m", "deploy.operator.cli", "up", "--state-dir", str(store.path), "--method", args.method,
+    """The controller under its supervisor (:mod:`deploy.operator.supervisor`), in a session of
+    their own; returns once it serves."""
+    argv = [sys.executable, "-m", "deploy.operator.supervisor", "--state-dir", str(store.path), "--",
+            sys.executable, "-m", "deploy.operator.cli", "up", "--state-dir", str(store.path), "--method", args.method,
             "--tick", str(args.tick)]
     for f in args.file:
         argv += ["-f", str(Path(f).resolve())]
@@ -216,7 +248,8 @@ def _detach(args: argparse.Namespace, store: DirStateStore, out: Console) -> int
             status = call(url, token, "GET", "/v1/status", context=ctx)
             print_endpoints(status, out)
             print_status(status, out)
-            out.print(f"controller pid {proc.pid}, log {store.log_path}; `headrace down` stops it", highlight=False)
+            out.print(f"controller pid {st.get('controller_pid')} under its supervisor (pid {proc.pid}), log "
+                      f"{store.log_path}; `headrace down` stops it", highlight=False)
             return 0
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGTERM)
@@ -272,10 +305,32 @@ def _left(st: dict) -> dict[str, dict]:
     return {k: p for k, p in (st.get("processes") or {}).items() if same_process(p["pid"], p.get("started"))}
 
 
+def _supervisor(st: dict) -> int | None:
+    """The pid of the controller's supervisor, if it runs."""
+    pid = st.get("supervisor_pid")
+    return pid if pid and same_process(pid, st.get("supervisor_started")) else None
+
+
+def _stop_supervisor(st: dict, timeout: float = 60.0) -> None:
+    """SIGTERM to the supervisor (it passes it on to a controller it runs, which stops its
+    fleet) and wait until it has exited, so it starts no controller again."""
+    pid = _supervisor(st)
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    end = time.monotonic() + timeout
+    while same_process(pid, st.get("supervisor_started")) and time.monotonic() < end:
+        time.sleep(0.1)
+
+
 def _stop_left(store: DirStateStore, st: dict, grace: float = 10.0) -> int:
-    """Stop what a dead controller left, from its state: SIGTERM to each recorded process group,
-    SIGKILL after ``grace`` s to what remains (matched by pid and start time, never by name).
-    Returns how many were running."""
+    """Stop what a dead controller left, from its state: its supervisor first (it would start
+    the controller again), then SIGTERM to each recorded process group, SIGKILL after ``grace``
+    s to what remains (matched by pid and start time, never by name). Returns how many were
+    running."""
+    _stop_supervisor(st)
+    st = {**store.read(), "processes": {**(st.get("processes") or {}), **(store.read().get("processes") or {})}}
     left = _left(st)
     for p in left.values():
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -313,6 +368,7 @@ def down(args: argparse.Namespace) -> int:
         time.sleep(0.2)
     if pid and same_process(pid, st.get("controller_started")):
         raise CliError(f"the controller (pid {pid}) is still stopping after {args.timeout:g} s", 1)
+    _stop_supervisor(st, timeout=10.0)  # it ends with its controller; if not, it is stopped
     Console(width=WIDTH).print("stopped", highlight=False)
     return 0
 
@@ -362,10 +418,14 @@ def watch(fetch, before: dict, interval: float, emit, sleep=time.sleep, polls: i
 
 def _offline(st: dict) -> dict:
     """What the state says while its controller is down: the generation, and which of the
-    processes it recorded still run (the gateway ran inside the controller and is gone)."""
+    processes it recorded still run (the gateway among them)."""
     left = _left(st)
+    sup = _supervisor(st)
+    again = (f"its supervisor (pid {sup}) is starting it again, to take the fleet over" if sup else
+             "nothing restarts it (headrace down stops what it left; headrace up starts it again)")
     return {"controller": "down", "message": f"the controller (pid {st['controller_pid']}) is not running; "
-            "this is its last recorded state (headrace down stops what it left; headrace up starts it again)",
+            f"{again}. This is its last recorded state, and the processes it recorded:",
+            "supervisor": sup,
             "generation": st.get("generation"), "observedGeneration": st.get("observed_generation"),
             "history": st.get("history"),
             "processes": {k: {"pid": p["pid"], "running": k in left} for k, p in (st.get("processes") or {}).items()}}
@@ -427,9 +487,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("up", help="plan, start and serve model deployments from YAML (the operator)",
                        description=__doc__, epilog=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-f", "--file", action="append", required=True, metavar="FILE|DIR",
+    p.add_argument("-f", "--file", action="append", default=[], metavar="FILE|DIR",
                    help="GpuPool / ModelDeployment / Gateway YAML (repeatable; a folder: its *.yaml)")
-    p.add_argument("--detach", action="store_true", help="leave the controller running in the background")
+    p.add_argument("--detach", action="store_true",
+                   help="leave the controller running in the background, under a supervisor that restarts it")
+    p.add_argument("--adopt", action="store_true",
+                   help="take over the fleet the state directory records, restarting nothing (what the "
+                   "supervisor runs when the controller died)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the documents and the state directory, plan, print what it would start; start nothing")
     p.add_argument("--method", choices=("greedy", "milp"), default="greedy", help="placement solver")

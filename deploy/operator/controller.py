@@ -1,8 +1,9 @@
 """The controller: documents -> plan -> make-before-break apply -> a gateway serving the plan.
 
-It runs on the gateway's event loop, with the gateway in the same process (the live replica
-API is a method call, not a hop). Blocking work (solving, starting Triton) runs in a worker
-thread. One apply runs at a time. Every tick it samples the gateway's counters, restarts a
+It drives the gateway through a :class:`gateway.handle.GatewayHandle`: by default a gateway
+on its own event loop, and under ``headrace up`` a gateway process of its own, reached over
+its authenticated control channel, which keeps serving while the controller is down.
+Blocking work (solving, starting Triton) runs in a worker thread. One apply runs at a time. Every tick it samples the gateway's counters, restarts a
 managed Triton that died (the deployment reads ``Degraded`` meanwhile; the gateway fails over
 on its own), and steps each deployment's autoscaler (:mod:`placement.autoscale`).
 """
@@ -15,19 +16,19 @@ import hashlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from deploy.operator.adopt import STATE_VERSION, fleet_to_state, gpus_from_state, llm_from_state
+from deploy.operator.autoscaler import Autoscaler
 from deploy.operator.desired import Desired, prepare
 from deploy.operator.llm_runtime import LlmEngines
-from deploy.operator.observe import Observer
+from deploy.operator.observe import Observer, Seen
 from deploy.operator.runtime import LocalRuntime, ProcessRuntime
 from deploy.operator.state import StateError, StateStore
 from deploy.operator.status import Event, status
-from gateway.app import Gateway
-from gateway.coldstart import ColdStart
-from gateway.config import resolve
+from gateway.handle import GatewayHandle, LocalHandle
 from placement import autoscale
 from placement.apply.render import Endpoint, gateway_config
 from placement.diff import PlanDiff, Step, diff, replan, stamp
@@ -39,12 +40,11 @@ from placement.llm import (
     place,
     replica_config,
 )
-from placement.plan import KEEP_SERVED, Plan
+from placement.plan import Plan
 from placement.solve.solver import solve
 from placement.spec import inventory, single_pool
 from profiles.gateway_config import GatewayConfig
 from profiles.profile import ProfileSet
-from profiles.schema import AutoscalingSpec
 
 log = logging.getLogger("headrace.operator")
 
@@ -57,20 +57,16 @@ class Disruption(ApplyError):
     """A change would take a model's serving capacity below its need, and was not allowed to."""
 
 
+FLEETS_KEPT = 20  # the generations whose fleets the state keeps for rollback (older: a re-plan of their documents)
+
 # a step's undoing: the same step with the opposite action
 INVERSE = {"start_replica": "stop_replica", "stop_replica": "start_replica", "create_slice": "destroy_slice",
            "destroy_slice": "create_slice", "start_mps": "stop_mps", "stop_mps": "start_mps",
            "enable_mig": "disable_mig", "disable_mig": "enable_mig"}
 
 
-def rate_window(upscale_delay_s: float) -> float:
-    """Seconds the autoscaler's observed rate is averaged over: at most the upscale delay (a
-    step shows within it), at least a second (Poisson noise), at most 5 s."""
-    return max(1.0, min(upscale_delay_s, 5.0))
-
-
 @dataclass
-class Controller:
+class Controller(Autoscaler):
     store: StateStore
     base_profiles: ProfileSet
     method: str = "greedy"
@@ -79,7 +75,10 @@ class Controller:
     clock: Callable[[], float] = time.monotonic
     wall: Callable[[], float] = time.time
     runtime: ProcessRuntime | None = None
-    gateway: Gateway | None = None
+    gateway: GatewayHandle | None = None
+    # how the gateway is started for a plan's config (None: on this event loop)
+    start_gateway: Callable[[GatewayConfig], Awaitable[GatewayHandle]] | None = None
+    seen: Seen = field(default_factory=Seen)  # the gateway as last read
     desired: Desired | None = None
     plan: Plan | None = None
     llm_plan: LlmPlan = field(default_factory=LlmPlan)  # the generative deployments' engines
@@ -105,6 +104,9 @@ class Controller:
     _task: asyncio.Task | None = None
     _heals: set[asyncio.Task] = field(default_factory=set)
     _written: dict[str, Any] = field(default_factory=dict)  # the state as last read or written
+    stored_fleets: dict[str, Any] = field(default_factory=dict)  # generation -> fleet, as an adopted state had them
+    # how a running gateway process recorded in the state is taken over (None: it is not)
+    adopt_gateway: Callable[[dict[str, Any]], Awaitable[GatewayHandle]] | None = None
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
     # ------------------------------------------------------------------ lifecycle
@@ -131,14 +133,13 @@ class Controller:
                     self.save()
                 self.llm_plan = llm_plan
                 cfg = self._render(plan, want, self.runtime.endpoints().values())
-                self.gateway = Gateway(cfg)
-                await self.gateway.start()
-                self.gateway.driver.cold = ColdStart(self._cold)
-                self.observer.sample(self.gateway.driver.metrics.registry, self.clock())  # the counts' zero
+                self.gateway = await self._start_gateway(cfg)
+                await self.look()
+                self.observer.sample(self.seen.counters, self.clock())  # the counts' zero
             finally:
                 self.applying = None
             self.desired, self.plan, self.observed_generation = want, plan, 1
-            self._cold_waits()
+            await self._cold_waits()
             self.observed = {n: g for n, (g, _) in self.generations.items()}
             self.history.append(1)
             self.fleets[1] = (plan, llm_plan)
@@ -148,6 +149,22 @@ class Controller:
                         + (f", {len(llm_plan.replicas)} LLM engines" if llm_plan.replicas else ""))
             self.save()
         self._task = asyncio.create_task(self._loop())
+
+    async def _start_gateway(self, cfg: GatewayConfig) -> GatewayHandle:
+        if self.start_gateway is not None:
+            return await self.start_gateway(cfg)
+        from gateway.app import Gateway  # noqa: PLC0415
+
+        gw = Gateway(cfg)
+        await gw.start()
+        return LocalHandle(gw)
+
+    async def look(self) -> Seen:
+        """Read what the gateway serves and its counters (kept in :attr:`seen` for status)."""
+        if self.gateway is not None:
+            self.seen = Seen(await self.gateway.replicas(), await self.gateway.llm_replicas(),
+                             await self.gateway.counters())
+        return self.seen
 
     def preview(self, want: Desired) -> dict[str, Any]:
         """What :meth:`up` would start for ``want``: its steps, the replicas and engines it
@@ -169,7 +186,7 @@ class Controller:
             t.cancel()
         try:
             if self.gateway is not None:
-                await self.gateway.stop(drain_timeout=min(self.drain_timeout, 5.0))
+                await self.gateway.stop(min(self.drain_timeout, 5.0))
         finally:
             self.gateway = None
             if self.engines is not None:
@@ -198,7 +215,7 @@ class Controller:
             want = await asyncio.to_thread(prepare, text, self.base_profiles, reason)  # sizes LLM deployments
             if reason != "autoscale":
                 self.rates = {}
-            if target is not None and target in self.fleets:
+            if target is not None and (target in self.fleets or str(target) in self.stored_fleets):
                 new, d, llm_new = await asyncio.to_thread(self._restore, want, target)
             else:
                 new, d, llm_new = await asyncio.to_thread(self._solve_diff, want)
@@ -249,7 +266,7 @@ class Controller:
                 self.observed = {n: g for n, (g, _) in self.generations.items()}
                 self.history.append(self.generation)
                 self._reset_scaling()
-                self._cold_waits()
+                await self._cold_waits()
             self.fleets[self.generation] = (self.plan, self.llm_plan)  # type: ignore[assignment]
             self._event("", "Applied", f"generation {self.generation} ({reason}): {len(out['steps'])} steps")
             self.save()
@@ -331,23 +348,24 @@ class Controller:
         begun: list[str] = []
         try:
             for ch in llm_new.choices:  # the deployments' SLOs and priority, changed or not
-                self.gateway.llm.set_model(model_config(ch, []))
+                await self.gateway.set_llm_model(model_config(ch, []))
             for r in start:
                 self.applying = f"starting LLM engine {r.id}"
                 begun.append(r.id)
                 url = await asyncio.to_thread(engines.start, r)
                 ch = next(c for c in llm_new.choices if c.model == r.model)
-                self.gateway.llm.add_replica(model_config(ch, []), replica_config(r, url))
+                await self.gateway.add_llm_replica(model_config(ch, []), replica_config(r, url))
                 done.append(f"start LLM engine {r.id}")
                 self.save()
         except Exception as e:  # noqa: BLE001  (no old engine stopped yet: all of it is undone)
             why = f"{self.applying}: {e}"
+            serving = await self.gateway.llm_replicas()
             for rid in reversed(begun):
-                if self.gateway.llm.find(rid) is not None:
+                if rid in serving:
                     await self.gateway.remove_replica(rid, self.drain_timeout)
                 await asyncio.to_thread(engines.stop_replica, rid)
             for ch in self.llm_plan.choices:
-                self.gateway.llm.set_model(model_config(ch, []))
+                await self.gateway.set_llm_model(model_config(ch, []))
             self.executed.append(done)
             await self._undo(ran, why)
             self.applying = None
@@ -355,13 +373,13 @@ class Controller:
         try:
             for rid in stop:
                 self.applying = f"stopping LLM engine {rid}"
-                if self.gateway.llm.find(rid) is not None:
+                if rid in await self.gateway.llm_replicas():
                     await self.gateway.remove_replica(rid, self.drain_timeout)
                 await asyncio.to_thread(engines.stop_replica, rid)
                 done.append(f"stop LLM engine {rid}")
                 self.save()
             for gone in {c.model for c in self.llm_plan.choices} - {c.model for c in llm_new.choices}:
-                self.gateway.llm.drop_model(gone)  # a deployment removed: its name answers 404
+                await self.gateway.drop_llm_model(gone)  # a deployment removed: its name answers 404
         except Exception as e:
             self.failure = f"{self.applying}: {e}"
             self._event("", "ApplyFailed", self.failure)
@@ -378,7 +396,7 @@ class Controller:
         first (the gateway stops sending to it and waits for its batches)."""
         assert self.runtime is not None and self.gateway is not None
         if st.action == "stop_replica":
-            if st.replica_id in self.gateway.driver.replicas:
+            if st.replica_id in await self.gateway.replicas():
                 # a model the plan still serves stays addressable even if a re-plan from
                 # scratch must free this slice before the next replica can start
                 stays = any(dm.model == st.replica.model for dm in plan.demands)  # type: ignore[union-attr]
@@ -415,9 +433,7 @@ class Controller:
         self._event("", "RolledBack", self.rolled_back)
 
     async def _add_to_gateway(self, plan: Plan, want: Desired, ep: Endpoint) -> None:
-        cfg = self._render(plan, want, [ep])
-        served = next(m for m in resolve(cfg) if m.name == ep.model)  # models shed by the plan come too
-        await self.gateway.add_replica(served, served.replicas[0])  # type: ignore[union-attr]
+        await self.gateway.add_replica(self._render(plan, want, [ep]), ep.model)  # type: ignore[union-attr]
 
     def _render(self, plan: Plan, want: Desired, endpoints) -> GatewayConfig:  # noqa: ANN001
         llm = llm_models(self.llm_plan, self.engines.urls() if self.engines else {},
@@ -440,7 +456,12 @@ class Controller:
 
     def _restore(self, want: Desired, generation: int) -> tuple[Plan, PlanDiff, LlmPlan]:
         """Generation ``generation``'s fleet, re-verified, and the steps to it from the running plan."""
-        plan, llm = self.fleets[generation]
+        if generation in self.fleets:
+            plan, llm = self.fleets[generation]
+        else:  # recorded by a controller before this one
+            rec = self.stored_fleets[str(generation)]
+            assert self.plan is not None
+            plan, llm = replace(self.plan, gpus=gpus_from_state(rec["gpus"])), llm_from_state(rec["llm"], tuple(want.llm))
         old = stamp(replace(plan, demands=tuple(want.demands({})), profiles=want.profiles), want.revisions)
         old.verify()
         d = diff(self.plan, old)
@@ -459,7 +480,13 @@ class Controller:
     async def _tick(self, now: float) -> None:
         if self.gateway is None or self.runtime is None:
             return
-        self.observer.sample(self.gateway.driver.metrics.registry, now)
+        if "gateway" in self.restarting:
+            return
+        if not getattr(self.gateway, "alive", lambda: True)():  # a gateway process that died
+            self._heal_gateway()
+            return
+        await self.look()
+        self.observer.sample(self.seen.counters, now)
         for rid, ep in list(self.runtime.endpoints().items()):
             if rid not in self.restarting and not self.runtime.alive(rid):
                 self._heal(rid, ep.model, "Triton", self.runtime.restart)
@@ -488,100 +515,33 @@ class Controller:
         self._heals.add(t)
         t.add_done_callback(self._heals.discard)
 
-    def _cold_waits(self) -> None:
-        """The models that scale to zero (autoscaling.min_replicas 0): the gateway holds their
-        requests while they have no replica, each up to its cold_start_timeout_s."""
-        cold = self.gateway.driver.cold if self.gateway is not None else None
-        if cold is not None and self.desired is not None:
-            cold.waits = {md.spec.model: md.spec.autoscaling.cold_start_timeout_s
-                          for md in self.desired.docs.deployments
-                          if md.spec.autoscaling is not None and md.spec.autoscaling.min_replicas == 0}
+    def _heal_gateway(self) -> None:
+        """Start the gateway process again, serving the running fleet (on the ports its config
+        names: ports 0 are new ones, which status shows)."""
+        self.restarting["gateway"] = "process exited"
+        self._event("", "GatewayDown", "the gateway process exited; starting it again")
 
-    def _cold(self, model: str) -> None:
-        """The gateway's call: a request for ``model``, which has no replica, waits for one."""
-        t = asyncio.create_task(self._scale_from_zero(model))
+        async def restart() -> None:
+            assert self.plan is not None and self.desired is not None and self.runtime is not None
+            try:
+                old = self.gateway
+                cfg = self._render(self.plan, self.desired, self.runtime.endpoints().values())
+                self.gateway = await self._start_gateway(cfg)
+                with contextlib.suppress(Exception):
+                    await old.stop(0.0)  # type: ignore[union-attr]  (what is left of it)
+                await self._cold_waits()
+                self._event("", "Restarted", f"the gateway is back: http {self.gateway.http_url}, "
+                            f"grpc {self.gateway.grpc_url}")
+            except Exception as e:  # noqa: BLE001  (the next tick tries again)
+                self._event("", "RestartFailed", f"the gateway: {e}")
+                await asyncio.sleep(self.tick)
+            finally:
+                self.restarting.pop("gateway", None)
+                self.save()
+
+        t = asyncio.create_task(restart())
         self._heals.add(t)
         t.add_done_callback(self._heals.discard)
-
-    async def _scale_from_zero(self, model: str) -> None:
-        """Plan ``model`` at its declared rate (at least its min_rate, else one replica's worth)
-        and start what that needs; the gateway lets the waiting requests go when it serves."""
-        md = next((m for m in self.desired.docs.deployments if m.spec.model == model), None) if self.desired else None
-        if md is None or md.spec.autoscaling is None:
-            return
-        rate = max(md.spec.rate, md.spec.autoscaling.min_rate or 0.0) or KEEP_SERVED
-        old = self.rates.get(model)
-        self.rates[model] = rate
-        self._event(model, "ScaleFromZero", f"a request arrived and no replica serves; planning {rate:g} req/s")
-        try:
-            await self.apply(self.desired.text, reason="autoscale")  # type: ignore[union-attr]
-        except Exception as e:  # noqa: BLE001  (the waiting requests get 503 when their wait ends)
-            if old is None:
-                self.rates.pop(model, None)
-            else:
-                self.rates[model] = old
-            self._event(model, "ScaleFailed", f"from zero: {e}")
-            return
-        self.scaling[model] = autoscale.initial(rate * md.spec.headroom, self.clock())
-        self._event(model, "ScaledUp", f"from zero: {sum(r.model == model for _, _, r in self.plan.replicas())} "
-                    "replicas")  # type: ignore[union-attr]
-
-    def _reset_scaling(self) -> None:
-        now = self.clock()
-        self.scaling = {}
-        for md in self.desired.docs.deployments if self.desired else []:
-            if md.spec.autoscaling is not None and md.spec.autoscaling.enabled:
-                # the band is the planned capacity (rate x headroom): load within it needs no change
-                rate = self.rates.get(md.spec.model, md.spec.rate)
-                self.scaling[md.spec.model] = autoscale.initial(rate * md.spec.headroom, now)
-
-    def _scale_spec(self, model: str) -> AutoscalingSpec:
-        md = next(m for m in self.desired.docs.deployments if m.spec.model == model)  # type: ignore[union-attr]
-        assert md.spec.autoscaling is not None
-        return md.spec.autoscaling
-
-    def _out_of_bounds(self, want: Desired, plan: Plan) -> str | None:
-        """Why ``plan`` breaks a deployment's min_replicas / max_replicas (None: it does not)."""
-        for md in want.docs.deployments:
-            a = md.spec.autoscaling
-            if a is None:
-                continue
-            n = sum(1 for _, _, r in plan.replicas() if r.model == md.spec.model)
-            if a.max_replicas is not None and n > a.max_replicas:
-                return f"{md.spec.model}: the plan needs {n} replicas, above max_replicas ({a.max_replicas})"
-            # a floor the pool cannot meet is the plan's FloorShortfall, which status shows
-            if n < a.min_replicas and not any(f.model == md.spec.model for f in plan.floors):
-                return f"{md.spec.model}: the plan keeps {n} replicas, below min_replicas ({a.min_replicas})"
-        return None
-
-    async def _autoscale(self, now: float) -> None:
-        for model, state in list(self.scaling.items()):
-            spec = self._scale_spec(model)
-            window_s = rate_window(spec.upscale_delay_s)
-            window = self.observer.window(model, window_s, now)
-            replicas = sum(1 for _, _, r in self.plan.replicas() if r.model == model) if self.plan else None
-            decision, self.scaling[model] = autoscale.step(spec, state, window.rate, now, window_s=window_s,
-                                                           replicas=replicas)
-            if decision.direction is None:
-                continue
-            old = self.rates.get(model)
-            headroom = next(m.spec.headroom for m in self.desired.docs.deployments  # type: ignore[union-attr]
-                            if m.spec.model == model)
-            self.rates[model] = decision.rate / headroom
-            try:
-                out = await self.apply(self.desired.text, reason="autoscale")  # type: ignore[union-attr]
-            except Exception as e:  # noqa: BLE001
-                if old is None:
-                    self.rates.pop(model, None)
-                else:
-                    self.rates[model] = old
-                # back to the old band; a new try only after another full delay
-                self.scaling[model] = autoscale.initial(state.planned_rate, now)
-                self._event(model, "ScaleFailed", f"{decision.reason}: {e}")
-                continue
-            n = sum(1 for _, _, r in self.plan.replicas() if r.model == model)  # type: ignore[union-attr]
-            kind = "ScaledUp" if decision.direction == "up" else "ScaledDown"
-            self._event(model, kind, f"{decision.reason}; {len(out['steps'])} steps, {n} replicas")
 
     # ------------------------------------------------------------------ status
 
@@ -608,13 +568,22 @@ class Controller:
 
     def save(self) -> None:
         st = self._state()
+        gw = getattr(self.gateway, "record", None)  # a gateway process: its pid and control address
+        fleets = {**self.stored_fleets, **{str(g): fleet_to_state(p.gpus, llm) for g, (p, llm) in self.fleets.items()}}
         st.update(
+            state_version=STATE_VERSION,
             running=True, generation=self.generation, observed_generation=self.observed_generation,
             history=self.history, admin_url=self.admin_url,
             gateway={"http": self.gateway.http_url, "grpc": self.gateway.grpc_url} if self.gateway else None,
             processes={**(self.runtime.processes() if self.runtime else {}),
-                       **(self.engines.processes() if self.engines else {})},
+                       **(self.engines.processes() if self.engines else {}),
+                       **({"gateway": gw} if gw else {})},
             plan=self.plan.to_dict() if self.plan else None,
+            # what a controller that takes this fleet over needs (deploy.operator.adopt)
+            fleet=fleet_to_state(self.plan.gpus, self.llm_plan) if self.plan else None,
+            fleets={g: fleets[g] for g in sorted(fleets, key=int)[-FLEETS_KEPT:]},
+            generations={n: list(v) for n, v in self.generations.items()}, observed=dict(self.observed),
+            rates=dict(self.rates),
         )
         self.store.write(st)
         self._written = st
@@ -623,7 +592,7 @@ class Controller:
         return status(self)
 
     def serving(self) -> dict[str, tuple[int, bool]]:
-        return {rid: (0, r.healthy) for rid, r in self.gateway.driver.replicas.items()} if self.gateway else {}
+        return {rid: (0, healthy) for rid, healthy in self.seen.replicas.items()}
 
     def documents_yaml(self) -> str:
         return self.desired.text if self.desired else ""

@@ -14,10 +14,11 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from deploy.operator.state import start_time
+from deploy.operator.adopt import Foreign, started_of
 from placement.apply.executors import ExecutorError
 from placement.apply.render import file_name
 from placement.llm import GPU_MEMORY_UTILIZATION, LlmReplica
@@ -116,11 +117,31 @@ class LlmEngines:
         """The profile file each engine runs, by replica id (the gateway's routers read it)."""
         return {rid: str(e.profile) for rid, e in self.engines.items() if e.profile is not None}
 
-    def processes(self) -> dict[str, dict[str, int | None]]:
-        """Every engine process: ``engine:<replica id>`` -> pid and start time."""
-        return {f"engine:{rid}": {"pid": e.proc.pid, "started": start_time(e.proc.pid)}
+    def processes(self) -> dict[str, dict[str, Any]]:
+        """Every engine process: ``engine:<replica id>`` -> pid and start time, and what
+        :meth:`adopt` needs to drive it again."""
+        return {f"engine:{rid}": {"pid": e.proc.pid, "started": started_of(e.proc), "argv": e.argv, "log": str(e.log),
+                                  "url": e.url, "profile": None if e.profile is None else str(e.profile)}
                 for rid, e in self.engines.items() if e.proc is not None}
+
+    def adopt(self, processes: dict[str, dict[str, Any]], replicas: dict[str, LlmReplica]) -> list[str]:
+        """Take over the engines of ``processes`` (as :meth:`processes` wrote them) that still
+        run and that ``replicas`` (by id) names; returns the names of those gone."""
+        gone = []
+        for name, rec in processes.items():
+            kind, _, rid = name.partition(":")
+            if kind != "engine" or rid not in replicas:
+                continue
+            proc = Foreign(rec["pid"], rec.get("started"))
+            if proc.poll() is not None:
+                gone.append(name)
+                continue
+            self.engines[rid] = _Engine(replicas[rid], list(rec["argv"]), Path(rec["log"]), rec["url"],
+                                        proc,  # type: ignore[arg-type]
+                                        None if rec.get("profile") is None else Path(rec["profile"]))
+        return gone
 
     def stop(self) -> None:
         for rid in list(self.engines):
             self.stop_replica(rid)
+

@@ -5,15 +5,24 @@ generative model's answer is within its deadline when it meets both its TTFT and
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry
+from gateway.handle import Sample
 
 COUNTERS = {"headrace_goodput_total": "good", "headrace_deadline_missed_total": "missed",
             "headrace_rejections_total": "rejected", "headrace_failures_total": "failed",
             "headrace_llm_refused_total": "rejected"}
 # a generative model's answers: those meeting both token SLOs are good, the rest missed
 LLM_ANSWERED, LLM_MET = "headrace_llm_requests_total", "headrace_llm_slo_met_total"
+
+
+@dataclass
+class Seen:
+    """The gateway as the controller last read it (:meth:`Controller.look`)."""
+
+    replicas: dict[str, bool] = field(default_factory=dict)  # classic replica id -> healthy
+    llm: dict[str, bool] = field(default_factory=dict)  # engine replica id -> taking requests
+    counters: list[Sample] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -31,21 +40,20 @@ class Totals:
         return Totals(self.good - o.good, self.missed - o.missed, self.rejected - o.rejected, self.failed - o.failed)
 
 
-def read_totals(registry: CollectorRegistry) -> dict[str, Totals]:
-    """The gateway's counters by model."""
+def read_totals(samples: list[Sample]) -> dict[str, Totals]:
+    """The gateway's counters (:meth:`gateway.handle.GatewayHandle.counters`) by model."""
     acc: dict[str, dict[str, float]] = {}
-    for metric in registry.collect():
-        for s in metric.samples:
-            field = COUNTERS.get(s.name)
-            if s.name == LLM_ANSWERED:
-                field = "missed"
-            elif s.name == LLM_MET and s.labels.get("slo") == "both":
-                d = acc.setdefault(s.labels.get("model", ""), {})
-                d["missed"] = d.get("missed", 0.0) - s.value
-                field = "good"
-            if field is not None:
-                d = acc.setdefault(s.labels.get("model", ""), {})
-                d[field] = d.get(field, 0.0) + s.value
+    for name, labels, value in samples:
+        field = COUNTERS.get(name)
+        if name == LLM_ANSWERED:
+            field = "missed"
+        elif name == LLM_MET and labels.get("slo") == "both":
+            d = acc.setdefault(labels.get("model", ""), {})
+            d["missed"] = d.get("missed", 0.0) - value
+            field = "good"
+        if field is not None:
+            d = acc.setdefault(labels.get("model", ""), {})
+            d[field] = d.get(field, 0.0) + value
     return {m: Totals(**d) for m, d in acc.items()}
 
 
@@ -64,8 +72,8 @@ class Observer:
         self.horizon = horizon
         self._samples: deque[tuple[float, dict[str, Totals]]] = deque()
 
-    def sample(self, registry: CollectorRegistry, now: float) -> None:
-        self._samples.append((now, read_totals(registry)))
+    def sample(self, samples: list[Sample], now: float) -> None:
+        self._samples.append((now, read_totals(samples)))
         while self._samples and now - self._samples[0][0] > self.horizon:
             self._samples.popleft()
 

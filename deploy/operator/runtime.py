@@ -9,9 +9,15 @@ controller runs them in a worker thread.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from deploy.operator.state import start_time
+from deploy.operator.adopt import (
+    Foreign,
+    endpoint_from_state,
+    endpoint_to_state,
+    path_or_none,
+    started_of,
+)
 from placement.apply.emulated import Emulated
 from placement.apply.executors import ExecutorError
 from placement.apply.render import Endpoint
@@ -25,7 +31,7 @@ class ProcessRuntime(Protocol):
     def alive(self, replica_id: str) -> bool: ...
     def restart(self, replica_id: str) -> None: ...
     def endpoints(self) -> dict[str, Endpoint]: ...
-    def processes(self) -> dict[str, dict[str, int | None]]: ...
+    def processes(self) -> dict[str, dict[str, Any]]: ...
     def stop(self) -> None: ...
 
 
@@ -60,16 +66,58 @@ class LocalRuntime:
     def endpoints(self) -> dict[str, Endpoint]:
         return dict(self.ex.endpoints)
 
-    def processes(self) -> dict[str, dict[str, int | None]]:
-        """Every process this runtime started: name -> pid and start time."""
-        out: dict[str, dict[str, int | None]] = {}
+    def processes(self) -> dict[str, dict[str, Any]]:
+        """Every process this runtime runs: name -> pid and start time, and what
+        :meth:`adopt` needs to drive it again (a replica's repository, ports and endpoint; an
+        emulated GPU's socket)."""
+        out: dict[str, dict[str, Any]] = {}
         for rid, srv in self.ex.servers.items():
-            if srv.pid is not None:
-                out[f"triton:{rid}"] = {"pid": srv.pid, "started": start_time(srv.pid)}
+            ep = self.ex.endpoints.get(rid)
+            if srv.pid is not None and ep is not None:
+                out[f"triton:{rid}"] = {
+                    "pid": srv.pid, "started": started_of(srv.proc), "repository": str(srv.repository),
+                    "ports": [srv.http_port, srv.grpc_port, srv.metrics_port],
+                    "log": None if srv.log_path is None else str(srv.log_path),
+                    "workdir": None if srv._workdir is None else str(srv._workdir),  # noqa: SLF001
+                    "endpoint": endpoint_to_state(ep)}
         for gid, gpu in self.ex.gpus.items():
             if gpu.pid is not None:
-                out[f"gpu:{gid}"] = {"pid": gpu.pid, "started": start_time(gpu.pid)}
+                out[f"gpu:{gid}"] = {"pid": gpu.pid, "started": started_of(gpu.proc), "name": gpu.name,
+                                     "socket": gpu.socket_path,
+                                     "dir": None if gpu._dir is None else str(gpu._dir)}  # noqa: SLF001
         return out
+
+    def adopt(self, processes: dict[str, dict[str, Any]]) -> list[str]:
+        """Take over the replicas and emulated GPUs of ``processes`` (as :meth:`processes`
+        wrote them) that still run, as they are; returns the names of those gone."""
+        from profiles.emulator import EmulatedGpu  # noqa: PLC0415
+        from profiles.triton.server import TritonServer  # noqa: PLC0415
+
+        gone = []
+        for name, rec in processes.items():
+            kind, _, key = name.partition(":")
+            proc = Foreign(rec["pid"], rec.get("started"))
+            if kind not in ("triton", "gpu"):
+                continue
+            if proc.poll() is not None:
+                gone.append(name)
+                continue
+            if kind == "gpu":
+                gpu = EmulatedGpu(rec["name"])
+                gpu.proc, gpu.socket_path, gpu._dir = proc, rec["socket"], path_or_none(rec["dir"])  # noqa: SLF001
+                self.ex.gpus[key] = gpu
+            else:
+                http, grpc, metrics = rec["ports"]
+                srv = TritonServer(Path(rec["repository"]), http, grpc, metrics, log_path=path_or_none(rec["log"]),
+                                   ready_timeout=self.ex.ready_timeout)
+                srv.proc, srv._workdir = proc, path_or_none(rec["workdir"])  # type: ignore[assignment]  # noqa: SLF001
+                self.ex.servers[key] = srv
+                self.ex.endpoints[key] = endpoint_from_state(rec["endpoint"])
+        return gone
+
+    def discard(self, replica_id: str) -> None:
+        """Stop a replica no plan names (started by a rollout a previous controller left)."""
+        self.ex.stop_replica(Step("stop_replica", "", "", replica_id=replica_id))
 
     def stop(self) -> None:
         self.ex.stop()

@@ -71,7 +71,9 @@ SHAPE: dict[str, tuple[type, ...]] = {
     "running": (bool,), "generation": _INT, "observed_generation": _INT, "history": (list,),
     "controller_pid": _OPT_INT, "controller_started": _OPT_INT, "admin_url": _OPT_STR, "token_file": _OPT_STR,
     "admin_tls_cert": _OPT_STR, "ray_address": _OPT_STR, "gateway": _OPT_DICT, "plan": _OPT_DICT,
-    "processes": _OPT_DICT, CHECKSUM: (str,),
+    "processes": _OPT_DICT, CHECKSUM: (str,), "state_version": _OPT_INT, "fleet": _OPT_DICT, "fleets": _OPT_DICT,
+    "generations": _OPT_DICT, "observed": _OPT_DICT, "rates": _OPT_DICT, "supervisor_pid": _OPT_INT,
+    "supervisor_started": _OPT_INT,
 }
 
 
@@ -102,7 +104,8 @@ EVENTS_MAX_BYTES = 4 << 20
 
 class DirStateStore:
     """The state in a directory: ``state.json``, ``generations/N.yaml``, ``events.jsonl``,
-    ``token`` (0600), ``run/`` (model repositories, logs) and ``controller.log``."""
+    ``token`` (0600), ``control-token`` (0600), ``run/`` (model repositories, logs),
+    ``controller.log`` and ``gateway.log``."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).resolve()
@@ -200,6 +203,15 @@ class DirStateStore:
                 raise FileNotFoundError(f"admin token file {p} does not exist")
             _atomic(p, secrets.token_urlsafe(32) + "\n", 0o600)
         return p.read_text().strip()
+
+
+def control_token(store: DirStateStore) -> Path:
+    """The file holding the token of the gateway's control channel (made once, mode 0600): only
+    the controller and the gateway it starts read it, apart from the admin token users hold."""
+    p = store.path / "control-token"
+    if not p.exists():
+        _atomic(p, secrets.token_urlsafe(32) + "\n", 0o600)
+    return p
 
 
 def start_time(pid: int) -> int | None:

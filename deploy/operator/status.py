@@ -5,6 +5,7 @@ same status printed as tables."""
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections import deque
 from collections.abc import Callable
@@ -19,9 +20,9 @@ if TYPE_CHECKING:
 
     from deploy.operator.desired import Desired
     from deploy.operator.llm_runtime import LlmEngines
-    from deploy.operator.observe import Observer
+    from deploy.operator.observe import Observer, Seen
     from deploy.operator.runtime import ProcessRuntime
-    from gateway.app import Gateway
+    from gateway.handle import GatewayHandle
     from placement.llm import LlmPlan
     from placement.plan import Plan
     from profiles.schema import ModelDeployment
@@ -42,6 +43,12 @@ class Event:
     def to_dict(self) -> dict[str, Any]:
         return {"time": rfc3339(self.time), "model": self.model, "kind": self.kind, "message": self.message}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Event:
+        """An event as :meth:`to_dict` wrote it (the state directory's ``events.jsonl``)."""
+        t = datetime.datetime.strptime(d["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=datetime.UTC)
+        return cls(t.timestamp(), d.get("model", ""), d.get("kind", ""), d.get("message", ""))
+
 
 def rfc3339(t: float) -> str:
     """``t`` (seconds since the epoch) as RFC 3339 UTC with milliseconds."""
@@ -59,7 +66,8 @@ class Observed(Protocol):
     llm_plan: LlmPlan
     runtime: ProcessRuntime | None
     engines: LlmEngines | None
-    gateway: Gateway | None
+    gateway: GatewayHandle | None
+    seen: Seen
     observer: Observer
     generation: int
     observed_generation: int
@@ -118,13 +126,13 @@ def _llm_replicas(c: Observed, model: str) -> list[dict[str, Any]]:
     urls = c.engines.urls() if c.engines else {}
     out = []
     for r in c.llm_plan.of(model):
-        rep = c.gateway.llm.find(r.id) if c.gateway else None
+        serving = c.seen.llm.get(r.id)
         out.append({
             "id": r.id, "variant": r.variant, "gpu": r.gpu, "gpu_model": r.profile.gpu, "slice": "gpu",
             "share": 1.0, "capacity_rps": 0.0,
             "process": "running" if c.engines and c.engines.alive(r.id) else
                        ("restarting" if r.id in c.restarting else "down"),
-            "serving": rep is not None and rep.reachable and not rep.draining, "gateway": 0 if rep else None,
+            "serving": bool(serving), "gateway": None if serving is None else 0,
             "url": urls.get(r.id),
         })
     return out
@@ -134,14 +142,13 @@ def llm_served(c: Observed, model: str) -> dict[str, Any]:
     """The gateway's counts of a generative model's answered requests since it started, and the
     share meeting its TTFT SLO, its TPOT SLO and both (None before the first)."""
     n: dict[str, float] = {"requests": 0.0, "ttft": 0.0, "tpot": 0.0, "both": 0.0}
-    for metric in c.gateway.driver.metrics.registry.collect() if c.gateway else ():
-        for x in metric.samples:
-            if x.labels.get("model") != model:
-                continue
-            if x.name == "headrace_llm_requests_total":
-                n["requests"] += x.value
-            elif x.name == "headrace_llm_slo_met_total" and x.labels.get("slo") in n:
-                n[x.labels["slo"]] += x.value
+    for name, labels, value in c.seen.counters:
+        if labels.get("model") != model:
+            continue
+        if name == "headrace_llm_requests_total":
+            n["requests"] += value
+        elif name == "headrace_llm_slo_met_total" and labels.get("slo") in n:
+            n[labels["slo"]] += value
     total = n["requests"]
     return {"requests": int(total), **{f"{k}_attainment": round(n[k] / total, 5) if total else None
                                        for k in ("ttft", "tpot", "both")}}

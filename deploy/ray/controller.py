@@ -71,9 +71,9 @@ class RayController(Controller):
         n = min(self.gateways + 1, sum(len(m.replicas) for m in full.models))
         part = partition(full, n)
         mine = {replica_id(r) for m in part.configs[0].models for r in m.replicas}
-        for rid in sorted(mine - set(self.gateway.driver.replicas)):
+        for rid in sorted(mine - set(await self.gateway.replicas())):
             await self._add_to_gateway(self.plan, self.desired, eps[rid])
-        for rid in sorted(set(self.gateway.driver.replicas) - mine):
+        for rid in sorted(set(await self.gateway.replicas()) - mine):
             await self.gateway.remove_replica(rid, self.drain_timeout, keep_model=True)
         while len(self.gateway_actors) < self.gateways:
             self.gateway_actors.append(gateway_actor(len(self.gateway_actors) + 1, self.namespace))
@@ -153,7 +153,7 @@ class RayController(Controller):
             return
         for rid, ep in list(self.runtime.endpoints().items()) if self.runtime else []:
             if node_of(ep.gpu) in gone:
-                if self.gateway is not None and rid in self.gateway.driver.replicas:
+                if self.gateway is not None and rid in await self.gateway.replicas():
                     stays = True  # the model keeps its name while the re-plan finds it a new home
                     await self.gateway.remove_replica(rid, 1.0, keep_model=stays)
                 await asyncio.to_thread(self.runtime.forget, rid)  # type: ignore[union-attr]

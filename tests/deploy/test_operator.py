@@ -206,45 +206,6 @@ def test_admin_calls_without_the_token_get_401_and_change_nothing(tmp_path: Path
         assert op.token not in log  # NOTE: the token is never logged
 
 
-def test_up_on_the_state_of_a_killed_controller_stops_what_it_left_and_serves(tmp_path: Path) -> None:
-    from deploy.cli import main
-    from deploy.operator.state import same_process
-
-    docs = write_docs(tmp_path / "d.yaml", pool(a100s=1, host=False), deployment("resnet50", 100, 100))
-    with operator_up(tmp_path, docs) as op:
-        st = op.state()
-        left = {k: (v["pid"], v["started"]) for k, v in st["processes"].items()}
-        assert left and all(same_process(*p) for p in left.values())
-        os.kill(st["controller_pid"], signal.SIGKILL)  # the gateway dies with it; Triton and the GPU do not
-        op.wait_for("controller gone", lambda: not same_process(st["controller_pid"], st["controller_started"]))
-        assert main(["up", "--detach", "--state-dir", str(op.state_dir), "-f", str(docs), "--timeout", "240"]) == 0
-        # NOTE: what the dead controller left is stopped (matched by pid and start time), never adopted blindly
-        assert not any(same_process(*p) for p in left.values())
-        assert op.condition("resnet50", "Ready") == "True"
-        assert op.state()["controller_pid"] != st["controller_pid"]
-
-
-def test_status_and_down_work_from_the_state_while_the_controller_is_down(tmp_path: Path, capsys) -> None:
-    from deploy.cli import main
-    from deploy.operator.state import same_process
-
-    docs = write_docs(tmp_path / "d.yaml", pool(a100s=1, host=False), deployment("resnet50", 100, 100))
-    with operator_up(tmp_path, docs) as op:
-        st = op.state()
-        left = [(v["pid"], v["started"]) for v in st["processes"].values()]
-        os.kill(st["controller_pid"], signal.SIGKILL)
-        op.wait_for("controller gone", lambda: not same_process(st["controller_pid"], st["controller_started"]))
-        capsys.readouterr()
-        # NOTE: status exits 0 during the outage and says the controller is down
-        assert main(["status", "--state-dir", str(op.state_dir)]) == 0
-        out = capsys.readouterr().out
-        assert f"the controller (pid {st['controller_pid']}) is not running" in out and "generation 1" in out
-        assert main(["down", "--state-dir", str(op.state_dir)]) == 0
-        assert "was down" in capsys.readouterr().out
-        # NOTE: down leaves no process behind, from the state alone
-        assert not any(same_process(*p) for p in left) and op.state()["running"] is False
-
-
 def scaler(version: int) -> dict:
     # relative paths: resolved against the YAML file's folder
     variant = {"name": "scaler-v1", "artifact": {"uri": "models/scaler", "version": version},

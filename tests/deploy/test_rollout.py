@@ -15,6 +15,7 @@ import pytest
 from deploy.operator.controller import ApplyError, Controller, Disruption
 from deploy.operator.desired import base_profiles, prepare, validate
 from deploy.operator.state import DirStateStore
+from gateway.config import resolve
 from placement.apply.executors import ExecutorError
 from placement.apply.render import Endpoint
 from placement.diff import Step
@@ -58,25 +59,41 @@ class Runtime:
         self.running.clear()
 
 
-@dataclass
-class _Replica:
-    healthy: bool = True
-
-
 class Gateway:
-    """What the controller calls on its gateway, recorded: the replicas it routes to."""
+    """What the controller calls on its gateway (:class:`gateway.handle.GatewayHandle`),
+    recorded: the replicas and engines it routes to."""
 
     http_url = grpc_url = "127.0.0.1:0"
 
     def __init__(self) -> None:
-        self.driver = type("Driver", (), {"replicas": {}, "cold": None})()
-        self.llm = type("Llm", (), {"set_model": lambda *a: None, "drop_model": lambda *a: None})()
+        self.classic: dict[str, bool] = {}
+        self.llm: set[str] = set()
 
-    async def add_replica(self, served: Any, replica: Any) -> None:
-        self.driver.replicas[replica.id] = _Replica()
+    async def add_replica(self, cfg: Any, model: str) -> None:
+        served = next(m for m in resolve(cfg) if m.name == model)
+        self.classic[served.replicas[0].id] = True
 
-    async def remove_replica(self, rid: str, drain: float, keep_model: bool = True) -> None:
-        del self.driver.replicas[rid]
+    async def remove_replica(self, rid: str, drain: float, keep_model: bool = False) -> bool:
+        self.llm.discard(rid)
+        return self.classic.pop(rid, None) is not None
+
+    async def replicas(self) -> dict[str, bool]:
+        return dict(self.classic)
+
+    async def llm_replicas(self) -> dict[str, bool]:
+        return dict.fromkeys(self.llm, True)
+
+    async def set_llm_model(self, model: Any) -> None: ...
+    async def drop_llm_model(self, name: str) -> None: ...
+
+    async def add_llm_replica(self, model: Any, replica: Any) -> None:
+        self.llm.add(replica.id)
+
+    async def counters(self) -> list:
+        return []
+
+    async def hold_cold(self, waits: dict, starter: Any) -> None: ...
+    async def stop(self, drain_timeout: float) -> None: ...
 
 
 def started(tmp_path: Path, text: str) -> Controller:
@@ -92,7 +109,7 @@ def started(tmp_path: Path, text: str) -> Controller:
     for st in d.steps:
         ep = ctl.runtime.run(st)  # type: ignore[union-attr]
         if ep is not None:
-            ctl.gateway.driver.replicas[ep.replica_id] = _Replica()  # type: ignore[union-attr]
+            ctl.gateway.classic[ep.replica_id] = True  # type: ignore[union-attr]
     ctl.generation = ctl.observed_generation = 1
     ctl.history, ctl.fleets[1] = [1], (plan, llm)
     ctl.store.save_generation(1, want.text)
@@ -100,7 +117,7 @@ def started(tmp_path: Path, text: str) -> Controller:
 
 
 def serving(ctl: Controller) -> list[str]:
-    return sorted(ctl.gateway.driver.replicas)  # type: ignore[union-attr]
+    return sorted(ctl.gateway.classic)  # type: ignore[union-attr]
 
 
 def scaler_docs(tmp_path: Path, version: int, name: str = "d.yaml") -> str:
@@ -330,21 +347,6 @@ class Engines:
         return {}
 
 
-class Llm:
-    def __init__(self) -> None:
-        self.replicas: set[str] = set()
-
-    def set_model(self, model: Any) -> None: ...
-
-    def drop_model(self, name: str) -> None: ...
-
-    def add_replica(self, model: Any, r: Any) -> None:
-        self.replicas.add(r.id)
-
-    def find(self, rid: str) -> Any:
-        return rid if rid in self.replicas else None
-
-
 def test_an_llm_engine_that_does_not_start_undoes_the_engines_it_began(tmp_path: Path) -> None:
     h100 = {"model": "H100-80GB", "count": 2, "mig": False}
     gpus = pool(a100s=1)
@@ -356,15 +358,34 @@ def test_an_llm_engine_that_does_not_start_undoes_the_engines_it_began(tmp_path:
     first, second = (r.id for r in llm.replicas)
     ctl.engines = Engines({second})  # type: ignore[assignment]
     gw = ctl.gateway
-    gw.llm = Llm()  # type: ignore[union-attr]
-
-    async def remove(rid: str, drain: float, keep_model: bool = True) -> None:
-        gw.llm.replicas.discard(rid)  # type: ignore[union-attr]
-
-    gw.remove_replica = remove  # type: ignore[union-attr, method-assign]
     with pytest.raises(ApplyError, match="not healthy after 60s; rolled back to generation 1"):
         asyncio.run(ctl.apply(text))
     # NOTE: the engine that started left the gateway and stopped; the one that failed was stopped too
-    assert ctl.engines.running == set() and gw.llm.replicas == set()  # type: ignore[union-attr]
+    assert ctl.engines.running == set() and gw.llm == set()  # type: ignore[union-attr]
     assert ctl.engines.log[-2:] == [("stop", second), ("stop", first)]  # type: ignore[union-attr]
     assert not ctl.llm_plan.replicas and ctl.observed_generation == 1
+
+
+def test_a_gateway_process_that_died_is_started_again_serving_the_running_fleet(tmp_path: Path) -> None:
+    versioned_model(tmp_path)
+    ctl = started(tmp_path, scaler_docs(tmp_path, 1))
+    dead = ctl.gateway
+    dead.alive = lambda: False  # type: ignore[union-attr]
+    configs: list[Any] = []
+
+    async def start(cfg: Any) -> Gateway:
+        configs.append(cfg)
+        return Gateway()
+
+    ctl.start_gateway = start  # type: ignore[assignment]
+
+    async def run() -> None:
+        await ctl._tick(0.0)  # noqa: SLF001
+        await asyncio.gather(*ctl._heals)  # noqa: SLF001
+
+    asyncio.run(run())
+    # NOTE: the new gateway is configured with every replica the runtime serves
+    assert ctl.gateway is not dead and len(configs) == 1
+    assert sorted(r.url for m in configs[0].models for r in m.replicas) == sorted(
+        ep.http_url for ep in ctl.runtime.endpoints().values())  # type: ignore[union-attr]
+    assert [e.kind for e in ctl.events][-2:] == ["GatewayDown", "Restarted"]
