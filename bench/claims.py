@@ -270,7 +270,7 @@ def replan(r: Results) -> list[Claim]:
     d = r["replan"]
 
     def one(name: str, p: dict) -> str:
-        change = [x["attainment"] for x in p["runs"] if x["change"]]
+        change = [x["attainment"] for x in p["runs"] if x["change"] is True]
         return (f"on the {name}, {p['mix']} req/s: {p['errors']} errors, {p['unanswered']} unanswered, "
                 f"{p['tritonclient_failed']} failures of a plain `tritonclient` client; attainment "
                 f"{pct(p['median']['attainment']['change'])} vs {pct(p['median']['attainment']['steady'], 1)} with no "
@@ -282,6 +282,15 @@ def replan(r: Results) -> list[Claim]:
                   "version rollout, a variant swap, the rate back), median of "
                   f"{d['rounds']} rounds: " + "; ".join(one(names.get(k, k), p) for k, p in d["pools"].items())
                   + "; the misses are late answers while a new Triton starts on the same cores",
+                  ("replan",)),
+            Claim("the controller's crash loses nothing",
+                  f"kill -9 of the controller 2 s into a {d['duration_s']:g} s run at {d['load'] * 100:.0f}% load, "
+                  f"{d['rounds']} rounds per pool: " + "; ".join(
+                      f"on the {names.get(k, k)}: attainment {pct(p['median']['attainment']['crash'])} vs "
+                      f"{pct(p['median']['attainment']['steady'], 1)} with no crash (median), the controller back "
+                      f"in at most {p['crash_back_s_max']:g} s, every process adopted (same pids and generation): "
+                      f"{'yes' if p['crash_all_adopted'] else 'no'}" for k, p in d["pools"].items())
+                  + "; errors, unanswered and tritonclient failures as above (every run counts)",
                   ("replan",))]
 
 

@@ -4,14 +4,17 @@
 the host, no GPU to spare) and one with a second A100. It serves ResNet-50 on the emulated
 GPUs, the real digits family on the host, and a user's python-backend model
 (``deploy/examples/versioned``) at a pinned version. Each round offers open-loop Poisson load
-at ~70% of the planned capacity twice, through ``headrace load``'s engine: once with no change,
-once while ``headrace apply`` doubles ResNet-50's rate (capacity is added) and rolls the user
-model out at its other version, swaps the serving digits variant for another, and then puts
-the rate back (each apply make-before-break). Beside it, a plain ``tritonclient`` HTTP client
+at ~70% of the planned capacity three times, through ``headrace load``'s engine: once with no
+change; once while ``headrace apply`` doubles ResNet-50's rate (capacity is added) and rolls the
+user model out at its other version, swaps the serving digits variant for another, and then
+puts the rate back (each apply make-before-break); and once while the controller is killed
+(SIGKILL) and its supervisor starts it again, which takes the fleet over: the seconds until it
+answers again, and whether every process kept its pid, are recorded. Beside it, a plain ``tritonclient`` HTTP client
 sends one request at a time, as a user's client would, and counts what fails. Reported per
 run: attainment, refused and late shares, p99, errors and unanswered requests; the change
-runs' window is the whole run (every apply happens inside it). Target: attainment within 1
-point of the no-change run, no error (no 503).
+runs' window is the whole run (every apply, and the crash, happens inside it). Target:
+attainment within 1 point of the no-change run, no error (no 503); after a crash, the
+controller back within 10 s with every process adopted.
 
     .venv/bin/python -m bench.replan [--rounds 3] [--duration 30] [--pools quickstart,two]
 """
@@ -104,8 +107,39 @@ class TritonClientProbe(threading.Thread):
         client.close()
 
 
+def crash(state: Path) -> dict[str, Any]:
+    """SIGKILL to the controller; the seconds until its successor answers, and whether it
+    adopted every process (same pids) at the same generation."""
+    import signal  # noqa: PLC0415
+
+    from deploy.operator.client import CliError, call  # noqa: PLC0415
+    from deploy.operator.state import DirStateStore, same_process  # noqa: PLC0415
+
+    store = DirStateStore(state)
+    st = store.read()
+    pids = {k: v["pid"] for k, v in st["processes"].items()}
+    t0 = time.monotonic()
+    os.kill(st["controller_pid"], signal.SIGKILL)
+    while time.monotonic() - t0 < 60:
+        now = store.read()
+        if now.get("running") and now.get("controller_pid") != st["controller_pid"] and same_process(
+                now["controller_pid"], now.get("controller_started")):
+            try:
+                status = call(now["admin_url"], store.token(), "GET", "/v1/status")
+            except CliError:
+                status = None
+            if status is not None and any(e["kind"] == "Adopted" for e in status["events"]):
+                return {"back_s": round(time.monotonic() - t0, 2), "adopted": {k: v["pid"] for k, v in
+                                                                                now["processes"].items()} == pids,
+                        "generation_kept": status["generation"] == st["generation"]}
+        time.sleep(0.1)
+    return {"back_s": None, "adopted": False, "generation_kept": False}
+
+
 def one_run(op: dict[str, str], mix: str, rate: float, duration: float, seed: int,
-            changes: list[Path] | None, tmp: Path) -> dict[str, Any]:
+            changes: list[Path] | None, tmp: Path, kill: Path | None = None) -> dict[str, Any]:
+    """One run of the load; ``changes``: apply them inside it; ``kill``: the state directory
+    whose controller is killed inside it."""
     from deploy.operator.client import call  # noqa: PLC0415
     from loadgen.run import run_load_sync  # noqa: PLC0415
     from loadgen.spec import LoadSpec  # noqa: PLC0415
@@ -116,8 +150,12 @@ def one_run(op: dict[str, str], mix: str, rate: float, duration: float, seed: in
     probe = TritonClientProbe(op["http"], "resnet50", 0.05, stop)
     applies: list[dict[str, Any]] = []
 
+    crashed: dict[str, Any] = {}
+
     def change() -> None:
         time.sleep(2.0)
+        if kill is not None:
+            crashed.update(crash(kill))
         for path in changes or []:
             t0 = time.monotonic()
             res = call(op["admin"], op["token"], "POST", "/v1/apply", path.read_bytes())
@@ -135,7 +173,7 @@ def one_run(op: dict[str, str], mix: str, rate: float, duration: float, seed: in
     probe.join(30)
     unanswered = s["offered"] - s["ok"] - s["rejected"] - s["error_count"] - s["expired"]
     return {
-        "change": bool(changes), "seed": seed, "offered": s["offered"], "attainment": s["attainment"],
+        "change": "crash" if kill is not None else bool(changes), "seed": seed, "crash": crashed or None, "offered": s["offered"], "attainment": s["attainment"],
         "refused": s["rejected"] / s["offered"], "late": (s["ok"] - s["good"]) / s["offered"],
         "p99_ms": s["latency_ms"]["p99"], "errors": s["error_count"], "expired": s["expired"],
         "unanswered": unanswered, "applies": applies, "applies_done_in_window": len(applies) == len(changes or []),
@@ -188,7 +226,15 @@ def one_pool(name: str, a: argparse.Namespace) -> dict[str, Any]:
                  "scaler": min(a.load * cap["scaler"], 35.0)}
         mix = ",".join(f"{m}:{r:.0f}" for m, r in rates.items())
         for i in range(a.rounds):
-            for change in (False, True):
+            for change in (False, True, "crash"):
+                if change == "crash":
+                    r = one_run(op, mix, sum(rates.values()), a.duration, 100 + i, None, tmp, kill=state)
+                    op["admin"] = store.read()["admin_url"]  # the new controller's
+                    runs.append(r)
+                    print(f"{name} round {i} crash: attainment {r['attainment']:.4%} errors {r['errors']} "
+                          f"unanswered {r['unanswered']} tritonclient failed {r['tritonclient']['failed']} "
+                          f"{r['crash']}", flush=True)
+                    continue
                 # the swap removes whichever digits variant serves now; the user model flips version
                 now = digits_serving(call(op["admin"], op["token"], "GET", "/v1/status"))
                 other = 3 - version
@@ -208,14 +254,19 @@ def one_pool(name: str, a: argparse.Namespace) -> dict[str, Any]:
 
 
 def summarize(runs: list[dict[str, Any]], cap: dict[str, float], mix: str, serving: str) -> dict[str, Any]:
-    def med(change: bool, key: str) -> float:
+    def med(change: bool | str, key: str) -> float:
         return statistics.median(r[key] for r in runs if r["change"] == change)
 
+    crashes = [r["crash"] for r in runs if r["change"] == "crash"]
+    backs = [c["back_s"] for c in crashes if c["back_s"] is not None]
     return {
         "capacity_rps": cap, "mix": mix, "digits_serving_at_start": serving,
-        "median": {k: {"steady": med(False, k), "change": med(True, k)}
+        "median": {k: {"steady": med(False, k), "change": med(True, k), "crash": med("crash", k)}
                    for k in ("attainment", "refused", "late", "p99_ms")},
         "attainment_drop_points": round((med(False, "attainment") - med(True, "attainment")) * 100, 3),
+        "crash_attainment_drop_points": round((med(False, "attainment") - med("crash", "attainment")) * 100, 3),
+        "crash_back_s_max": max(backs) if len(backs) == len(crashes) else None,
+        "crash_all_adopted": all(c["adopted"] and c["generation_kept"] for c in crashes),
         "errors": sum(r["errors"] for r in runs), "unanswered": sum(r["unanswered"] for r in runs),
         "tritonclient_failed": sum(r["tritonclient"]["failed"] for r in runs),
         "runs": runs,
@@ -223,6 +274,9 @@ def summarize(runs: list[dict[str, Any]], cap: dict[str, float], mix: str, servi
 
 
 def applied(run: dict[str, Any]) -> str:
+    if run.get("crash"):
+        c = run["crash"]
+        return f"controller killed: back in {c['back_s']} s, adopted {c['adopted'] and c['generation_kept']}"
     return ", ".join(f"{y['seconds']} ({y['steps']})" for y in run["applies"]) or "-"
 
 
@@ -233,28 +287,32 @@ def render(r: dict[str, Any]) -> str:
         "rounds per pool, commit " + r["commit"] + ". Each change run applies three generations inside its window: "
         "ResNet-50's rate doubled (capacity added) with the user's python-backend model rolled out at its other "
         "version, the serving digits variant removed (another started, the old one drained), then the rate "
-        "back.", "",
+        "back. Each crash run kills the controller (SIGKILL) 2 s in; its supervisor starts it again.", "",
     ]
     for name, p in r["pools"].items():
         lines += [
             f"## Pool `{name}` ({p['mix']} req/s)", "",
             "| run | round | attainment | refused | late | p99 ms | errors | unanswered | tritonclient sent / failed "
-            "| apply seconds (steps) | CPU stolen |",
+            "| apply seconds (steps), or the crash | CPU stolen |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for i, x in enumerate(p["runs"]):
             tc = x["tritonclient"]
             steal = "-" if x["steal"] is None else f"{x['steal']:.1%}"
-            lines.append(f"| {'change' if x['change'] else 'steady'} | {i // 2} | {x['attainment']:.3%} | "
+            kind = "crash" if x["change"] == "crash" else "change" if x["change"] else "steady"
+            lines.append(f"| {kind} | {i // 3} | {x['attainment']:.3%} | "
                          f"{x['refused']:.3%} | {x['late']:.3%} | {x['p99_ms']:.1f} | {x['errors']} | "
                          f"{x['unanswered']} | {tc['sent']} / {tc['failed']} | {applied(x)} | {steal} |")
         m = p["median"]
         lines += [
-            "", "| median | steady | change |", "|---|---|---|",
-            *(f"| {k} | {m[k]['steady']:.4g} | {m[k]['change']:.4g} |" for k in m),
+            "", "| median | steady | change | crash |", "|---|---|---|---|",
+            *(f"| {k} | {m[k]['steady']:.4g} | {m[k]['change']:.4g} | {m[k]['crash']:.4g} |" for k in m),
             "", f"Attainment drop in the change window: **{p['attainment_drop_points']:+.2f} points** "
-            f"(target: within 1). Errors {p['errors']}, unanswered {p['unanswered']}, tritonclient failures "
-            f"{p['tritonclient_failed']} over all runs.", "",
+            f"(target: within 1); in the crash window: **{p['crash_attainment_drop_points']:+.2f} points**. "
+            f"Errors {p['errors']}, unanswered {p['unanswered']}, tritonclient failures "
+            f"{p['tritonclient_failed']} over all runs. After each kill -9 of the controller, it was back in at most "
+            f"**{p['crash_back_s_max']} s** (target: 10), every process adopted (same pids, same generation): "
+            f"**{p['crash_all_adopted']}**.", "",
         ]
     return "\n".join(lines)
 
