@@ -125,17 +125,18 @@ class LlmEngines:
                 for rid, e in self.engines.items() if e.proc is not None}
 
     def adopt(self, processes: dict[str, dict[str, Any]], replicas: dict[str, LlmReplica]) -> list[str]:
-        """Take over the engines of ``processes`` (as :meth:`processes` wrote them) that still
-        run and that ``replicas`` (by id) names; returns the names of those gone."""
+        """Take over the engines of ``processes`` (as :meth:`processes` wrote them) that
+        ``replicas`` (by id) names, as they run; returns the names of those gone (kept, not
+        running: :meth:`restart` starts one again on its port)."""
         gone = []
         for name, rec in processes.items():
             kind, _, rid = name.partition(":")
             if kind != "engine" or rid not in replicas:
                 continue
-            proc = Foreign(rec["pid"], rec.get("started"))
-            if proc.poll() is not None:
+            proc: Foreign | None = Foreign(rec["pid"], rec.get("started"))
+            if proc.poll() is not None:  # type: ignore[union-attr]
                 gone.append(name)
-                continue
+                proc = None
             self.engines[rid] = _Engine(replicas[rid], list(rec["argv"]), Path(rec["log"]), rec["url"],
                                         proc,  # type: ignore[arg-type]
                                         None if rec.get("profile") is None else Path(rec["profile"]))

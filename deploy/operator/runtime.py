@@ -89,7 +89,8 @@ class LocalRuntime:
 
     def adopt(self, processes: dict[str, dict[str, Any]]) -> list[str]:
         """Take over the replicas and emulated GPUs of ``processes`` (as :meth:`processes`
-        wrote them) that still run, as they are; returns the names of those gone."""
+        wrote them) as they run; returns the names of those gone. A replica gone is kept, not
+        running: :meth:`restart` starts it again on its ports."""
         from profiles.emulator import EmulatedGpu  # noqa: PLC0415
         from profiles.triton.server import TritonServer  # noqa: PLC0415
 
@@ -101,7 +102,8 @@ class LocalRuntime:
                 continue
             if proc.poll() is not None:
                 gone.append(name)
-                continue
+                if kind == "gpu":
+                    continue
             if kind == "gpu":
                 gpu = EmulatedGpu(rec["name"])
                 gpu.proc, gpu.socket_path, gpu._dir = proc, rec["socket"], path_or_none(rec["dir"])  # noqa: SLF001
@@ -110,7 +112,8 @@ class LocalRuntime:
                 http, grpc, metrics = rec["ports"]
                 srv = TritonServer(Path(rec["repository"]), http, grpc, metrics, log_path=path_or_none(rec["log"]),
                                    ready_timeout=self.ex.ready_timeout)
-                srv.proc, srv._workdir = proc, path_or_none(rec["workdir"])  # type: ignore[assignment]  # noqa: SLF001
+                if proc.poll() is None:
+                    srv.proc, srv._workdir = proc, path_or_none(rec["workdir"])  # type: ignore[assignment]  # noqa: SLF001
                 self.ex.servers[key] = srv
                 self.ex.endpoints[key] = endpoint_from_state(rec["endpoint"])
         return gone

@@ -12,7 +12,7 @@ from deploy.operator.desired import prepare
 from deploy.operator.llm_runtime import LlmEngines
 from deploy.operator.runtime import LocalRuntime
 from deploy.operator.status import Event
-from placement.diff import replica_ids
+from placement.diff import Step, replica_ids
 from placement.llm import place
 from placement.plan import Plan
 from placement.spec import inventory, single_pool
@@ -79,6 +79,12 @@ async def take_over(ctl: Controller, st: dict[str, Any]) -> None:
         ctl.gateway = await ctl._start_gateway(ctl._render(plan, want, eps))  # noqa: SLF001
         ctl._event("", "GatewayRestarted", "the gateway process was gone; started again from the fleet")  # noqa: SLF001
     serving = await ctl.gateway.replicas()
+    # a replica of the fleet with no record (a rollout the last controller did not finish had
+    # stopped it): started again, before the replicas that rollout started are stopped
+    missing = [Step("start_replica", g.id, g.gpu, s, r, rid) for g in plan.gpus for s in g.slices
+               for r, rid in zip(s.replicas, replica_ids(g, s), strict=True) if rid not in runtime.endpoints()]
+    for st in missing:
+        await ctl._step(st, plan, want)  # noqa: SLF001
     for rid in extra:  # started by a rollout the last controller did not finish
         if rid in serving:
             await ctl.gateway.remove_replica(rid, ctl.drain_timeout, keep_model=True)
@@ -92,6 +98,7 @@ async def take_over(ctl: Controller, st: dict[str, Any]) -> None:
     n = len(runtime.endpoints()) + len(engines.engines)
     ctl._event("", "Adopted", f"generation {served}: {n} replicas and engines and the gateway taken over as they "  # noqa: SLF001
                "run" + (f"; {len(gone)} were gone and are started again ({', '.join(gone)})" if gone else "")
+               + (f"; {len(missing)} an unfinished rollout had stopped started again" if missing else "")
                + (f"; {len(extra)} started by an unfinished rollout stopped" if extra else ""))
     if ctl.generation != served:
         ctl.failure = (f"the controller restarted during the rollout of generation {ctl.generation}; the fleet "

@@ -92,3 +92,23 @@ def test_a_controller_that_keeps_dying_young_is_given_up_on_with_growing_delays(
     assert sup.run() == 1
     assert delays == [restart_delay(k) for k in range(1, MAX_FAILURES + 1)] == [0.5, 1.0, 2.0, 4.0, 8.0]
     assert store.events()[-1]["kind"] == "ControllerNotRestarted"
+
+
+def test_a_replica_gone_while_the_controller_was_down_is_kept_for_the_loop_to_restart(tmp_path: Path) -> None:
+    from dataclasses import asdict
+
+    from deploy.operator.runtime import LocalRuntime
+    from placement.apply.render import Endpoint
+    from profiles.profile import ProfileSet
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = start_time(child.pid)
+    child.wait()
+    ep = Endpoint("g/gpu/m", "m", "m", "g", "gpu", 1.0, 8, 100.0, "127.0.0.1:1", "127.0.0.1:2")
+    rec = {"pid": child.pid, "started": started, "repository": str(tmp_path / "repo"), "ports": [1, 2, 3],
+           "log": None, "workdir": None, "endpoint": asdict(ep)}
+    runtime = LocalRuntime(ProfileSet(), tmp_path / "run")
+    assert runtime.adopt({"triton:g/gpu/m": rec}) == ["triton:g/gpu/m"]
+    # NOTE: still the runtime's, not running: the controller's loop restarts it on its ports
+    assert runtime.endpoints() == {"g/gpu/m": ep} and not runtime.alive("g/gpu/m")
+    assert runtime.ex.servers["g/gpu/m"].http_port == 1

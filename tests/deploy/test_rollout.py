@@ -6,7 +6,8 @@ rollback restores an earlier generation's fleet, not a re-plan of its documents.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+import os
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,8 @@ import pytest
 
 from deploy.operator.controller import ApplyError, Controller, Disruption
 from deploy.operator.desired import base_profiles, prepare, validate
-from deploy.operator.state import DirStateStore
+from deploy.operator.state import DirStateStore, start_time
+from deploy.operator.takeover import take_over
 from gateway.config import resolve
 from placement.apply.executors import ExecutorError
 from placement.apply.render import Endpoint
@@ -53,7 +55,19 @@ class Runtime:
         return dict(self.running)
 
     def processes(self) -> dict:
-        return {}
+        """Each replica as a process record (this test's own pid stands in for Triton's)."""
+        return {f"triton:{rid}": {"pid": os.getpid(), "started": start_time(os.getpid()), "endpoint": asdict(ep)}
+                for rid, ep in self.running.items()}
+
+    def adopt(self, processes: dict) -> list[str]:
+        for name, rec in processes.items():
+            if name.startswith("triton:"):
+                self.running[name.removeprefix("triton:")] = Endpoint(**rec["endpoint"])
+        return []
+
+    def discard(self, rid: str) -> None:
+        self.log.append(("discard", rid))
+        del self.running[rid]
 
     def stop(self) -> None:
         self.running.clear()
@@ -389,3 +403,44 @@ def test_a_gateway_process_that_died_is_started_again_serving_the_running_fleet(
     assert sorted(r.url for m in configs[0].models for r in m.replicas) == sorted(
         ep.http_url for ep in ctl.runtime.endpoints().values())  # type: ignore[union-attr]
     assert [e.kind for e in ctl.events][-2:] == ["GatewayDown", "Restarted"]
+
+
+def test_a_controller_that_died_mid_rollout_is_taken_over_on_the_generation_it_served(tmp_path: Path) -> None:
+    versioned_model(tmp_path)
+    ctl = started(tmp_path, scaler_docs(tmp_path, 1))
+    v1 = set(ctl.runtime.running)  # type: ignore[union-attr]
+    ctl.save()
+    # generation 2's rollout ran its steps (successor started, predecessor stopped), then the
+    # controller died before it recorded the new fleet
+    want = prepare(scaler_docs(tmp_path, 2, "v2.yaml"), ctl.base_profiles)
+    _, d, _ = ctl._solve_diff(want)  # noqa: SLF001
+    ctl.generation = 2
+    ctl.store.save_generation(2, want.text)
+    for st in d.steps:
+        ctl.runtime.run(st)  # type: ignore[union-attr]
+    ctl.save()
+    successors = set(ctl.runtime.running) - v1  # type: ignore[union-attr]
+    assert successors and not v1 <= set(ctl.runtime.running)  # type: ignore[union-attr]
+
+    runtime = Runtime()
+    after = Controller(DirStateStore(tmp_path / "state"), ctl.base_profiles, runtime=runtime, clock=lambda: 0.0,
+                       wall=lambda: 0.0)
+
+    async def start(cfg: Any) -> Gateway:
+        return Gateway()
+
+    after.start_gateway = start  # type: ignore[assignment]
+
+    async def run() -> None:
+        await take_over(after, DirStateStore(tmp_path / "state").read())
+        after._task = None  # noqa: SLF001
+
+    asyncio.run(run())
+    # NOTE: the fleet of generation 1 again: the replica the rollout stopped started before the
+    # one it started is stopped (make before break), and the gateway routes to exactly those
+    assert set(runtime.running) == v1 and serving(after) == sorted(v1)
+    kinds = [a for a, _ in runtime.log]
+    assert kinds.index("start_replica") < kinds.index("discard")
+    assert after.generation == 2 and after.observed_generation == 1 and after.history == [1]
+    assert "during the rollout of generation 2" in (after.failure or "")
+    assert [e.kind for e in after.events][-2:] == ["Adopted", "RolloutInterrupted"]
