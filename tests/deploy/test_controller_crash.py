@@ -39,6 +39,7 @@ def running(st: dict) -> list[tuple[int, int | None]]:
     return [p for p in procs if same_process(*p)]
 
 
+@pytest.mark.slow  # a live acceptance run of 25-65 s: .ci/run runs it as a later step
 def test_kill_9_of_the_controller_under_load_loses_nothing_and_it_comes_back_adopting_the_fleet(
         tmp_path: Path, capsys) -> None:
     from deploy.cli import main
@@ -110,6 +111,7 @@ def test_with_its_supervisor_dead_too_status_and_down_work_from_the_state(tmp_pa
         assert not running(st) and op.state()["running"] is False
 
 
+@pytest.mark.slow  # a live acceptance run of 25-65 s: .ci/run runs it as a later step
 def test_up_on_the_state_of_a_dead_controller_stops_what_it_left_and_serves(tmp_path: Path) -> None:
     from deploy.cli import main
 

@@ -35,6 +35,7 @@ def answered_all(s: dict) -> bool:
     return s["error_count"] == 0 and s["ok"] + s["rejected"] + s["expired"] == s["offered"]
 
 
+@pytest.mark.slow  # a live acceptance run of 25-65 s: .ci/run runs it as a later step
 def test_live_apply_under_load_adds_capacity_and_swaps_a_variant_losing_nothing(tmp_path: Path) -> None:
     resnet = deployment("resnet50", 200, 100)
     digits = deployment("digits", 100, 50, source="digits", variants=DIGITS, accuracy_floor=0.97)
@@ -156,6 +157,7 @@ def test_kill_9_of_a_managed_triton_is_healed_and_every_request_answered(tmp_pat
         assert r["attainment"] >= 0.99, r["timeline"]
 
 
+@pytest.mark.slow  # a live acceptance run of 25-65 s: .ci/run runs it as a later step
 def test_a_3x_load_step_scales_up_within_the_delay_and_back_down_once(tmp_path: Path) -> None:
     auto = {"upscale_delay_s": 3, "downscale_delay_s": 6, "min_replicas": 1, "max_replicas": 4}
     # one GPU: the added capacity goes beside the serving replica, make-before-break
@@ -230,6 +232,7 @@ def test_a_users_own_triton_model_deploys_at_the_pinned_version(tmp_path: Path) 
         client.close()
 
 
+@pytest.mark.slow  # a live acceptance run of 25-65 s: .ci/run runs it as a later step
 def test_a_new_artifact_version_rolls_out_under_load_answering_everything(tmp_path: Path) -> None:
     from deploy.cli import main
 
