@@ -23,6 +23,7 @@ from typing import Any
 from deploy.operator.adopt import STATE_VERSION, fleet_to_state, gpus_from_state, llm_from_state
 from deploy.operator.autoscaler import Autoscaler
 from deploy.operator.desired import Desired, prepare
+from deploy.operator.healing import Healer
 from deploy.operator.llm_runtime import LlmEngines
 from deploy.operator.observe import Observer, Seen
 from deploy.operator.runtime import LocalRuntime, ProcessRuntime
@@ -66,7 +67,7 @@ INVERSE = {"start_replica": "stop_replica", "stop_replica": "start_replica", "cr
 
 
 @dataclass
-class Controller(Autoscaler):
+class Controller(Autoscaler, Healer):
     store: StateStore
     base_profiles: ProfileSet
     method: str = "greedy"
@@ -495,53 +496,6 @@ class Controller(Autoscaler):
                 self._heal(rid, e.replica.model, "the LLM engine", self.engines.restart)
         if self.applying is None and not self._lock.locked():
             await self._autoscale(now)
-
-    def _heal(self, rid: str, model: str, what: str, restart_fn: Callable[[str], None]) -> None:
-        self.restarting[rid] = "process exited"
-        self._event(model, "ReplicaDown", f"{rid}: {what} exited; restarting it")
-
-        async def restart() -> None:
-            try:
-                await asyncio.to_thread(restart_fn, rid)
-                self._event(model, "Restarted", f"{rid}: {what} is back")
-            except Exception as e:  # noqa: BLE001
-                self._event(model, "RestartFailed", f"{rid}: {e}")
-                await asyncio.sleep(self.tick)
-            finally:
-                self.restarting.pop(rid, None)
-                self.save()
-
-        t = asyncio.create_task(restart())
-        self._heals.add(t)
-        t.add_done_callback(self._heals.discard)
-
-    def _heal_gateway(self) -> None:
-        """Start the gateway process again, serving the running fleet (on the ports its config
-        names: ports 0 are new ones, which status shows)."""
-        self.restarting["gateway"] = "process exited"
-        self._event("", "GatewayDown", "the gateway process exited; starting it again")
-
-        async def restart() -> None:
-            assert self.plan is not None and self.desired is not None and self.runtime is not None
-            try:
-                old = self.gateway
-                cfg = self._render(self.plan, self.desired, self.runtime.endpoints().values())
-                self.gateway = await self._start_gateway(cfg)
-                with contextlib.suppress(Exception):
-                    await old.stop(0.0)  # type: ignore[union-attr]  (what is left of it)
-                await self._cold_waits()
-                self._event("", "Restarted", f"the gateway is back: http {self.gateway.http_url}, "
-                            f"grpc {self.gateway.grpc_url}")
-            except Exception as e:  # noqa: BLE001  (the next tick tries again)
-                self._event("", "RestartFailed", f"the gateway: {e}")
-                await asyncio.sleep(self.tick)
-            finally:
-                self.restarting.pop("gateway", None)
-                self.save()
-
-        t = asyncio.create_task(restart())
-        self._heals.add(t)
-        t.add_done_callback(self._heals.discard)
 
     # ------------------------------------------------------------------ status
 

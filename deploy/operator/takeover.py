@@ -28,6 +28,8 @@ class AdoptError(RuntimeError):
 def check_adoptable(st: dict[str, Any]) -> None:
     """Raise :class:`AdoptError` unless ``st`` records a fleet this controller can take over."""
     version = st.get("state_version")
+    if not st:
+        raise AdoptError("the state directory records no fleet; start one with headrace up")
     if version is None:
         raise AdoptError("the state directory was written by an older headrace, which kept no record of its "
                          "fleet to take over; run headrace down (it stops what the state records), then headrace up")

@@ -46,6 +46,7 @@ def test_a_foreign_process_reads_as_running_until_it_is_gone() -> None:
     ({"running": True, "generation": 1, "observed_generation": 1}, "older headrace"),
     ({"state_version": 99, "running": True}, "version 99"),
     ({"state_version": 2, "running": False}, "no running fleet"),
+    ({}, "records no fleet"),
 ])
 def test_a_state_that_cannot_be_taken_over_says_why_and_what_to_do(state: dict, says: str) -> None:
     with pytest.raises(AdoptError, match=says):

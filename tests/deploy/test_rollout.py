@@ -385,6 +385,7 @@ def test_a_gateway_process_that_died_is_started_again_serving_the_running_fleet(
     ctl = started(tmp_path, scaler_docs(tmp_path, 1))
     dead = ctl.gateway
     dead.alive = lambda: False  # type: ignore[union-attr]
+    dead.http_url, dead.grpc_url = "127.0.0.1:4321", "127.0.0.1:4322"  # type: ignore[union-attr]
     configs: list[Any] = []
 
     async def start(cfg: Any) -> Gateway:
@@ -398,8 +399,10 @@ def test_a_gateway_process_that_died_is_started_again_serving_the_running_fleet(
         await asyncio.gather(*ctl._heals)  # noqa: SLF001
 
     asyncio.run(run())
-    # NOTE: the new gateway is configured with every replica the runtime serves
+    # NOTE: the new gateway is configured with every replica the runtime serves, on the ports
+    # the dead one served on (its clients keep their address)
     assert ctl.gateway is not dead and len(configs) == 1
+    assert (configs[0].listen.http_port, configs[0].listen.grpc_port) == (4321, 4322)
     assert sorted(r.url for m in configs[0].models for r in m.replicas) == sorted(
         ep.http_url for ep in ctl.runtime.endpoints().values())  # type: ignore[union-attr]
     assert [e.kind for e in ctl.events][-2:] == ["GatewayDown", "Restarted"]
