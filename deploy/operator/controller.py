@@ -3,9 +3,10 @@
 It drives the gateway through a :class:`gateway.handle.GatewayHandle`: by default a gateway
 on its own event loop, and under ``headrace up`` a gateway process of its own, reached over
 its authenticated control channel, which keeps serving while the controller is down.
-Blocking work (solving, starting Triton) runs in a worker thread. One apply runs at a time. Every tick it samples the gateway's counters, restarts a
-managed Triton that died (the deployment reads ``Degraded`` meanwhile; the gateway fails over
-on its own), and steps each deployment's autoscaler (:mod:`placement.autoscale`).
+Blocking work (solving, starting Triton) runs in a worker thread. One apply runs at a time.
+Every tick it samples the gateway's counters, restarts a managed Triton, engine or gateway
+that died (:mod:`deploy.operator.healing`), and steps each deployment's autoscaler
+(:mod:`deploy.operator.autoscaler`).
 """
 
 from __future__ import annotations
