@@ -2,8 +2,9 @@
 
 ``up`` runs the controller (and the gateway, a process of its own) in the foreground until
 Ctrl-C, SIGTERM or ``headrace down``; ``--detach`` leaves it running in its own session under
-a supervisor that starts it again if it dies (:mod:`deploy.operator.supervisor`); ``--dry-run`` checks the
-documents and the state directory, plans, prints what it would start and starts nothing. Every
+a supervisor that starts it again if it dies (:mod:`deploy.operator.supervisor`);
+``--dry-run`` checks the documents and the state directory, plans, prints what it would start
+and starts nothing. Every
 command refuses a state directory whose ``state.json`` is corrupt (one line, exit 2), before it
 starts or stops anything (:mod:`deploy.operator.state`). The other commands talk
 to the running controller's admin API, found through the state directory; over HTTPS (the
@@ -101,7 +102,7 @@ def _cleanup_leftovers(store: DirStateStore, out: Console) -> None:
 async def _serve(args: argparse.Namespace, want: Desired | None, base: ProfileSet, store: DirStateStore,
                  out: Console) -> int:
     """Run the controller until it is stopped: ``up`` of ``want``, or (``want`` None) taking
-    over the fleet the state records (:func:`deploy.operator.adopt.take_over`)."""
+    over the fleet the state records (:func:`deploy.operator.takeover.take_over`)."""
     from deploy.operator.admin import serve_admin  # noqa: PLC0415
     from deploy.operator.controller import Controller  # noqa: PLC0415
     from deploy.operator.desired import prepare  # noqa: PLC0415
@@ -139,7 +140,7 @@ async def _serve(args: argparse.Namespace, want: Desired | None, base: ProfileSe
         try:
             if args.adopt:
                 try:
-                    await take_over(ctl, was)
+                    await take_over(ctl, was, want)
                 except AdoptError as e:
                     raise CliError(f"cannot take the fleet over: {e}", 2) from None
             else:
@@ -330,7 +331,8 @@ def _stop_left(store: DirStateStore, st: dict, grace: float = 10.0) -> int:
     s to what remains (matched by pid and start time, never by name). Returns how many were
     running."""
     _stop_supervisor(st)
-    st = {**store.read(), "processes": {**(st.get("processes") or {}), **(store.read().get("processes") or {})}}
+    now = store.read()  # a controller it had just started may have recorded more
+    st = {**now, "processes": {**(st.get("processes") or {}), **(now.get("processes") or {})}}
     left = _left(st)
     for p in left.values():
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -19,6 +19,7 @@ from placement.spec import inventory, single_pool
 
 if TYPE_CHECKING:
     from deploy.operator.controller import Controller
+    from deploy.operator.desired import Desired
 
 
 class AdoptError(RuntimeError):
@@ -40,16 +41,18 @@ def check_adoptable(st: dict[str, Any]) -> None:
         raise AdoptError("the state records no running fleet to take over; start one with headrace up")
 
 
-async def take_over(ctl: Controller, st: dict[str, Any]) -> None:
+async def take_over(ctl: Controller, st: dict[str, Any], want: Desired | None = None) -> None:
     """Make ``ctl`` the controller of the fleet ``st`` records, restarting nothing that runs:
     the documents and fleet of the generation it serves, its replicas, engines and emulated
     GPUs (by pid and start time), its gateway, history, rollback fleets and events. What the
     state records but is gone is started again by the controller's loop; a replica running
     beside the recorded fleet (a rollout the controller died in) is drained and stopped, and
-    the rollout reads as interrupted."""
+    the rollout reads as interrupted. ``want``: the served generation's documents, prepared
+    (None: read from the state directory here)."""
     check_adoptable(st)
     served = int(st["observed_generation"])
-    want = await asyncio.to_thread(prepare, ctl.store.generation(served), ctl.base_profiles, "adopt")
+    if want is None:
+        want = await asyncio.to_thread(prepare, ctl.store.generation(served), ctl.base_profiles, "adopt")
     ctl.generation, ctl.observed_generation, ctl.history = int(st["generation"]), served, list(st["history"])
     ctl.rates = {m: float(r) for m, r in (st.get("rates") or {}).items()}
     ctl.generations = {n: (int(v[0]), str(v[1])) for n, v in (st.get("generations") or {}).items()}
