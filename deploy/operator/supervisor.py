@@ -8,7 +8,8 @@ that exits 0 (``headrace down``, SIGTERM) ends the supervisor; SIGTERM or SIGINT
 supervisor goes on to the controller, which stops everything it runs. A restart waits
 :func:`restart_delay` (0.5 s, doubling while the controller keeps dying young, at most 30 s);
 a controller that refuses to take the fleet over (exit 2: a state it cannot read) or dies
-:data:`MAX_FAILURES` times in a row young is not started again, with an event that says so.
+:data:`MAX_FAILURES` times in a row young is not started again, with an event that says so;
+nor is one whose ``up`` failed before it served (it said why, and stopped what it began).
 """
 
 from __future__ import annotations
@@ -76,6 +77,15 @@ class Supervisor:
         st.update(supervisor_pid=pid, supervisor_started=None if pid is None else start_time(pid))
         self.store.write(st)
 
+    def was_serving(self, pid: int) -> bool:
+        """Whether the controller ``pid`` died serving: the state still says it runs the fleet
+        (a controller whose ``up`` failed, or that stopped, recorded that nothing runs)."""
+        try:
+            st = self.store.read()
+        except StateError:
+            return False
+        return bool(st.get("running")) and st.get("controller_pid") == pid
+
     def run(self) -> int:
         failures, adopt = 0, False
         while True:
@@ -86,6 +96,8 @@ class Supervisor:
             rc = self.child.wait()
             if self.stopping or rc == 0:
                 return 0 if rc in (0, -signal.SIGTERM, -signal.SIGINT) else rc
+            if not self.was_serving(self.child.pid):  # its up failed: it said why, and stopped what it began
+                return rc
             if rc == 2 and adopt:
                 self.event("ControllerNotRestarted", f"the controller (pid {self.child.pid}) could not take the "
                            f"fleet over ({describe_exit(rc)}; see {self.store.log_path}); headrace down stops what "

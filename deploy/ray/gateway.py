@@ -25,13 +25,13 @@ class GatewayActorImpl:
 
     def __init__(self, index: int, namespace: str) -> None:
         from gateway.serving import loop_factory  # noqa: PLC0415
-        from profiles.triton.server import free_port  # noqa: PLC0415
+        from profiles.triton.server import free_ports  # noqa: PLC0415
 
         self.index = index
         self.state = state_actor(namespace)
         ports = ray.get(self.state.get.remote(f"gateway-ports:{index}"))
         if ports is None:
-            ports = [free_port(), free_port()]
+            ports = free_ports(2)
             ray.get(self.state.put.remote(f"gateway-ports:{index}", ports))
         self.ports = ports
         factory = loop_factory()

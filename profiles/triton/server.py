@@ -31,9 +31,20 @@ class TritonError(RuntimeError):
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports on 127.0.0.1: held open together while they are picked
+    (ports picked one after another can repeat: the kernel hands a just-closed one out again)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def pytriton_root() -> Path:
@@ -121,6 +132,7 @@ class TritonServer:
     env: dict[str, str] = field(default_factory=dict)
     ready_timeout: float = 30.0
     proc: subprocess.Popen | None = field(default=None, init=False)
+    command_line: list[str] = field(default_factory=list, init=False)  # as last started
     _workdir: Path | None = field(default=None, init=False)
 
     @property
@@ -152,15 +164,17 @@ class TritonServer:
             raise TritonError(f"model repository {self.repository} is not a directory")
         self._workdir = Path(tempfile.mkdtemp(prefix="headrace-triton-"))
         backends = prepare_backends(self._workdir / "backends", root)
+        picked = iter(free_ports(3))
         for attr in ("http_port", "grpc_port", "metrics_port"):
             if not getattr(self, attr):
-                setattr(self, attr, free_port())
+                setattr(self, attr, next(picked))
         if self.log_path is None:
             self.log_path = self._workdir / "tritonserver.log"
         log = open(self.log_path, "wb")  # noqa: SIM115  (owned by the child)
         try:
+            self.command_line = self.command(backends)
             self.proc = subprocess.Popen(
-                self.command(backends),
+                self.command_line,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=triton_env(self.env),
@@ -177,9 +191,15 @@ class TritonServer:
         return self
 
     def logs(self, tail: int = 60) -> str:
+        """The log's last ``tail`` lines; when Triton refused its command line, the lines that
+        say why instead (it ends its log with a usage text longer than any tail)."""
         if not self.log_path or not Path(self.log_path).exists():
             return ""
-        return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-tail:])
+        lines = Path(self.log_path).read_text(errors="replace").splitlines()
+        usage = next((i for i, line in enumerate(lines) if line.startswith("Usage: tritonserver")), None)
+        if usage is not None:
+            return "\n".join([*lines[max(0, usage - 5):usage], f"(and Triton's usage text; argv: {self.command_line})"])
+        return "\n".join(lines[-tail:])
 
     def is_ready(self) -> bool:
         return http_ready(self.http_url)

@@ -68,11 +68,18 @@ def controller(tmp_path: Path, body: str) -> list[str]:
     return [sys.executable, str(script)]
 
 
+def serving_controller(tmp_path: Path, body: str) -> list[str]:
+    """A stand-in controller that records itself as serving the fleet, then runs ``body``."""
+    return controller(tmp_path, "from deploy.operator.state import DirStateStore\n"
+                      f"s = DirStateStore({str(tmp_path / 'state')!r})\n"
+                      "s.write({**s.read(), 'running': True, 'controller_pid': os.getpid()})\n" + body)
+
+
 def test_a_killed_controller_is_started_again_to_adopt_and_a_clean_exit_ends_the_supervisor(tmp_path: Path) -> None:
     store = DirStateStore(tmp_path / "state")
     delays: list[float] = []
-    sup = Supervisor(store, controller(tmp_path, "sys.exit(0) if adopt else os.kill(os.getpid(), signal.SIGKILL)"),
-                     sleep=delays.append)
+    sup = Supervisor(store, serving_controller(tmp_path, "sys.exit(0) if adopt else os.kill(os.getpid(), "
+                                                         "signal.SIGKILL)"), sleep=delays.append)
     assert sup.run() == 0
     assert delays == [restart_delay(1)]
     events = store.events()
@@ -81,7 +88,7 @@ def test_a_killed_controller_is_started_again_to_adopt_and_a_clean_exit_ends_the
 
 def test_a_controller_that_cannot_adopt_is_not_started_again(tmp_path: Path) -> None:
     store = DirStateStore(tmp_path / "state")
-    sup = Supervisor(store, controller(tmp_path, "sys.exit(2 if adopt else 1)"), sleep=lambda s: None)
+    sup = Supervisor(store, serving_controller(tmp_path, "sys.exit(2 if adopt else 1)"), sleep=lambda s: None)
     assert sup.run() == 2
     assert [e["kind"] for e in store.events()] == ["ControllerRestarting", "ControllerNotRestarted"]
 
@@ -89,7 +96,7 @@ def test_a_controller_that_cannot_adopt_is_not_started_again(tmp_path: Path) -> 
 def test_a_controller_that_keeps_dying_young_is_given_up_on_with_growing_delays(tmp_path: Path) -> None:
     store = DirStateStore(tmp_path / "state")
     delays: list[float] = []
-    sup = Supervisor(store, controller(tmp_path, "sys.exit(3)"), sleep=delays.append)
+    sup = Supervisor(store, serving_controller(tmp_path, "sys.exit(3)"), sleep=delays.append)
     assert sup.run() == 1
     assert delays == [restart_delay(k) for k in range(1, MAX_FAILURES + 1)] == [0.5, 1.0, 2.0, 4.0, 8.0]
     assert store.events()[-1]["kind"] == "ControllerNotRestarted"
@@ -113,3 +120,12 @@ def test_a_replica_gone_while_the_controller_was_down_is_kept_for_the_loop_to_re
     # NOTE: still the runtime's, not running: the controller's loop restarts it on its ports
     assert runtime.endpoints() == {"g/gpu/m": ep} and not runtime.alive("g/gpu/m")
     assert runtime.ex.servers["g/gpu/m"].http_port == 1
+
+
+def test_a_controller_whose_up_failed_is_not_started_again(tmp_path: Path) -> None:
+    store = DirStateStore(tmp_path / "state")
+    store.write({"running": False, "controller_pid": None})
+    delays: list[float] = []
+    # NOTE: it exits 1 without having served (its up failed): no restart, no adoption of nothing
+    assert Supervisor(store, controller(tmp_path, "sys.exit(1)"), sleep=delays.append).run() == 1
+    assert delays == [] and store.events() == []
