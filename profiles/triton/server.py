@@ -197,8 +197,9 @@ class TritonServer:
             return ""
         lines = Path(self.log_path).read_text(errors="replace").splitlines()
         usage = next((i for i, line in enumerate(lines) if line.startswith("Usage: tritonserver")), None)
-        if usage is not None:
-            return "\n".join([*lines[max(0, usage - 5):usage], f"(and Triton's usage text; argv: {self.command_line})"])
+        if usage is not None:  # the reason: the lines of the usage text's block that are not options
+            why = [x for x in lines[usage + 1:] if x.strip() and not x[0].isspace() and not x.endswith(":")]
+            return "\n".join([*lines[max(0, usage - 5):usage], *why, f"(argv: {self.command_line})"])
         return "\n".join(lines[-tail:])
 
     def is_ready(self) -> bool:
