@@ -54,10 +54,9 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 from yarl import URL
 
-from gateway.coldstart import ColdStart
-from gateway.config import parse_config, resolve
+from gateway.config import parse_config
 from gateway.errors import ConfigError, GatewayError
-from gateway.handle import Sample, counter_samples
+from gateway.handle import LocalHandle, Sample, first_replica
 from profiles.gateway_config import GatewayConfig, LlmModelConfig, LlmReplicaConfig
 from profiles.schema import format_error
 
@@ -227,6 +226,7 @@ class ControlServer:
         if not token:
             raise ConfigError("control channel: the token is empty")
         self.gateway = gateway
+        self.local = LocalHandle(gateway)  # what each call does, as an in-process operator would
         self._token = f"Bearer {token}".encode()
         self.on_stop = on_stop
         self.cold = ColdRequests()
@@ -298,9 +298,7 @@ class ControlServer:
     async def _state(self, request: web.Request) -> dict[str, Any]:
         gw = self.gateway
         return {"http": gw.http_url, "grpc": gw.grpc_url, "pid": os.getpid(),
-                "replicas": {rid: r.healthy for rid, r in gw.driver.replicas.items()},
-                "llm_replicas": {r.id: r.reachable and not r.draining for reps in gw.llm.replicas.values()
-                                 for r in reps}}
+                "replicas": await self.local.replicas(), "llm_replicas": await self.local.llm_replicas()}
 
     async def _add_replica(self, request: web.Request) -> dict[str, Any]:
         doc = await _body(request)
@@ -310,15 +308,10 @@ class ControlServer:
         if base_dir is not None and not isinstance(base_dir, str):
             raise ControlError(f"base_dir: a folder path, got {base_dir!r}", 400)
         try:
-            cfg = parse_config(doc.get("config"), "config", Path(base_dir) if base_dir else None)
-            models = resolve(cfg)
-        except ConfigError as e:
+            served = first_replica(parse_config(doc.get("config"), "config", Path(base_dir) if base_dir else None),
+                                   name)
+        except (ConfigError, ValueError) as e:
             raise ControlError(str(e), 400) from None
-        served = next((m for m in models if m.name == name), None)
-        if served is None:
-            raise ControlError(f"model {name!r} is not in the config (it has {[m.name for m in models]})", 400)
-        if not served.replicas:
-            raise ControlError(f"model {name!r} has no replica in the config", 400)
         replica = served.replicas[0]
         try:
             await self.gateway.add_replica(served, replica)
@@ -362,7 +355,7 @@ class ControlServer:
         return {"dropped": name}
 
     async def _counters(self, request: web.Request) -> list[Sample]:
-        return counter_samples(self.gateway.driver.metrics.registry)
+        return await self.local.counters()
 
     async def _hold_cold(self, request: web.Request) -> dict[str, Any]:
         waits = (await _body(request)).get("waits")
@@ -370,12 +363,8 @@ class ControlServer:
                 isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
                 and math.isfinite(v) and 0 <= v <= MAX_TIMEOUT_S for k, v in waits.items()):
             raise ControlError(f"waits: a mapping of model -> seconds (0-{MAX_TIMEOUT_S:g}), got {waits!r}", 400)
-        drv = self.gateway.driver
-        if drv.cold is None:
-            drv.cold = ColdStart(self.cold.ask)
-        drv.cold.starter = self.cold.ask
-        drv.cold.waits = {k: float(v) for k, v in waits.items()}
-        return {"waits": drv.cold.waits}
+        await self.local.hold_cold({k: float(v) for k, v in waits.items()}, self.cold.ask)
+        return {"waits": self.gateway.driver.cold.waits}
 
     async def _asked_cold(self, request: web.Request) -> dict[str, Any]:
         return {"models": await self.cold.take(_number(request, "wait", 0.0, MAX_COLD_WAIT_S))}

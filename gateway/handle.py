@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gateway.coldstart import ColdStart
-from gateway.config import resolve
+from gateway.config import ServedModel, resolve
 from profiles.gateway_config import GatewayConfig, LlmModelConfig, LlmReplicaConfig
 
 Sample = tuple[str, dict[str, str], float]  # a counter's name, labels and value
@@ -66,7 +66,7 @@ class LocalHandle:
         return self.gateway.grpc_url
 
     async def add_replica(self, cfg: GatewayConfig, model: str) -> None:
-        served = next(m for m in resolve(cfg) if m.name == model)
+        served = first_replica(cfg, model)
         await self.gateway.add_replica(served, served.replicas[0])
 
     async def remove_replica(self, replica_id: str, timeout: float, keep_model: bool = False) -> bool:
@@ -99,6 +99,18 @@ class LocalHandle:
 
     async def stop(self, drain_timeout: float) -> None:
         await self.gateway.stop(drain_timeout=drain_timeout)
+
+
+def first_replica(cfg: GatewayConfig, model: str) -> ServedModel:
+    """``model`` of ``cfg``, resolved, with at least one replica (the first is the one to
+    serve); :class:`ValueError` says what is missing."""
+    models = resolve(cfg)
+    served = next((m for m in models if m.name == model), None)
+    if served is None:
+        raise ValueError(f"model {model!r} is not in the config (it has {[m.name for m in models]})")
+    if not served.replicas:
+        raise ValueError(f"model {model!r} has no replica in the config")
+    return served
 
 
 def counter_samples(registry) -> list[Sample]:  # noqa: ANN001  (a prometheus CollectorRegistry)
