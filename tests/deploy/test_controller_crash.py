@@ -127,3 +127,30 @@ def test_up_on_the_state_of_a_dead_controller_stops_what_it_left_and_serves(tmp_
         assert not running(st)
         assert op.condition("resnet50", "Ready") == "True"
         assert op.state()["controller_pid"] != st["controller_pid"]
+
+
+@pytest.mark.slow  # a live acceptance run: .ci/run runs it as a later step
+def test_a_gateway_process_killed_under_load_comes_back_on_its_ports_and_replicas_keep_their_pids(
+        tmp_path: Path) -> None:
+    versioned_model(tmp_path)
+    docs = write_docs(tmp_path / "d.yaml", pool(a100s=1), scaler())
+    with operator_up(tmp_path, docs) as op:
+        st, pids = op.state(), op.pids()
+        os.killpg(pids["gateway"], signal.SIGKILL)
+        killed = time.monotonic()
+
+        def back() -> bool:
+            now = op.state()
+            return now["processes"].get("gateway", {}).get("pid") not in (None, pids["gateway"]) and any(
+                e["kind"] == "Restarted" and "gateway" in e["message"] for e in op.status()["events"])
+
+        assert op.wait_for("gateway back", back, timeout=60) - killed <= 10.0
+        # NOTE: the same address for clients, every replica still serving from its own process
+        assert op.state()["gateway"] == st["gateway"]
+        load = TritonLoad(op.http, "scaler", 35.0, 3.0)
+        load.start()
+        load.join(60)
+        assert load.unanswered == 0 and all(a.factor is not None for a in load.answers) and len(load.answers) > 90
+        assert {k: v for k, v in op.pids().items() if k != "gateway"} == {
+            k: v for k, v in pids.items() if k != "gateway"}
+        assert op.condition("scaler", "Ready") == "True"
