@@ -13,10 +13,11 @@ batch and its ``revision`` (the artifact's digest and Triton settings). A kept r
 its id; a successor gets one its predecessor does not hold.
 
 ``replan`` keeps every old replica that still helps, releases whole GPUs whose replicas have
-become surplus (never one a replica floor still needs), places the deficit first in room the
-kept GPUs leave (:func:`placement.solve.floors.fill`), then on free GPUs, and then meets the
-replica floors over kept and added GPUs together (:func:`placement.solve.floors.spread`), so
-the diff stays small and floors hold across re-plans.
+become surplus (never one a replica floor still needs: a GPU of its distinct floor, a replica
+of its count), places the deficit first in room the kept GPUs leave
+(:func:`placement.solve.floors.fill`), then on free GPUs, and then meets the replica floors
+over kept and added GPUs together (:func:`placement.solve.floors.spread`), so the diff stays
+small and floors hold across re-plans.
 """
 
 from __future__ import annotations
@@ -304,23 +305,33 @@ def _with_slo(plan: Plan, demands: dict[str, Demand], profiles: ProfileSet) -> l
 
 
 def _spares(kept: list[GpuPlan], g: GpuPlan, dm: dict[str, Demand]) -> bool:
-    """Whether releasing ``g`` keeps every replica floor of its models that ``kept`` meets: as
-    many GPUs as the floor, and as many nodes as the floor that ``kept`` already spans."""
-    for m in {r.model for s in g.slices for r in s.replicas}:
-        floor = dm[m].min_replicas
-        if floor <= 1:
-            continue
-        before = {h.id for h in kept if any(r.model == m for s in h.slices for r in s.replicas)}
-        after = before - {g.id}
-        if len(after) < floor or len({node_of(i) for i in after}) < min(floor, len({node_of(i) for i in before})):
-            return False
-    return True
+    """Whether releasing ``g`` keeps every replica floor of its models that ``kept`` meets."""
+    held = Counter(r.model for s in g.slices for r in s.replicas)
+    return all(_keeps(kept, g, dm[m], n) for m, n in held.items())
+
+
+def _keeps(kept: list[GpuPlan], g: GpuPlan, d: Demand, lose: int) -> bool:
+    """Whether ``kept`` without ``lose`` of ``g``'s replicas of ``d`` keeps its floors: its
+    count floor in all, and, where ``g`` keeps none, as many GPUs as its floor and as many nodes
+    as the floor that ``kept`` already spans."""
+    if not d.floored:
+        return True
+    on = [h for h in kept if any(r.model == d.model for s in h.slices for r in s.replicas)]
+    count = sum(r.model == d.model for h in on for s in h.slices for r in s.replicas)
+    if count - lose < d.count_floor:
+        return False
+    floor = d.min_replicas
+    if floor <= 1 or lose < sum(r.model == d.model for s in g.slices for r in s.replicas):
+        return True
+    before = {h.id for h in on}
+    after = before - {g.id}
+    return len(after) >= floor and len({node_of(i) for i in after}) >= min(floor, len({node_of(i) for i in before}))
 
 
 def _trim(kept: list[GpuPlan], dm: dict[str, Demand], cap: dict[str, float]) -> list[GpuPlan]:
     """``kept`` without the replicas a model can spare (capacity above its requirement without
     it), the largest such first, so load that fell frees room on a GPU that stays; never one
-    whose GPU a replica floor still needs. ``cap`` is updated."""
+    a replica floor still needs (its GPU, or its count). ``cap`` is updated."""
     gpus = list(kept)
     while True:
         best = None
@@ -329,8 +340,7 @@ def _trim(kept: list[GpuPlan], dm: dict[str, Demand], cap: dict[str, float]) -> 
                 for ri, r in enumerate(s.replicas):
                     if cap[r.model] - r.capacity + 1e-9 < dm[r.model].required:
                         continue
-                    alone = sum(x.model == r.model for t in g.slices for x in t.replicas) == 1
-                    if alone and not _spares(gpus, g, dm):
+                    if not _keeps(gpus, g, dm[r.model], 1):
                         continue
                     if best is None or r.capacity > best[0]:
                         best = (r.capacity, gi, si, ri)
@@ -389,8 +399,9 @@ def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory
         cands = candidates(demands, profiles, inventory, options)
         filled, short = fill(kept, demands, short, inventory, profiles, cands, options)
         kept = list(filled)
-    # the deficit's own floor is 1: the floors are met over kept and added GPUs together, below
-    deficit = [replace(demands[mi], rate=v / demands[mi].factor, min_replicas=1)
+    # the deficit's own floors are 1 and no count: the floors are met over kept and added GPUs
+    # together, below
+    deficit = [replace(demands[mi], rate=v / demands[mi].factor, min_replicas=1, min_count=0)
                for mi, v in short.items() if v > 1e-6]
     used = {g.id for g in kept}
     free = replace(inventory, classes=tuple(
@@ -404,7 +415,7 @@ def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory
             raise SolverError("the free GPUs do not place every best-effort deficit")
         extra = part.gpus if part is not None else ()
         gpus, floors = tuple(kept) + tuple(extra), ()
-        if any(d.min_replicas > 1 for d in demands):
+        if any(d.floored for d in demands):
             cands = cands or candidates(demands, profiles, inventory, options)
             gpus, floors = spread(gpus, demands, inventory, profiles, cands, options)
         new = Plan(gpus, tuple(demands), inventory, f"replan-{method}", 0.0, 0.0, profiles, floors=floors)

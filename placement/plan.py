@@ -8,7 +8,9 @@ limits, variants allowed, and capacity >= demand x headroom per model. It raises
 Replica floors: a demand's ``min_replicas`` (the deployment's ``replicas`` or its autoscaling
 ``min_replicas``) asks for that many replicas on as many distinct GPUs, and on as many distinct
 nodes where the pool has them. A plan that cannot meet a floor carries a :class:`FloorShortfall`
-saying so; :meth:`Plan.verify` refuses one that breaks a floor without saying so.
+saying so; :meth:`Plan.verify` refuses one that breaks a floor without saying so. A demand's
+``min_count`` is a floor of another kind: that many replicas in all, on any GPUs (two MPS shares
+of one slice count two), since each of the gateway's workers batches for replicas of its own.
 
 Priority classes (AntMan's guaranteed / opportunistic split): guaranteed demand is planned
 first, at its SLO with its headroom, and must be placed whole. Best-effort demand is planned at
@@ -23,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from placement.reports import FloorShortfall, Shortfall
 from placement.solve.capacity import fits_memory, replica_capacity
 from profiles.catalogue import WHOLE, CatalogueError, Instance, gpu_model, overlap_reason
 from profiles.profile import Profile, ProfileError, ProfileSet
@@ -57,6 +60,9 @@ class Demand:
     headroom: float = 1.0  # plan capacity >= rate x headroom
     objective: Literal["accuracy", "cost"] = "accuracy"  # the gateway's variant choice for its requests
     min_replicas: int = 1  # the floor: replicas on that many distinct GPUs (and nodes, where the pool has them)
+    # at least this many replicas in all, on any GPUs (the operator sets it to its gateway's
+    # worker count: each worker batches for its own replicas); only while served (count_floor)
+    min_count: int = 0
 
     @property
     def guaranteed(self) -> bool:
@@ -76,6 +82,18 @@ class Demand:
         if self.rate <= 0 and self.min_replicas == 0:
             return 0.0
         return max(self.rate * self.factor, KEEP_SERVED)
+
+    @property
+    def count_floor(self) -> int:
+        """Replicas the plan holds in all, on any GPUs: ``min_count`` while the demand is served
+        (``required`` > 0), none when it is scaled to zero."""
+        return self.min_count if self.required > 0 else 0
+
+    @property
+    def floored(self) -> bool:
+        """A floor asks for more replicas than capacity alone places: ``min_replicas`` or
+        :attr:`count_floor` above 1 (:mod:`placement.solve.floors`)."""
+        return self.min_replicas > 1 or self.count_floor > 1
 
     def allows(self, p: Profile) -> bool:
         if p.model != self.model or (self.variants and p.variant not in self.variants):
@@ -157,31 +175,6 @@ def has_known_accuracy(d: Demand, profiles: ProfileSet) -> bool:
     return any(p.accuracy is not None and d.allows(p) for p in profiles.find(model=d.model))
 
 
-@dataclass(frozen=True)
-class Shortfall:
-    """A best-effort model an overfull pool could not place whole: the capacity it got, what
-    is left over, and the GPUs that would place the rest (``(GPU model, count)``, cheapest
-    first; each alone suffices, counted for this model alone)."""
-
-    model: str
-    required: float  # req/s the model is planned for (its rate)
-    placed: float  # req/s of capacity the plan gives it
-    gpus: tuple[tuple[str, int], ...] = ()
-
-    @property
-    def unplaced(self) -> float:
-        return max(0.0, self.required - self.placed)
-
-    def describe(self) -> str:
-        more = " or ".join(f"{n} more {g}" for g, n in self.gpus) or "no GPU of the pool's kinds"
-        return (f"best-effort model {self.model}: {self.placed:.0f} of {self.required:.0f} req/s placed, "
-                f"{self.unplaced:.0f} req/s not ({more} would place it)")
-
-    def to_dict(self) -> dict:
-        return {"model": self.model, "required_rps": round(self.required, 1), "placed_rps": round(self.placed, 1),
-                "unplaced_rps": round(self.unplaced, 1), "gpus_to_place": [{"gpu": g, "count": n} for g, n in self.gpus]}
-
-
 def drop_replica(gpus: list[GpuPlan], gi: int, si: int, ri: int) -> Replica:
     """Remove replica ``ri`` of slice ``si`` of ``gpus[gi]`` in place; a slice left empty goes,
     and so does a GPU left with none. Returns the replica removed."""
@@ -199,32 +192,6 @@ def drop_replica(gpus: list[GpuPlan], gi: int, si: int, ri: int) -> Replica:
 def node_of(gpu_id: str) -> str:
     """The node a GPU id names (``<node>/gpu<i>``); an id without a node is a node of its own."""
     return gpu_id.rsplit("/", 1)[0] if "/" in gpu_id else gpu_id
-
-
-@dataclass(frozen=True)
-class FloorShortfall:
-    """A replica floor the plan does not meet in full: the model's replicas stand on ``gpus``
-    distinct GPUs of ``nodes`` distinct nodes, fewer than its ``floor`` of one or the other,
-    and ``why`` (``only 2 GPUs``, ``no room on the pool's other GPUs``, ``only 1 node``).
-    ``met``: the GPUs are enough and only the spread over nodes falls short."""
-
-    model: str
-    floor: int
-    gpus: int
-    nodes: int
-    why: str
-
-    @property
-    def met(self) -> bool:
-        return self.gpus >= self.floor
-
-    def describe(self) -> str:
-        on = f" on {self.nodes} node{'s' if self.nodes != 1 else ''}" if self.met else ""
-        return f"model {self.model}: floor {self.floor} replicas: {self.gpus} placed{on}, {self.why}"
-
-    def to_dict(self) -> dict:
-        return {"model": self.model, "floor": self.floor, "gpus": self.gpus, "nodes": self.nodes,
-                "met": self.met, "why": self.why}
 
 
 @dataclass(frozen=True)
@@ -330,6 +297,10 @@ class Plan:
         """The GPUs and the nodes holding a replica of ``model``."""
         gpus = {g.id for g, _, r in self.replicas() if r.model == model}
         return gpus, {node_of(i) for i in gpus}
+
+    def count(self, model: str) -> int:
+        """Replicas of ``model`` in all."""
+        return sum(r.model == model for _, _, r in self.replicas())
 
     def capacities(self) -> dict[str, float]:
         """Planned requests per second of every model (0 for a model without replicas)."""
@@ -487,17 +458,24 @@ class Plan:
         return out
 
     def _check_replica_floors(self) -> list[PlanError]:
-        """Each floor is met on distinct GPUs and nodes, or its shortfall is reported as it is."""
-        out, told = [], {f.model: f for f in self.floors}
+        """Each floor is met (on distinct GPUs and nodes; in all), or its shortfall is reported as it is."""
+        out, told = [], {(f.model, f.kind): f for f in self.floors}
         for d in self.demands:
             gpus, nodes = self.hosts(d.model)
-            f = told.get(d.model)
+            f = told.get((d.model, "distinct"))
             if f is not None and (f.gpus, f.nodes) != (len(gpus), len(nodes)):
                 out.append(PlanError("replicas", f"model {d.model}: floor reported on {f.gpus} GPUs of {f.nodes} "
                                                  f"nodes, the plan has {len(gpus)} of {len(nodes)}"))
             elif f is None and d.min_replicas > 1 and min(len(gpus), len(nodes)) < d.min_replicas:
                 out.append(PlanError("replicas", f"model {d.model}: floor {d.min_replicas} replicas, placed on "
                                                  f"{len(gpus)} GPUs of {len(nodes)} nodes, not reported"))
+            n, f = self.count(d.model), told.get((d.model, "count"))
+            if f is not None and f.replicas != n:
+                out.append(PlanError("replicas", f"model {d.model}: {f.floor} replicas in all reported placed "
+                                                 f"{f.replicas}, the plan has {n}"))
+            elif f is None and d.count_floor > 1 and n < d.count_floor:
+                out.append(PlanError("replicas", f"model {d.model}: min_count {d.count_floor} replicas in all, "
+                                                 f"placed {n}, not reported"))
         return out
 
     def _check_slice(self, g: GpuPlan, s: SlicePlan, gm, demands: dict[str, Demand],
@@ -589,7 +567,7 @@ class Plan:
                 "shortfall": [s.to_dict() for s in self.shortfall],
                 "floors": [f.to_dict() for f in self.floors],
                 "models": [{"model": d.model, "rate": d.rate, "slo_ms": d.slo * 1e3, "priority": d.priority,
-                            "min_replicas": d.min_replicas,
+                            "min_replicas": d.min_replicas, **({"min_count": d.min_count} if d.min_count else {}),
                             "capacity_rps": round(caps[d.model], 1),
                             # None at rate 0: no ratio (JSON has no infinity)
                             "headroom": round(caps[d.model] / d.rate, 3) if d.rate > 0 else None,

@@ -1,5 +1,6 @@
 """Replica floors: a model's ``min_replicas`` on as many distinct GPUs, and on as many distinct
-nodes where the pool has them (anti-affinity), as one pass over a plan's GPUs.
+nodes where the pool has them (anti-affinity), and its ``min_count`` replicas in all, as one
+pass over a plan's GPUs.
 
 The floor follows KServe's predictor ``minReplicas`` (kserve/kserve,
 ``python/kserve/docs/V1beta1ComponentExtensionSpec.md``: "Minimum number of replicas, defaults
@@ -31,6 +32,17 @@ costs nothing. Under an accuracy objective or floor, whose split across variants
 lower, nothing is removed and a replica moves only to its own variant. A floor
 still short (fewer GPUs or nodes that can serve the model, or no room left) is reported as a
 :class:`placement.plan.FloorShortfall`, never dropped.
+
+The count floor (``min_count``, while the model is served) is the gateway's: its workers share
+one port, the kernel hands each a share of the connections, every worker answers every model
+and batches only for replicas of its own, so each needs one (docs/scaleout.md). Replicas need
+not stand apart for that: after the model's distinct floor, while it has fewer replicas than
+the count floor, one is added where :func:`_best` finds room on any GPU, opened room first
+(a free MPS share, a free MIG region of a used GPU), then a free GPU within the budget; where
+none is left, one of its replicas becomes two at half its MPS share on its slice while
+capacity still covers the requirement (one replica sized to a whole GPU leaves no room; not
+under an accuracy objective or floor, as the variant's lower capacity may move answers). No
+removal (a surplus replica, a released GPU, a trimmed one in a re-plan) takes a model below it.
 """
 
 from __future__ import annotations
@@ -89,7 +101,7 @@ def spread(gpus: Sequence[GpuPlan], demands: Sequence[Demand], inv: Inventory, p
     """``gpus`` with every floor of ``demands`` met where the pool allows (see the module's
     docstring), and a :class:`FloorShortfall` per floor met short. ``cands``: the candidates of
     ``demands`` on ``inv`` (their model indices)."""
-    floored = [mi for mi, d in enumerate(demands) if d.min_replicas > 1]
+    floored = [mi for mi, d in enumerate(demands) if d.floored]
     if not floored:
         return tuple(gpus), ()
     order = [i for c in inv.classes for i in c.ids]
@@ -110,41 +122,109 @@ def spread(gpus: Sequence[GpuPlan], demands: Sequence[Demand], inv: Inventory, p
         d = demands[mi]
         mine = [c for c in cands if c.model == mi]
         reach = sorted({i for c in mine for i in inv.classes[c.cls].ids}, key=rank.__getitem__)
-        reach_nodes = {node_of(i) for i in reach}
-        want_nodes = min(d.min_replicas, len(reach_nodes))
-        blocked = ""
-        while True:
-            hosts = [gid for gid, g in plan.items() if g.holds(d.model)]
-            nodes = {node_of(h) for h in hosts}
-            if len(nodes) < want_nodes:
-                new_node = True
-            elif len(hosts) < d.min_replicas:
-                new_node = False
-            else:
-                break
-            avoid = nodes if new_node else None
-            best = _best(plan, mine, d, inv, opts, cls_of, rank, memory, set(hosts), avoid)
-            moved = _move(plan, mine, d, inv, opts, cls_of, rank, memory, set(hosts), avoid, new_node, drop)
-            if moved is not None and (best is None or moved[0].key[0] <= best.key[0]):
-                _add(plan, moved[0], d, memory)
-                moved[1].replicas.pop(moved[2])
-                continue
-            if best is None:
-                blocked = _budget_reason(plan, inv, reach) or "no room"
-                if new_node and len(hosts) < d.min_replicas:
-                    want_nodes = len(nodes)  # no other node takes one: other GPUs still may
-                    continue
-                break
-            _add(plan, best, d, memory)
-            if drop:
-                _drop_surplus(plan, d, rank)
-        hosts = [gid for gid, g in plan.items() if g.holds(d.model)]
-        nodes = {node_of(h) for h in hosts}
-        if min(len(hosts), len(nodes)) < d.min_replicas:
-            short.append(FloorShortfall(d.model, d.min_replicas, len(hosts), len(nodes),
-                                        _why(d.min_replicas, len(hosts), len(reach), len(reach_nodes), blocked)))
+        apart = _distinct(plan, mine, d, inv, opts, cls_of, rank, memory, reach, drop) if d.min_replicas > 1 else None
+        count = _count(plan, mine, d, inv, opts, cls_of, rank, memory, reach, drop)
+        # NOTE: an unmet floor first: a reader taking a model's first record sees what degrades it
+        short += [f for f in (count, apart) if f is not None]
     out = [_frozen(g) for g in sorted(plan.values(), key=lambda g: rank[g.id]) if any(s.replicas for s in g.slices)]
     return tuple(out) + tuple(outside), tuple(short)
+
+
+def _distinct(plan: dict[str, _Gpu], mine: Sequence[Candidate], d: Demand, inv: Inventory, opts: Options,
+              cls_of: dict[str, int], rank: dict[str, int], memory: dict[tuple[str, str, str], float],
+              reach: Sequence[str], drop: bool) -> FloorShortfall | None:
+    """``d``'s ``min_replicas`` on distinct GPUs and nodes in ``plan`` (see the module's
+    docstring), or the shortfall. ``reach``: the pool's GPUs that can serve ``d``."""
+    reach_nodes = {node_of(i) for i in reach}
+    want_nodes = min(d.min_replicas, len(reach_nodes))
+    blocked = ""
+    while True:
+        hosts = [gid for gid, g in plan.items() if g.holds(d.model)]
+        nodes = {node_of(h) for h in hosts}
+        if len(nodes) < want_nodes:
+            new_node = True
+        elif len(hosts) < d.min_replicas:
+            new_node = False
+        else:
+            break
+        avoid = nodes if new_node else None
+        best = _best(plan, mine, d, inv, opts, cls_of, rank, memory, set(hosts), avoid)
+        moved = _move(plan, mine, d, inv, opts, cls_of, rank, memory, set(hosts), avoid, new_node, drop)
+        if moved is not None and (best is None or moved[0].key[0] <= best.key[0]):
+            _add(plan, moved[0], d, memory)
+            moved[1].replicas.pop(moved[2])
+            continue
+        if best is None:
+            blocked = _budget_reason(plan, inv, reach) or "no room"
+            if new_node and len(hosts) < d.min_replicas:
+                want_nodes = len(nodes)  # no other node takes one: other GPUs still may
+                continue
+            break
+        _add(plan, best, d, memory)
+        if drop:
+            _drop_surplus(plan, d, rank)
+    hosts = [gid for gid, g in plan.items() if g.holds(d.model)]
+    nodes = {node_of(h) for h in hosts}
+    if min(len(hosts), len(nodes)) >= d.min_replicas:
+        return None
+    return FloorShortfall(d.model, d.min_replicas, len(hosts), len(nodes),
+                          _why(d.min_replicas, len(hosts), len(reach), len(reach_nodes), blocked))
+
+
+def _count(plan: dict[str, _Gpu], mine: Sequence[Candidate], d: Demand, inv: Inventory, opts: Options,
+           cls_of: dict[str, int], rank: dict[str, int], memory: dict[tuple[str, str, str], float],
+           reach: Sequence[str], split: bool) -> FloorShortfall | None:
+    """``d``'s count floor in ``plan``: replicas added where :func:`_best` finds room on any
+    GPU, none removed, then (``split``) replicas split; or the shortfall."""
+    blocked = ""
+    while sum(g.holds(d.model) for g in plan.values()) < d.count_floor:
+        best = _best(plan, mine, d, inv, opts, cls_of, rank, memory, set(), None)
+        if best is None:
+            if split and _split(plan, mine, d, inv, opts, cls_of, rank, memory):
+                continue
+            blocked = _budget_reason(plan, inv, reach) or ("no room on the pool's GPUs" if reach
+                                                           else "no GPU of the pool can serve it")
+            break
+        _add(plan, best, d, memory)
+    if not blocked:
+        return None
+    hosts = [gid for gid, g in plan.items() if g.holds(d.model)]
+    return FloorShortfall(d.model, d.count_floor, len(hosts), len({node_of(h) for h in hosts}), blocked,
+                          kind="count", replicas=sum(plan[h].holds(d.model) for h in hosts))
+
+
+def _split(plan: dict[str, _Gpu], mine: Sequence[Candidate], d: Demand, inv: Inventory, opts: Options,
+           cls_of: dict[str, int], rank: dict[str, int], memory: dict[tuple[str, str, str], float]) -> bool:
+    """One of ``d``'s replicas made two at half its MPS share on its slice, the largest first,
+    where the slice takes another client and capacity still covers the requirement (placed
+    short: what it had). False if none can be."""
+    total = sum(r.capacity for g in plan.values() for s in g.slices for r in s.replicas if r.model == d.model)
+    need = min(d.required, total) - EPS * max(1.0, d.required)
+    best: tuple[tuple, _Slice, int, Candidate] | None = None
+    for gid, g in plan.items():
+        if not (inv.classes[cls_of[gid]].mps and opts.mps):
+            continue
+        gm = gpu_model(g.gpu)
+        for s in g.slices:
+            if len(s.replicas) + 1 > gm.mps_client_limit(s.profile):
+                continue
+            free_mb = gm.slice_memory_gb(s.profile) * 1024.0 - sum(memory[(r.variant, g.gpu, s.profile)]
+                                                                     for r in s.replicas)
+            for k, r in enumerate(s.replicas):
+                for c in mine:
+                    if (r.model != d.model or (c.cls, c.slice) != (cls_of[gid], s.profile) or c.profile.variant != r.variant
+                            or abs(2 * c.share - r.share) > EPS or c.profile.memory_mb > free_mb + EPS
+                            or total - r.capacity + 2 * c.cap.rate < need):
+                        continue
+                    key = (-r.share * gm.slice_fraction(s.profile), rank[gid], s.start or 0, k)
+                    if best is None or key < best[0]:
+                        best = (key, s, k, c)
+    if best is None:
+        return False
+    _, s, k, c = best
+    half = Replica(d.model, c.profile.variant, c.share, c.cap.max_batch, c.cap.rate)
+    s.replicas[k:k + 1] = [half, half]
+    return True
 
 
 def fill(gpus: Sequence[GpuPlan], demands: Sequence[Demand], deficit: dict[int, float], inv: Inventory,
@@ -335,7 +415,9 @@ def _add(plan: dict[str, _Gpu], o: _Option, d: Demand, memory: dict[tuple[str, s
 def _drop_surplus(plan: dict[str, _Gpu], d: Demand, rank: dict[str, int]) -> None:
     """Remove the largest replica of ``d`` whose capacity the model can spare and whose GPU
     the floor can spare (its GPU holds another, or the model keeps the floor's GPUs and every
-    node it stands on without it): the one just added moved it."""
+    node it stands on without it): the one just added moved it. Never one the count floor needs."""
+    if sum(g.holds(d.model) for g in plan.values()) <= d.count_floor:
+        return
     total = sum(r.capacity for g in plan.values() for s in g.slices for r in s.replicas if r.model == d.model)
     hosts = [gid for gid, g in plan.items() if g.holds(d.model)]
     per_node: dict[str, int] = {}

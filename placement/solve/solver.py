@@ -23,9 +23,10 @@ saying how many GPUs of which kind are missing. Best-effort demand fills what is
 overfull pool the plan is partial, with a :class:`placement.plan.Shortfall` per best-effort
 model placed short (:mod:`placement.solve.shortfall`).
 
-Replica floors (a demand's ``min_replicas``) are met after either method by one pass over its
-GPUs, :func:`placement.solve.floors.spread`: distinct GPUs, distinct nodes where the pool has
-them, and a :class:`placement.plan.FloorShortfall` where the pool cannot.
+Replica floors (a demand's ``min_replicas``, and its ``min_count`` replicas in all) are met
+after either method by one pass over its GPUs, :func:`placement.solve.floors.spread`: distinct
+GPUs, distinct nodes where the pool has them, then the count on any GPUs, and a
+:class:`placement.plan.FloorShortfall` where the pool cannot.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
             gpus, chosen = g.gpus, g.start.chosen
             label += "->greedy"
     gpus, floors = spread(gpus, demands, inventory, profiles, cands, options)
-    caps = placed(gpus, demands) if any(d.min_replicas > 1 for d in demands) else capacities(cands, chosen)
+    caps = placed(gpus, demands) if any(d.floored for d in demands) else capacities(cands, chosen)
     short = shortfalls(demands, inventory, cands, options, caps)
     # NOTE: the bound is the floorless problem's, a floor only adds constraints: still a lower bound
     lb, lb_s = timed_bound(demands, inventory, cands, options, bound and not short, clock, lower)
