@@ -11,7 +11,7 @@ reached, a generative model that still has engines).
 Routes, under ``/v1/control/``:
 
 - ``GET state``: ``{"http", "grpc", "pid", "replicas": {id: healthy}, "llm_replicas": {id:
-  taking requests (reachable, not draining)}}``
+  taking requests (reachable, not draining)}, "models": {replica id: its model}}``
 - ``POST replicas``: ``{"config": <GatewayConfig>, "model": name, "base_dir": path | null}``:
   serve the first replica of ``model`` in ``config`` (relative profile paths are read from
   ``base_dir``); answers ``{"added": id}``
@@ -298,7 +298,8 @@ class ControlServer:
     async def _state(self, request: web.Request) -> dict[str, Any]:
         gw = self.gateway
         return {"http": gw.http_url, "grpc": gw.grpc_url, "pid": os.getpid(),
-                "replicas": await self.local.replicas(), "llm_replicas": await self.local.llm_replicas()}
+                "replicas": await self.local.replicas(), "llm_replicas": await self.local.llm_replicas(),
+                "models": {rid: r.model for rid, r in gw.driver.replicas.items()}}
 
     async def _add_replica(self, request: web.Request) -> dict[str, Any]:
         doc = await _body(request)

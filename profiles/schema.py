@@ -663,9 +663,24 @@ class AdminSpec(Strict):
 
 class GatewaySpec(GatewaySettings):
     admin: AdminSpec = Field(default_factory=AdminSpec, description="the operator's admin API")
+    workers: int = Field(default=1, ge=1, le=64, description="gateway processes sharing the HTTP and gRPC "
+                         "ports (SO_REUSEPORT), each batching for its own replicas of every classic model, "
+                         "so each such model is planned at least this many replicas (on any GPUs); each "
+                         "worker's /metrics is on metrics_listen.port + its index (docs/scaleout.md)")
 
     def listeners(self) -> list[tuple[str, str, int]]:
-        return [*super().listeners(), ("admin.port", self.admin.host, self.admin.port)]
+        out = [*super().listeners(), ("admin.port", self.admin.host, self.admin.port)]
+        m = self.metrics_listen
+        if m is not None and m.port and self.workers > 1:
+            out += [(f"metrics_listen.port of worker {i}", m.host, m.port + i) for i in range(1, self.workers)]
+        return out
+
+    @model_validator(mode="after")
+    def _worker_ports(self) -> GatewaySpec:
+        m = self.metrics_listen
+        if m is not None and m.port and m.port + self.workers - 1 > 65535:
+            raise ValueError(f"metrics_listen.port ({m.port}) + {self.workers} workers runs past port 65535")
+        return self
 
 
 class Gateway(_Document):

@@ -106,7 +106,7 @@ async def _serve(args: argparse.Namespace, want: Desired | None, base: ProfileSe
     from deploy.operator.admin import serve_admin  # noqa: PLC0415
     from deploy.operator.controller import Controller  # noqa: PLC0415
     from deploy.operator.desired import prepare  # noqa: PLC0415
-    from deploy.operator.gateway_process import adopt_gateway, start_gateway  # noqa: PLC0415
+    from deploy.operator.gateway_workers import gateway_factory  # noqa: PLC0415
     from deploy.operator.state import start_time  # noqa: PLC0415
     from deploy.operator.takeover import AdoptError, check_adoptable, take_over  # noqa: PLC0415
     from placement.apply.executors import ExecutorError  # noqa: PLC0415
@@ -124,9 +124,9 @@ async def _serve(args: argparse.Namespace, want: Desired | None, base: ProfileSe
     settings = want.settings
     token = store.token(settings.admin.token_file, settings.admin.token_env)
     tls = admin_tls(want.docs)
-    ctl = Controller(store, base, method=args.method, tick=args.tick,
-                     start_gateway=lambda cfg: start_gateway(store, cfg),
-                     adopt_gateway=lambda rec: adopt_gateway(store, rec))
+    start_gateway, adopt_gateway = gateway_factory(store, settings.workers)
+    ctl = Controller(store, base, method=args.method, tick=args.tick, start_gateway=start_gateway,
+                     adopt_gateway=adopt_gateway)
     st.update(controller_pid=os.getpid(), controller_started=start_time(os.getpid()),
               token_file=settings.admin.token_file, running=False,
               admin_tls_cert=None if tls is None else str(tls.cert_path.resolve()))

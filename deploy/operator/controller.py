@@ -47,6 +47,7 @@ from placement.solve.solver import solve
 from placement.spec import inventory, single_pool
 from profiles.gateway_config import GatewayConfig
 from profiles.profile import ProfileSet
+from profiles.schema import SpecError
 
 log = logging.getLogger("headrace.operator")
 
@@ -108,7 +109,8 @@ class Controller(Autoscaler, Healer):
     _written: dict[str, Any] = field(default_factory=dict)  # the state as last read or written
     stored_fleets: dict[str, Any] = field(default_factory=dict)  # generation -> fleet, as an adopted state had them
     # how a running gateway process recorded in the state is taken over (None: it is not)
-    adopt_gateway: Callable[[dict[str, Any]], Awaitable[GatewayHandle]] | None = None
+    # (the state's processes -> the gateway taken over, or None when none of it runs)
+    adopt_gateway: Callable[[dict[str, Any]], Awaitable[GatewayHandle | None]] | None = None
     stopped: asyncio.Event = field(default_factory=asyncio.Event)
 
     # ------------------------------------------------------------------ lifecycle
@@ -215,6 +217,10 @@ class Controller(Autoscaler, Healer):
         handed = False
         try:
             want = await asyncio.to_thread(prepare, text, self.base_profiles, reason)  # sizes LLM deployments
+            if self.desired is not None and want.settings.workers != self.desired.settings.workers:
+                raise SpecError(f"{reason}: Gateway spec.workers {self.desired.settings.workers} -> "
+                                f"{want.settings.workers}: the gateway's worker count is set when it starts "
+                                "(headrace down, then up with the new count)")
             if reason != "autoscale":
                 self.rates = {}
             if target is not None and (target in self.fleets or str(target) in self.stored_fleets):
@@ -523,7 +529,7 @@ class Controller(Autoscaler, Healer):
 
     def save(self) -> None:
         st = self._state()
-        gw = getattr(self.gateway, "record", None)  # a gateway process: its pid and control address
+        gw = getattr(self.gateway, "records", None) or {}  # gateway processes: pid and control address
         fleets = {**self.stored_fleets, **{str(g): fleet_to_state(p.gpus, llm) for g, (p, llm) in self.fleets.items()}}
         st.update(
             state_version=STATE_VERSION,
@@ -532,7 +538,7 @@ class Controller(Autoscaler, Healer):
             gateway={"http": self.gateway.http_url, "grpc": self.gateway.grpc_url} if self.gateway else None,
             processes={**(self.runtime.processes() if self.runtime else {}),
                        **(self.engines.processes() if self.engines else {}),
-                       **({"gateway": gw} if gw else {})},
+                       **gw},
             plan=self.plan.to_dict() if self.plan else None,
             # what a controller that takes this fleet over needs (deploy.operator.adopt)
             fleet=fleet_to_state(self.plan.gpus, self.llm_plan) if self.plan else None,
@@ -547,7 +553,8 @@ class Controller(Autoscaler, Healer):
         return status(self)
 
     def serving(self) -> dict[str, tuple[int, bool]]:
-        return {rid: (0, healthy) for rid, healthy in self.seen.replicas.items()}
+        worker = getattr(self.gateway, "worker_of", lambda rid: 0)  # gateway workers: which one serves it
+        return {rid: (worker(rid) or 0, healthy) for rid, healthy in self.seen.replicas.items()}
 
     def documents_yaml(self) -> str:
         return self.desired.text if self.desired else ""

@@ -44,9 +44,11 @@ class Desired:
 
     def demands(self, rates: dict[str, float]) -> list[Demand]:
         out = []
+        n = self.settings.workers  # each gateway worker batches for replicas of its own
         for md in classic(self.docs):
             d = demand(md)
-            out.append(replace(d, rate=rates[d.model]) if d.model in rates else d)
+            d = replace(d, rate=rates[d.model]) if d.model in rates else d
+            out.append(replace(d, min_count=n) if n > 1 else d)
         return out
 
 

@@ -32,6 +32,7 @@ class GatewayProcess(RemoteHandle):
     """A gateway process and the control channel to it."""
 
     proc: subprocess.Popen | Foreign | None = None
+    models: dict[str, str] | None = None  # adopted: the classic replicas it served then, id -> model
 
     @property
     def record(self) -> dict[str, Any] | None:
@@ -40,6 +41,10 @@ class GatewayProcess(RemoteHandle):
             return None
         return {"pid": self.proc.pid, "started": started_of(self.proc), "control": self.control_url,
                 "http": self.http_url, "grpc": self.grpc_url}
+
+    @property
+    def records(self) -> dict[str, dict[str, Any]]:
+        return {"gateway": self.record} if self.record else {}
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -58,19 +63,21 @@ class GatewayProcess(RemoteHandle):
             await self.close()
 
 
-async def start_gateway(store: DirStateStore, cfg: GatewayConfig, timeout: float = READY_TIMEOUT_S) -> GatewayProcess:
+async def start_gateway(store: DirStateStore, cfg: GatewayConfig, timeout: float = READY_TIMEOUT_S,
+                        name: str = "gateway", reuse_port: bool = False) -> GatewayProcess:
     """``cfg`` served by a new gateway process; returns once it serves (its log:
-    ``gateway.log`` in the state directory). An exit or a timeout first is a ``RuntimeError``
-    with the log's tail."""
+    ``<name>.log`` in the state directory). An exit or a timeout first is a ``RuntimeError``
+    with the log's tail. ``reuse_port``: it shares its ports with the other gateway workers."""
     run = store.run_dir
     run.mkdir(parents=True, exist_ok=True)
-    cfg_path, ready = run / "gateway.yaml", run / "gateway.ready"
+    cfg_path, ready = run / f"{name}.yaml", run / f"{name}.ready"
     doc = cfg.model_dump(mode="json", exclude_none=True)
     cfg_path.write_text(yaml.safe_dump(doc, sort_keys=False))
     ready.unlink(missing_ok=True)
-    log_path = store.path / "gateway.log"
+    log_path = store.path / f"{name}.log"
     argv = [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path), "--control-listen", "127.0.0.1:0",
-            "--control-token-file", str(control_token(store)), "--ready-file", str(ready), "--log-level", "WARNING"]
+            "--control-token-file", str(control_token(store)), "--ready-file", str(ready), "--log-level", "WARNING",
+            *(["--reuse-port"] if reuse_port else [])]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
@@ -107,5 +114,7 @@ async def adopt_gateway(store: DirStateStore, rec: dict[str, Any]) -> GatewayPro
             await gw.close()
         raise
     gw.http_url, gw.grpc_url, gw.pid = state["http"], state["grpc"], state["pid"]
+    gw.models = dict(state.get("models") or {})
     gw.proc = Foreign(rec["pid"], rec.get("started"))
     return gw
+

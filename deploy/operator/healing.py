@@ -42,9 +42,12 @@ class Healer:
     def _heal_gateway(self) -> None:
         """Start the gateway process again, serving the running fleet, on the ports it served
         on (clients keep their address); if another process took them meanwhile, on the ports
-        its config names (ports 0: new ones, which status shows)."""
+        its config names (ports 0: new ones, which status shows). Of gateway workers, only the
+        ones that died are started again, on the ports the others still serve."""
         self.restarting["gateway"] = "process exited"
-        self._event("", "GatewayDown", "the gateway process exited; starting it again")
+        dead = getattr(self.gateway, "dead", lambda: [])()
+        self._event("", "GatewayDown", f"gateway worker{'s' if len(dead) > 1 else ''} {', '.join(map(str, dead))} "
+                    "exited; starting it again" if dead else "the gateway process exited; starting it again")
 
         async def restart() -> None:
             assert self.plan is not None and self.desired is not None and self.runtime is not None
@@ -52,6 +55,13 @@ class Healer:
                 old = self.gateway
                 assert old is not None
                 cfg = self._render(self.plan, self.desired, self.runtime.endpoints().values())
+                heal = getattr(old, "heal", None)
+                if heal is not None:  # gateway workers: the others serve on
+                    back = await heal(cfg)
+                    await self._cold_waits()
+                    self._event("", "Restarted", f"gateway worker{'s' if len(back) > 1 else ''} "
+                                f"{', '.join(map(str, back))} back on http {old.http_url}, grpc {old.grpc_url}")
+                    return
                 same = with_ports(cfg.model_copy(deep=True), http_port=port_of(old.http_url),
                                   grpc_port=port_of(old.grpc_url))
                 try:

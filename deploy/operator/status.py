@@ -242,7 +242,8 @@ def status(c: Observed) -> dict[str, Any]:
         })
     return {
         "generation": c.generation, "observedGeneration": c.observed_generation,
-        "gateway": {"http": c.gateway.http_url, "grpc": c.gateway.grpc_url} if c.gateway else None,
+        "gateway": {"http": c.gateway.http_url, "grpc": c.gateway.grpc_url,
+                    "workers": getattr(c.gateway, "n", 1)} if c.gateway else None,
         "admin": c.admin_url, "gpus": (c.plan.gpu_count if c.plan else 0) + len(c.llm_plan.gpus),
         "shortfall": [sf.to_dict() for sf in c.plan.shortfall] if c.plan else [],
         "floors": [{**f.to_dict(), "message": f.describe()} for f in c.plan.floors] if c.plan else [],
@@ -272,7 +273,9 @@ def changes(before: dict[str, Any] | None, now: dict[str, Any]) -> list[str]:
 def print_endpoints(st: dict[str, Any], out: Console) -> None:
     """Where the gateway and the admin API listen, on one line."""
     gw = st.get("gateway") or {}
-    out.print(f"gateway: http {gw.get('http')}  grpc {gw.get('grpc')}  admin {st.get('admin')}", highlight=False)
+    workers = f" ({gw['workers']} workers)" if gw.get("workers", 1) > 1 else ""
+    out.print(f"gateway{workers}: http {gw.get('http')}  grpc {gw.get('grpc')}  admin {st.get('admin')}",
+              highlight=False)
 
 
 def print_status(st: dict[str, Any], out: Console) -> None:

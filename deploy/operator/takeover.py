@@ -72,15 +72,21 @@ async def take_over(ctl: Controller, st: dict[str, Any], want: Desired | None = 
     gone = runtime.adopt(procs) + engines.adopt(procs, {r.id: r for r in llm.replicas})  # type: ignore[attr-defined]
     planned = {rid for g in plan.gpus for s in g.slices for rid in replica_ids(g, s)}
     extra = [rid for rid in runtime.endpoints() if rid not in planned]
-    record = procs.get("gateway")
-    if alive(record) and ctl.adopt_gateway is not None:
+    eps = [ep for rid, ep in runtime.endpoints().items() if rid in planned]
+    adopted = None
+    if ctl.adopt_gateway is not None:
         try:
-            ctl.gateway = await ctl.adopt_gateway(record)  # type: ignore[arg-type]
+            adopted = await ctl.adopt_gateway(procs)
         except (RuntimeError, OSError) as e:
-            raise AdoptError(f"the gateway process (pid {record['pid']}) runs but cannot be taken over: {e}; "  # type: ignore[index]
+            pids = [str(r["pid"]) for k, r in sorted(procs.items()) if k.startswith("gateway") and alive(r)]
+            raise AdoptError(f"the gateway process (pid {', '.join(pids)}) runs but cannot be taken over: {e}; "
                              "headrace down stops it and the rest of the fleet") from None
+    if adopted is not None:
+        ctl.gateway = adopted
+        learn = getattr(adopted, "learn", None)  # gateway workers: how each replica is served, to move it
+        if learn is not None:
+            learn(ctl._render(plan, want, eps))  # noqa: SLF001
     else:
-        eps = [ep for rid, ep in runtime.endpoints().items() if rid in planned]
         ctl.gateway = await ctl._start_gateway(ctl._render(plan, want, eps))  # noqa: SLF001
         ctl._event("", "GatewayRestarted", "the gateway process was gone; started again from the fleet")  # noqa: SLF001
     serving = await ctl.gateway.replicas()

@@ -62,6 +62,9 @@ def up_on_ray(args: argparse.Namespace, text: str, want: Desired, store: DirStat
     if gw is not None and gw.spec.admin.tls is not None:
         raise CliError(f"{want.docs.origin(gw)}: spec.admin.tls: the controller actor on Ray serves its admin "
                        "API over plain HTTP for now; remove admin.tls to run with --ray", 2)
+    if gw is not None and gw.spec.workers > 1:
+        raise CliError(f"{want.docs.origin(gw)}: spec.workers: gateway workers share one host's ports; on Ray, "
+                       "more gateways are actors of their own: remove workers and use --gateways N", 2)
     if args.gateways < 0:
         raise CliError(f"--gateways ({args.gateways}) must be 0 or more", 2)
     address = connect(args.ray)

@@ -159,6 +159,10 @@ CLASHES = {
                      "metrics_listen.port (9001) is also listen.grpc_port on 127.0.0.1"),
     "metrics=admin": (gateway(metrics_listen={"host": "localhost", "port": 9100}, admin={"port": 9100}),
                       "admin.port (9100) is also metrics_listen.port on 127.0.0.1"),
+    # each gateway worker serves /metrics on metrics_listen.port + its index
+    "worker-metrics=admin": (gateway(workers=3, metrics_listen={"host": "127.0.0.1", "port": 9100},
+                                     admin={"port": 9102}),
+                             "metrics_listen.port of worker 2 (9102) is also admin.port on 127.0.0.1"),
 }
 
 
@@ -182,6 +186,30 @@ def test_two_listeners_on_one_port_are_one_line_and_exit_2_before_anything_start
 ], ids=["any-free-port-repeated", "one-port-on-two-addresses", "ipv4-any-and-ipv6-loopback"])
 def test_listeners_that_can_all_bind_pass(tmp_path: Path, spec: dict[str, Any]) -> None:
     validate([str(docs(tmp_path, gateway(**spec)))])
+
+
+@pytest.mark.parametrize(("spec", "why"), [
+    ({"workers": 0}, "spec.workers: Input should be greater than or equal to 1"),
+    ({"workers": 2, "metrics_listen": {"port": 65535}}, "metrics_listen.port (65535) + 2 workers runs past port 65535"),
+], ids=["no-worker", "metrics-ports-past-65535"])
+def test_a_gateway_worker_count_that_cannot_run_is_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], nothing_starts: None, spec: dict[str, Any], why: str) -> None:
+    d = docs(tmp_path, gateway(**spec))
+    rc = main(["up", "--state-dir", str(tmp_path / "state"), "-f", str(d)])
+    line = one_line(capsys, "up")
+    assert rc == 2 and why in line, line
+    assert not (tmp_path / "state" / "state.json").exists()
+
+
+def test_gateway_workers_plan_every_classic_model_that_many_replicas(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    d = write_docs(tmp_path / "d.yaml", pool(), deployment("resnet50", 100, 100),
+                   deployment("digits", 0, 50, source="digits", autoscaling={"min_replicas": 0}), gateway(workers=3))
+    rc = main(["up", "--dry-run", "--state-dir", str(tmp_path / "state"), "-f", str(d)])
+    out, err = capsys.readouterr()
+    assert (rc, err) == (0, "")
+    # NOTE: one replica per worker (any GPU: all three on the one A100); digits stays at zero
+    assert sum(" resnet50 (" in ln for ln in out.splitlines()) == 3 and "digits-" not in out, out
 
 
 # --------------------------------------------------------------------------- rate 0

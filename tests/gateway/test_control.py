@@ -101,6 +101,7 @@ def test_replicas_are_added_listed_and_drained_over_the_channel() -> None:
         more = parse_config(gateway_doc(("m", [replica(9001, "m/2#b")])))
         await handle.add_replica(more, "m")
         assert await handle.replicas() == await LocalHandle(gw).replicas() == {"m#1": True, "m/2#b": True}
+        assert (await handle.state())["models"] == {"m#1": "m", "m/2#b": "m"}  # what a takeover reads back
         with pytest.raises(ControlError, match="already served") as e:
             await handle.add_replica(more, "m")
         assert e.value.status == 409
