@@ -163,17 +163,20 @@ class _SliceChange:
     """One slice both plans hold alike (profile, start, MPS): which replicas stay, start and stop."""
 
     make: list[Step]
-    swap: list[Step]  # a successor started beside its predecessor, then the predecessor stopped
+    # successors started beside their predecessors, then the predecessors stopped: groups of
+    # (successor, predecessor) pairs the slice holds all at once (one model, up to its surge)
+    swap: list[list[tuple[Step, Step]]]
     stop: list[Step]
     late: list[Step]  # starts that need room a stop frees
     replicas: tuple[Replica, ...]  # the new slice's, each with its id
 
 
-def _same_slice(g: GpuPlan, s: SlicePlan, og: GpuPlan, os_: SlicePlan, plans: Sequence[Plan | None]) -> _SliceChange:
+def _same_slice(g: GpuPlan, s: SlicePlan, og: GpuPlan, os_: SlicePlan, plans: Sequence[Plan | None],
+                surge: Mapping[str, int]) -> _SliceChange:
     """Kept replicas keep their ids; a new one starts now where the slice has room (share, MPS
     clients, memory), else beside one of the old ones it replaces (preferring the same model)
-    when memory allows (their shares oversubscribe the slice for the handover), else after
-    the removals."""
+    when memory allows (their shares oversubscribe the slice for the handover), up to
+    ``surge[model]`` of one model beside theirs at once, else after the removals."""
     gm = gpu_model(g.gpu)
     olds = list(zip(os_.replicas, replica_ids(og, os_), strict=True))
     pool: dict[tuple, list[tuple[Replica, str]]] = defaultdict(list)
@@ -193,35 +196,55 @@ def _same_slice(g: GpuPlan, s: SlicePlan, og: GpuPlan, os_: SlicePlan, plans: Se
     clients, limit = len(olds), gm.mps_client_limit(s.profile) if s.mps else 1
     limit_mb = gm.slice_memory_gb(s.profile) * 1024.0 + 1e-6
     out = _SliceChange([], [], [], [], tuple(replace(r, id=rid or "") for r, rid in zip(s.replicas, ids, strict=True)))
+    group: list[tuple[Step, Step]] = []  # successors starting together, their predecessors still running
+
+    def handed_over() -> None:  # the group's predecessors stop: their share and memory are free again
+        nonlocal share, mem
+        if group:
+            out.swap.append(list(group))
+            for _, stop in group:
+                ro = stop.replica
+                assert ro is not None
+                share, mem = share - ro.share, mem - _memory_mb(plans, ro, g.gpu, s.profile)
+            group.clear()
+
     for i in added:
         r = out.replicas[i]
         need = _memory_mb(plans, r, g.gpu, s.profile)
         start = Step("start_replica", g.id, g.gpu, s, r, r.id)
-        if s.mps and share + r.share <= 1.0 + 1e-9 and clients < limit and mem + need <= limit_mb:
+        if s.mps and share + r.share <= 1.0 + 1e-9 and clients + len(group) < limit and mem + need <= limit_mb:
             out.make.append(start)
             share, mem, clients = share + r.share, mem + need, clients + 1
             continue
-        if removed and mem + need <= limit_mb and (clients < gm.mps_client_limit(s.profile) or not s.mps):
-            k = next((j for j, (ro, _) in enumerate(removed) if ro.model == r.model), 0)
-            ro, rid = removed.pop(k)
-            out.swap += [start, Step("stop_replica", og.id, og.gpu, os_, ro, rid)]
-            share, mem = share + r.share - ro.share, mem + need - _memory_mb(plans, ro, g.gpu, s.profile)
-            continue
+        if removed:
+            if group and (group[0][0].replica.model != r.model  # type: ignore[union-attr]
+                          or len(group) >= max(1, surge.get(r.model, 1))):
+                handed_over()
+            if mem + need > limit_mb or (s.mps and clients + len(group) >= gm.mps_client_limit(s.profile)):
+                handed_over()  # the slice cannot hold one more beside the group: the group first
+            if mem + need <= limit_mb and not (s.mps and clients + len(group) >= gm.mps_client_limit(s.profile)):
+                k = next((j for j, (ro, _) in enumerate(removed) if ro.model == r.model), 0)
+                ro, rid = removed.pop(k)
+                group.append((start, Step("stop_replica", og.id, og.gpu, os_, ro, rid)))
+                share, mem = share + r.share, mem + need
+                continue
         out.late.append(start)
+    handed_over()
     out.stop = [Step("stop_replica", og.id, og.gpu, os_, ro, rid) for ro, rid in removed]
     return out
 
 
-def diff(old: Plan | None, new: Plan) -> PlanDiff:
+def diff(old: Plan | None, new: Plan, surge: Mapping[str, int] | None = None) -> PlanDiff:
     """Steps turning ``old`` (None: nothing configured) into ``new``, make-before-break: what
-    only adds first, then successors beside their predecessors one at a time (a rolling
-    replacement), then removals, then what needs the room they free. The diff's plan is
-    ``new`` with every replica's id (kept replicas keep theirs)."""
+    only adds first, then successors beside their predecessors (a rolling replacement), then
+    removals, then what needs the room they free. The diff's plan is ``new`` with every
+    replica's id (kept replicas keep theirs). ``surge``: model -> successors started at once
+    (Kubernetes' ``maxSurge``; default 1), see :func:`_swap_waves`."""
     o, n = _slices(old), _slices(new)
     old_gpus = {g.id: g for g in old.used()} if old else {}
     plans = (new, old)
     make: list[Step] = []
-    swap: list[Step] = []
+    swaps: list[list[list[tuple[Step, Step]]]] = []  # per slice, its groups of (successor, predecessor)
     brk: list[Step] = []
     late: list[Step] = []
     mig_on = {gid for gid, g in old_gpus.items() if g.mig}
@@ -229,9 +252,9 @@ def diff(old: Plan | None, new: Plan) -> PlanDiff:
     for key, (g, s) in sorted(n.items()):
         prev = o.get(key)
         if prev is not None and prev[1].mps == s.mps and prev[1].profile == s.profile:
-            ch = _same_slice(g, s, prev[0], prev[1], plans)
+            ch = _same_slice(g, s, prev[0], prev[1], plans, surge or {})
             make += ch.make
-            swap += ch.swap
+            swaps.append(ch.swap)
             brk += ch.stop
             late += ch.late
             named[key] = ch.replicas
@@ -268,7 +291,43 @@ def diff(old: Plan | None, new: Plan) -> PlanDiff:
             late.insert(0, Step("disable_mig", g.id, g.gpu))
     gpus = tuple(replace(g, slices=tuple(replace(s, replicas=named.get((g.id, s.label), s.replicas))
                                          for s in g.slices)) for g in new.gpus)
-    return PlanDiff(old, replace(new, gpus=gpus), tuple(make + swap + brk + late))
+    return PlanDiff(old, replace(new, gpus=gpus), tuple(make + _swap_waves(swaps, surge or {}) + brk + late))
+
+
+def _swap_waves(swaps: Sequence[Sequence[Sequence[tuple[Step, Step]]]], surge: Mapping[str, int]) -> list[Step]:
+    """The replacements as waves: up to ``surge[model]`` successors of one model start
+    together, then their predecessors stop. A wave takes at most one group of each slice (the
+    pairs its memory and MPS clients hold at once) and each slice's groups stay in order, so
+    every successor finds the room it was planned with. With a surge of 1, one pair at a
+    time, in slice order."""
+    queues = [list(q) for q in swaps if q]
+    out: list[Step] = []
+    while queues:
+        model = queues[0][0][0][0].replica.model  # type: ignore[union-attr]
+        room = max(1, surge.get(model, 1))
+        wave: list[tuple[Step, Step]] = []
+        for q in queues:
+            if q[0][0][0].replica.model == model and (not wave or len(wave) + len(q[0]) <= room):  # type: ignore[union-attr]
+                wave += q.pop(0)
+        out += [start for start, _ in wave] + [stop for _, stop in wave]
+        queues = [q for q in queues if q]
+    return out
+
+
+def waves(steps: Sequence[Step], surge: Mapping[str, int]) -> list[list[Step]]:
+    """``steps`` as the executor runs them: each run of consecutive replica starts of one
+    model, up to ``surge[model]`` (default 1) at a time, together; every other step alone."""
+    out: list[list[Step]] = []
+    for st in steps:
+        last = out[-1] if out else None
+        if (last is not None and st.action == "start_replica" and st.replica is not None
+                and all(p.action == "start_replica" and p.replica is not None
+                        and p.replica.model == st.replica.model for p in last)
+                and len(last) < max(1, surge.get(st.replica.model, 1))):
+            last.append(st)
+        else:
+            out.append([st])
+    return out
 
 
 def _overlaps(gpu: str, a: SlicePlan, b: SlicePlan) -> bool:
@@ -361,10 +420,11 @@ def stamp(plan: Plan, revisions: Mapping[tuple[str, str], str]) -> Plan:
 
 def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
            method: str = "greedy", *, time_limit: float = TIME_LIMIT, options: Options = DEFAULT,
-           revisions: Mapping[tuple[str, str], str] | None = None) -> tuple[Plan, PlanDiff]:
+           revisions: Mapping[tuple[str, str], str] | None = None,
+           surge: Mapping[str, int] | None = None) -> tuple[Plan, PlanDiff]:
     """A plan for the new ``demands`` close to ``old``, and the diff from old to new (the
     diff's plan names every replica). ``revisions``: what each (model, variant) serves now; a
-    kept replica of another revision is replaced in place, one at a time."""
+    kept replica of another revision is replaced in place, ``surge[model]`` at a time (default 1)."""
     dm = {d.model: d for d in demands}
     kept = _with_slo(old, dm, profiles)
     cap: dict[str, float] = defaultdict(float)
@@ -391,7 +451,7 @@ def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory
         # a plan for the deficit alone cannot honour them
         new = stamp(solve(demands, profiles, inventory, method, time_limit=time_limit, options=options),
                     revisions or {})
-        d = diff(old, new)
+        d = diff(old, new, surge)
         return d.new, d
     short = {mi: d.required - cap[d.model] for mi, d in enumerate(demands) if d.required - cap[d.model] > 1e-6}
     cands = None
@@ -422,5 +482,5 @@ def replan(old: Plan, demands: Sequence[Demand], profiles: ProfileSet, inventory
     except SolverError:
         # the free GPUs do not suffice: plan from scratch (the diff may then have to move more)
         new = solve(demands, profiles, inventory, method, time_limit=time_limit, options=options)
-    d = diff(old, stamp(new, revisions or {}))
+    d = diff(old, stamp(new, revisions or {}), surge)
     return d.new, d

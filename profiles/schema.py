@@ -235,8 +235,13 @@ class AutoscalingSpec(Strict):
 
 class RolloutSpec(Strict):
     """How a change to a deployment's replicas rolls out, as a Kubernetes Deployment's
-    ``RollingUpdate`` strategy and ``progressDeadlineSeconds`` do: one successor at a time
-    starts beside its predecessor (a surge of one) and must be Ready before it stops."""
+    ``RollingUpdate`` strategy and ``progressDeadlineSeconds`` do: each successor starts beside
+    its predecessor and must be Ready before it stops, ``max_surge`` of them at once."""
+
+    max_surge: int = Field(default=1, ge=1, le=10_000,
+                           description="successors of this deployment started at once during a change, each "
+                           "beside the replica it replaces, which stops once it is Ready (Kubernetes' "
+                           "maxSurge; at most one per slice at a time, whose memory holds both)")
 
     max_unavailable: int = Field(default=0, ge=0, le=10_000,
                                  description="replicas of this deployment that may be down at once during a change "

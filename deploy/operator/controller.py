@@ -33,7 +33,7 @@ from deploy.operator.status import Event, status
 from gateway.handle import GatewayHandle, LocalHandle
 from placement import autoscale
 from placement.apply.render import Endpoint, gateway_config
-from placement.diff import PlanDiff, Step, diff, replan, stamp
+from placement.diff import PlanDiff, Step, diff, replan, stamp, waves
 from placement.llm import (
     LlmPlan,
     LlmReplica,
@@ -336,14 +336,24 @@ class Controller(Autoscaler, Healer):
         ran: list[Step] = []
         self.failure = self.rolled_back = None
         try:
-            for i, st in enumerate(d.steps):
-                self.applying = f"step {i + 1}/{len(d.steps)}: {st.describe()}"
-                if st.replica is not None and isinstance(self.runtime, LocalRuntime):
-                    self.runtime.ex.ready_timeout = deadlines.get(st.replica.model, self.runtime.ex.ready_timeout)
-                await self._step(st, new, want)
-                ran.append(st)
-                done.append(st.describe())
+            i = 0
+            for wave in waves(d.steps, want.surge):
+                first = wave[0]
+                self.applying = (f"step {i + 1}/{len(d.steps)}: {first.describe()}" if len(wave) == 1 else
+                                 f"steps {i + 1}-{i + len(wave)}/{len(d.steps)}: {len(wave)} replicas of "
+                                 f"{first.replica.model} starting at once")  # type: ignore[union-attr]
+                i += len(wave)
+                if first.replica is not None and isinstance(self.runtime, LocalRuntime):
+                    self.runtime.ex.ready_timeout = deadlines.get(first.replica.model, self.runtime.ex.ready_timeout)
+                results = await asyncio.gather(*(self._step(st, new, want) for st in wave), return_exceptions=True)
+                for st, res in zip(wave, results, strict=True):
+                    if not isinstance(res, BaseException):
+                        ran.append(st)
+                        done.append(st.describe())
                 self.save()
+                failed = next((res for res in results if isinstance(res, BaseException)), None)
+                if failed is not None:
+                    raise failed
         except Exception as e:  # noqa: BLE001  (undone below, then reported)
             why = f"{self.applying}: {e}"
             self.executed.append(done)
@@ -456,9 +466,10 @@ class Controller(Autoscaler, Healer):
         llm, inv = place(want.llm, inventory(single_pool(want.docs, ["apply"])), self.llm_plan, busy)
         demands = want.demands(self.rates)
         if self.plan is None or llm.gpus & busy:  # an LLM took a GPU of the running plan: plan afresh
-            d = diff(self.plan, stamp(solve(demands, want.profiles, inv, self.method), want.revisions))
+            d = diff(self.plan, stamp(solve(demands, want.profiles, inv, self.method), want.revisions), want.surge)
         else:
-            _, d = replan(self.plan, demands, want.profiles, inv, self.method, revisions=want.revisions)
+            _, d = replan(self.plan, demands, want.profiles, inv, self.method, revisions=want.revisions,
+                          surge=want.surge)
         d.new.verify()
         return d.new, d, llm
 
@@ -472,7 +483,7 @@ class Controller(Autoscaler, Healer):
             plan, llm = replace(self.plan, gpus=gpus_from_state(rec["gpus"])), llm_from_state(rec["llm"], tuple(want.llm))
         old = stamp(replace(plan, demands=tuple(want.demands({})), profiles=want.profiles), want.revisions)
         old.verify()
-        d = diff(self.plan, old)
+        d = diff(self.plan, old, want.surge)
         return d.new, d, llm
 
     # ------------------------------------------------------------------ the loop

@@ -42,6 +42,11 @@ class Desired:
     # what each (model, variant) serves (:func:`profiles.triton.sources.revision`)
     revisions: dict[tuple[str, str], str] = field(default_factory=dict)
 
+    @property
+    def surge(self) -> dict[str, int]:
+        """Model -> successors its rollouts start at once (``rollout.max_surge``)."""
+        return {md.spec.model: md.spec.rollout.max_surge for md in classic(self.docs)}
+
     def demands(self, rates: dict[str, float]) -> list[Demand]:
         out = []
         n = self.settings.workers  # each gateway worker batches for replicas of its own

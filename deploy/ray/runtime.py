@@ -169,6 +169,7 @@ class RayRuntime:
         self.infos: dict[str, dict[str, Any]] = {}
         self._alive: dict[str, bool] = {}
         self._lock = threading.Lock()
+        self._gpu_lock = threading.Lock()
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, daemon=True, name="ray-runtime-watch")
         self._watcher.start()
@@ -185,6 +186,10 @@ class RayRuntime:
                                 f"ray start --resources '{{\"{node_resource(node)}\": 1, \"<GPU model>\": <count>}}'")
 
     def _gpu(self, st: Step) -> str:
+        with self._gpu_lock:  # replicas of one rollout wave start at once: one GPU actor each GPU
+            return self._gpu_locked(st)
+
+    def _gpu_locked(self, st: Step) -> str:
         if st.gpu not in self.gpus:
             node = node_of(st.gpu)
             self._check_node(node)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,8 @@ class Emulated:
     gpus: dict = field(default_factory=dict)  # gpu id -> EmulatedGpu
     servers: dict[str, TritonServer] = field(default_factory=dict)
     endpoints: dict[str, Endpoint] = field(default_factory=dict)
+    # replicas of one rollout wave start in threads at once: one arbiter per GPU all the same
+    _gpu_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def apply(self, plan_or_diff: Plan | PlanDiff) -> list[Endpoint]:
         steps = (diff(None, plan_or_diff) if isinstance(plan_or_diff, Plan) else plan_or_diff).steps
@@ -54,9 +57,10 @@ class Emulated:
     def _gpu(self, gpu_id: str):
         from profiles.emulator import EmulatedGpu  # noqa: PLC0415  (only the emulated path needs it)
 
-        if gpu_id not in self.gpus:
-            self.gpus[gpu_id] = EmulatedGpu(name=gpu_id.replace("/", "-")).start()
-        return self.gpus[gpu_id]
+        with self._gpu_lock:
+            if gpu_id not in self.gpus:
+                self.gpus[gpu_id] = EmulatedGpu(name=gpu_id.replace("/", "-")).start()
+            return self.gpus[gpu_id]
 
     def run(self, st: Step) -> None:
         """Apply one step (:data:`placement.apply.executors.STEP_HANDLERS`)."""

@@ -15,6 +15,8 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,17 +36,38 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+_HANDED: dict[int, float] = {}  # port -> when this process last handed it out
+_HANDED_LOCK = threading.Lock()
+HANDED_FOR_S = 120.0  # a port handed out is not handed out again this long (its server may still be starting)
+
+
 def free_ports(n: int) -> list[int]:
     """``n`` distinct free TCP ports on 127.0.0.1: held open together while they are picked
-    (ports picked one after another can repeat: the kernel hands a just-closed one out again)."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    (ports picked one after another can repeat: the kernel hands a just-closed one out again),
+    none handed out by this process in the last :data:`HANDED_FOR_S` s (servers started at
+    once, each still to bind its ports, never get the same one)."""
+    with _HANDED_LOCK:
+        now = time.monotonic()
+        for port in [p for p, t in _HANDED.items() if now - t > HANDED_FOR_S]:
+            del _HANDED[port]
+        held: list[socket.socket] = []
+        try:
+            picked: list[int] = []
+            while len(picked) < n:
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                held.append(s)  # a port skipped stays held, so the kernel offers another
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+                if port not in _HANDED:
+                    picked.append(port)
+                if len(held) > n + 1000:
+                    raise OSError(f"no {n} free TCP ports on 127.0.0.1 that were not just handed out")
+            for port in picked:
+                _HANDED[port] = now
+            return picked
+        finally:
+            for s in held:
+                s.close()
 
 
 def pytriton_root() -> Path:

@@ -1,8 +1,9 @@
 """The operator's gateway as two workers (``Gateway`` ``spec.workers: 2``), live on the
 quickstart pool (one emulated A100 and the host): both listen on one address, each serves
 its own replicas of the model, both answer a ``tritonclient`` load; a worker killed under
-load is back on the same address with the replicas it held while the other answers on; the
-controller's crash takes both over as they run; ``down`` leaves no process."""
+load is back on the same address with the replicas it held while the other answers on; a
+new version rolls out two successors at once (``max_surge: 2``) with every answer given; the
+controller's crash takes both workers over as they run; ``down`` leaves no process."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tests.deploy.test_controller_crash import running, scaler
 from tests.operator_harness import (
     GATEWAY,
     TritonLoad,
+    deployment,
     operator_up,
     pool,
     versioned_model,
@@ -94,6 +96,26 @@ def test_two_gateway_workers_share_the_address_split_the_replicas_and_survive_cr
         load.start()
         load.join(60)
         assert load.unanswered == 0 and all(a.factor is not None for a in load.answers), load.answers[:3]
+
+        # a new version of the model, two successors at once (max_surge 2), under load
+        v = {"name": "scaler-v1", "artifact": {"uri": "models/scaler", "version": 2}, "profile": "scaler-v1.yaml"}
+        v2 = write_docs(tmp_path / "v2.yaml", pool(a100s=1), gateway, deployment(
+            "scaler", 50, 100, source="artifact", variants=[v], rollout={"max_surge": 2}))
+        load = TritonLoad(op.http, "scaler", 35.0, 16.0)
+        load.start()
+        time.sleep(1.0)
+        began = time.monotonic()
+        assert main(["apply", "--state-dir", str(op.state_dir), "-f", str(v2), "--wait"]) == 0
+        done = time.monotonic()
+        load.join(60)
+        bad = [a for a in load.answers if a.factor is None]
+        # NOTE: nothing failed or went unanswered; after apply --wait, only version 2 (x3) answers
+        assert not bad and load.unanswered == 0, bad[:5]
+        after = [a.factor for a in load.answers if a.sent > done + 0.5]
+        assert len(after) > 20 and set(after) == {3.0}, (done - began, after)
+        homes = [served(op.state_dir, op.state()["processes"][k]) for k in ("gateway", "gateway-1")]
+        assert all("scaler" in h.values() for h in homes) and not homes[0].keys() & homes[1].keys(), homes
+        tritons = {k for k in op.pids() if k.startswith("triton:")}
 
         st = op.state()
         os.kill(st["controller_pid"], signal.SIGKILL)

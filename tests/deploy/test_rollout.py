@@ -447,3 +447,78 @@ def test_a_controller_that_died_mid_rollout_is_taken_over_on_the_generation_it_s
     assert after.generation == 2 and after.observed_generation == 1 and after.history == [1]
     assert "during the rollout of generation 2" in (after.failure or "")
     assert [e.kind for e in after.events][-2:] == ["Adopted", "RolloutInterrupted"]
+
+
+class Together(Runtime):
+    """Each scaler successor waits at a barrier for another: starts run at once or fail."""
+
+    def __init__(self, parties: int) -> None:
+        super().__init__()
+        import threading  # noqa: PLC0415
+
+        self.barrier = threading.Barrier(parties, timeout=10.0)
+        self.lock = threading.Lock()
+        self.inflight = self.most = 0
+
+    def run(self, st: Step) -> Endpoint | None:
+        if st.action == "start_replica" and "scaler-v1~" in st.replica_id:
+            with self.lock:
+                self.inflight += 1
+                self.most = max(self.most, self.inflight)
+            try:
+                self.barrier.wait()  # BrokenBarrierError unless `parties` starts run at once
+            finally:
+                with self.lock:
+                    self.inflight -= 1
+        return super().run(st)
+
+
+@pytest.mark.parametrize("surge", [2, 4])
+def test_max_surge_starts_that_many_successors_at_once_before_their_predecessors_stop(tmp_path: Path,
+                                                                                    surge: int) -> None:
+    versioned_model(tmp_path)
+
+    def docs(version: int, name: str) -> str:
+        v = {"name": "scaler-v1", "artifact": {"uri": "models/scaler", "version": version},
+             "profile": "scaler-v1.yaml"}
+        gw = {"apiVersion": "headrace.dev/v1", "kind": "Gateway", "metadata": {"name": "gw"},
+              "spec": {"listen": {"host": "127.0.0.1", "http_port": 0, "grpc_port": 0}, "workers": 4}}
+        return validate([str(write_docs(tmp_path / name, pool(a100s=1), gw, deployment(
+            "scaler", 50, 100, source="artifact", variants=[v], rollout={"max_surge": surge})))])[0]
+
+    ctl = started(tmp_path, docs(1, "d.yaml"))
+    ctl.runtime = Together(surge)  # type: ignore[assignment]
+    ctl.runtime.running = started(tmp_path / "again", docs(1, "d.yaml")).runtime.running  # type: ignore[union-attr]
+    old = [r for r in serving(ctl) if "scaler" in r]
+    assert len(old) == 4  # one per gateway worker
+    out = asyncio.run(ctl.apply(docs(2, "v2.yaml")))
+    assert ctl.failure is None and ctl.rolled_back is None and not out["capacity_dips"]
+    acts = "".join("+" if a == "start_replica" else "-" for a, _ in ctl.runtime.log)  # type: ignore[union-attr]
+    # NOTE: `surge` successors at once (they met at the barrier), no more, before any predecessor stops
+    assert acts == "++++----" and ctl.runtime.most == surge, acts  # type: ignore[union-attr]
+    assert sorted(r for r in serving(ctl) if "scaler" in r) != sorted(old)
+    assert len([r for r in serving(ctl) if "scaler" in r]) == 4
+
+
+def test_a_wave_with_a_successor_that_is_not_ready_rolls_back_the_others_too(tmp_path: Path) -> None:
+    versioned_model(tmp_path)
+    v = {"name": "scaler-v1", "artifact": {"uri": "models/scaler", "version": 1}, "profile": "scaler-v1.yaml"}
+    gw = {"apiVersion": "headrace.dev/v1", "kind": "Gateway", "metadata": {"name": "gw"},
+          "spec": {"listen": {"host": "127.0.0.1", "http_port": 0, "grpc_port": 0}, "workers": 2}}
+
+    def docs(version: int, name: str) -> str:
+        return validate([str(write_docs(tmp_path / name, pool(a100s=1), gw, deployment(
+            "scaler", 50, 100, source="artifact", variants=[{**v, "artifact": {**v["artifact"], "version": version}}],
+            rollout={"max_surge": 2})))])[0]
+
+    ctl = started(tmp_path, docs(1, "d.yaml"))
+    before = serving(ctl)
+    plan, d, _ = ctl._solve_diff(prepare(docs(2, "v2.yaml"), ctl.base_profiles))  # noqa: SLF001
+    starts = [s.replica_id for s in d.steps if s.action == "start_replica"]
+    assert len(starts) == 2
+    ctl.runtime.fail = {starts[1]}  # type: ignore[union-attr]
+    with pytest.raises(ApplyError, match="rolled back"):
+        asyncio.run(ctl.apply(docs(2, "v2.yaml")))
+    # NOTE: the successor that started is stopped again; the fleet is generation 1's
+    assert serving(ctl) == before and sorted(ctl.runtime.running) == before  # type: ignore[union-attr]
+    assert ("stop_replica", starts[0]) in ctl.runtime.log  # type: ignore[union-attr]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from deploy.operator.desired import base_profiles, prepare
-from placement.diff import diff, replan, replica_ids, stamp
+from placement.diff import diff, replan, replica_ids, stamp, waves
 from placement.plan import Plan
 from placement.solve.solver import solve
 from placement.spec import inventory, single_pool
@@ -86,3 +86,46 @@ def test_a_slice_without_memory_for_both_replaces_after_the_stop_and_says_so(bas
     (i, model, cap, need), = d.dips()
     assert (i, model, cap) == (0, "resnet50", 0.0) and need > 0 and d.down(0, "resnet50") == 1
     assert r.id == d.steps[0].replica_id and "resnet50 capacity 0 < " in d.capacity_dips()[0]
+
+
+def four_resnets(base: ProfileSet) -> Plan:
+    """Four resnet50 replicas filling one MPS slice (25% each): a successor has no share of
+    its own, so it starts beside its predecessor."""
+    want, inv = quickstart(base)
+    demands = [replace(d, min_count=4) if d.model == "resnet50" else d for d in want.demands({})]
+    old = diff(None, solve(demands, want.profiles, inv)).new
+    gpus = tuple(replace(g, slices=tuple(replace(s, replicas=tuple(replace(r, share=0.25) if r.model == "resnet50"
+                                                                   else r for r in s.replicas)) for s in g.slices))
+                 for g in old.gpus)
+    old = replace(old, gpus=gpus)
+    (s,) = {s for _, s, r in old.replicas() if r.model == "resnet50"}
+    assert len(s.replicas) == 4 and s.mps
+    return old
+
+
+@pytest.mark.parametrize("surge", [1, 2, 3, 4])
+def test_a_rollout_starts_max_surge_successors_at_once_then_stops_their_predecessors(base: ProfileSet,
+                                                                                   surge: int) -> None:
+    old = four_resnets(base)
+    d = diff(old, stamp(old, {("resnet50", "resnet50"): "0123456789abcdef"}), {"resnet50": surge})
+    acts = "".join("+" if st.action == "start_replica" else "-" for st in d.steps)
+    # NOTE: waves of `surge` successors (the last one what is left), each before its predecessors stop
+    sizes = [surge] * (4 // surge) + ([4 % surge] if 4 % surge else [])
+    assert acts == "".join("+" * k + "-" * k for k in sizes), acts
+    assert not d.dips() and not d.capacity_dips()
+    assert [len(w) for w in waves(d.steps, {"resnet50": surge})] == sum(([k] + [1] * k for k in sizes), [])
+    # every successor replaces a predecessor of the same model, each stopped once
+    assert sorted(st.replica_id for st in d.steps if st.action == "stop_replica") == sorted(
+        r.id for _, _, r in old.replicas() if r.model == "resnet50")
+
+
+def test_a_surge_the_slice_cannot_hold_starts_fewer_at_once(base: ProfileSet) -> None:
+    old = four_resnets(base)
+    p = base.get("resnet50", "A100-80GB", "gpu")
+    # memory on the GPU for the four replicas and two more, not three more
+    fat = ProfileSet([x if x is not p else replace(p, memory_mb=12_000.0) for x in base])
+    d = diff(replace(old, profiles=fat), replace(stamp(old, {("resnet50", "resnet50"): "ff"}), profiles=fat),
+             {"resnet50": 4})
+    acts = "".join("+" if st.action == "start_replica" else "-" for st in d.steps)
+    assert acts == "++--++--", acts
+    assert not d.dips()

@@ -103,3 +103,19 @@ def test_a_command_line_triton_refuses_is_reported_by_its_reason_not_its_usage_t
         srv.start()
     # NOTE: Triton ends its log with a 400-line usage text; the error keeps the reason and the argv
     assert "Invalid option value. Got notaport" in str(e.value) and "--trace-rate" not in str(e.value)
+
+
+def test_ports_handed_out_are_not_handed_out_again_while_their_servers_start() -> None:
+    import threading
+
+    from profiles.triton.server import free_ports
+
+    got: list[list[int]] = []
+    threads = [threading.Thread(target=lambda: got.append(free_ports(3))) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ports = [p for trio in got for p in trio] + free_ports(3)
+    # NOTE: Triton servers a rollout wave starts at once never race for one port
+    assert len(ports) == 51 and len(set(ports)) == 51
