@@ -11,7 +11,8 @@ reached, a generative model that still has engines).
 Routes, under ``/v1/control/``:
 
 - ``GET state``: ``{"http", "grpc", "pid", "replicas": {id: healthy}, "llm_replicas": {id:
-  taking requests (reachable, not draining)}, "models": {replica id: its model}}``
+  taking requests (reachable, not draining)}, "models": {replica id: its model}}``; with
+  ``?counters=1`` also ``"counters"``, as ``GET counters`` gives them
 - ``POST replicas``: ``{"config": <GatewayConfig>, "model": name, "base_dir": path | null}``:
   serve the first replica of ``model`` in ``config`` (relative profile paths are read from
   ``base_dir``); answers ``{"added": id}``
@@ -56,7 +57,7 @@ from yarl import URL
 
 from gateway.config import parse_config
 from gateway.errors import ConfigError, GatewayError
-from gateway.handle import LocalHandle, Sample, first_replica
+from gateway.handle import LocalHandle, Sample, Seen, first_replica
 from profiles.gateway_config import GatewayConfig, LlmModelConfig, LlmReplicaConfig
 from profiles.schema import format_error
 
@@ -170,6 +171,10 @@ class ColdRequests:
         """Answer every waiting call now (the channel is closing)."""
         self.closed = True
         self._changed.set()
+
+
+def _samples(doc: Any) -> list[Sample]:
+    return [(str(n), dict(labels), float(v)) for n, labels, v in doc]
 
 
 def _one_line(msg: str) -> str:
@@ -297,9 +302,12 @@ class ControlServer:
     # ---- the routes
     async def _state(self, request: web.Request) -> dict[str, Any]:
         gw = self.gateway
-        return {"http": gw.http_url, "grpc": gw.grpc_url, "pid": os.getpid(),
-                "replicas": await self.local.replicas(), "llm_replicas": await self.local.llm_replicas(),
-                "models": {rid: r.model for rid, r in gw.driver.replicas.items()}}
+        out = {"http": gw.http_url, "grpc": gw.grpc_url, "pid": os.getpid(),
+               "replicas": await self.local.replicas(), "llm_replicas": await self.local.llm_replicas(),
+               "models": {rid: r.model for rid, r in gw.driver.replicas.items()}}
+        if _flag(request, "counters"):  # what the controller reads each tick, in one call
+            out["counters"] = await self.local.counters()
+        return out
 
     async def _add_replica(self, request: web.Request) -> dict[str, Any]:
         doc = await _body(request)
@@ -469,7 +477,12 @@ class RemoteHandle:
         await self._call("DELETE", f"llm/models/{quote(name, safe='')}")
 
     async def counters(self) -> list[Sample]:
-        return [(str(n), dict(labels), float(v)) for n, labels, v in await self._call("GET", "counters")]
+        return _samples(await self._call("GET", "counters"))
+
+    async def look(self) -> Seen:
+        state = await self._call("GET", "state", params={"counters": "1"})
+        return Seen({rid: bool(h) for rid, h in state["replicas"].items()},
+                    {rid: bool(up) for rid, up in state["llm_replicas"].items()}, _samples(state["counters"]))
 
     async def hold_cold(self, waits: dict[str, float], starter: Callable[[str], None]) -> None:
         """Hold the models in ``waits``; ``starter(model)`` is called on this loop for each one

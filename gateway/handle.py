@@ -11,6 +11,7 @@ controller.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from gateway.coldstart import ColdStart
@@ -18,6 +19,15 @@ from gateway.config import ServedModel, resolve
 from profiles.gateway_config import GatewayConfig, LlmModelConfig, LlmReplicaConfig
 
 Sample = tuple[str, dict[str, str], float]  # a counter's name, labels and value
+
+
+@dataclass
+class Seen:
+    """A gateway as read at once (:meth:`GatewayHandle.look`): what it serves and its counters."""
+
+    replicas: dict[str, bool] = field(default_factory=dict)  # classic replica id -> healthy
+    llm: dict[str, bool] = field(default_factory=dict)  # engine replica id -> taking requests
+    counters: list[Sample] = field(default_factory=list)
 
 
 class GatewayHandle(Protocol):
@@ -43,6 +53,9 @@ class GatewayHandle(Protocol):
 
     async def counters(self) -> list[Sample]:
         """Every counter sample of the gateway's metrics (``*_total``)."""
+
+    async def look(self) -> Seen:
+        """The replicas, engines and counters, read together (one call over a channel)."""
 
     async def hold_cold(self, waits: dict[str, float], starter: Callable[[str], None]) -> None:
         """Hold requests for the models in ``waits`` (model -> seconds) while they have no
@@ -89,6 +102,9 @@ class LocalHandle:
 
     async def counters(self) -> list[Sample]:
         return counter_samples(self.gateway.driver.metrics.registry)
+
+    async def look(self) -> Seen:
+        return Seen(await self.replicas(), await self.llm_replicas(), await self.counters())
 
     async def hold_cold(self, waits: dict[str, float], starter: Callable[[str], None]) -> None:
         drv = self.gateway.driver

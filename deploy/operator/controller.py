@@ -26,11 +26,11 @@ from deploy.operator.autoscaler import Autoscaler
 from deploy.operator.desired import Desired, prepare
 from deploy.operator.healing import Healer
 from deploy.operator.llm_runtime import LlmEngines
-from deploy.operator.observe import Observer, Seen
+from deploy.operator.observe import Observer
 from deploy.operator.runtime import LocalRuntime, ProcessRuntime
 from deploy.operator.state import StateError, StateStore
 from deploy.operator.status import Event, status
-from gateway.handle import GatewayHandle, LocalHandle
+from gateway.handle import GatewayHandle, LocalHandle, Seen
 from placement import autoscale
 from placement.apply.render import Endpoint, gateway_config
 from placement.diff import PlanDiff, Step, diff, replan, stamp, waves
@@ -166,8 +166,7 @@ class Controller(Autoscaler, Healer):
     async def look(self) -> Seen:
         """Read what the gateway serves and its counters (kept in :attr:`seen` for status)."""
         if self.gateway is not None:
-            self.seen = Seen(await self.gateway.replicas(), await self.gateway.llm_replicas(),
-                             await self.gateway.counters())
+            self.seen = await self.gateway.look()
         return self.seen
 
     def preview(self, want: Desired) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from deploy.operator.gateway_process import GatewayProcess, adopt_gateway, start
 from deploy.operator.state import DirStateStore
 from gateway.config import with_ports
 from gateway.control import ControlError
-from gateway.handle import Sample
+from gateway.handle import Sample, Seen
 from gateway.partition import replica_id
 from gateway.workers import free_reusable_port
 from profiles.gateway_config import GatewayConfig, LlmModelConfig, LlmReplicaConfig
@@ -213,12 +213,18 @@ class GatewayWorkers:
 
     async def counters(self) -> list[Sample]:
         """Every worker's counters, summed by name and labels."""
-        total: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        for part in await asyncio.gather(*(w.counters() for w in self._live())):
-            for name, labels, v in part:
-                key = (name, tuple(sorted(labels.items())))
-                total[key] = total.get(key, 0.0) + v
-        return [(name, dict(labels), v) for (name, labels), v in total.items()]
+        return _summed(await asyncio.gather(*(w.counters() for w in self._live())))
+
+    async def look(self) -> Seen:
+        """Each live worker read once: the replicas of all, engines taking requests at every
+        one, counters summed."""
+        parts = await asyncio.gather(*(w.look() for w in self._live()))
+        out = Seen(counters=_summed([p.counters for p in parts]))
+        for p in parts:
+            out.replicas.update(p.replicas)
+            for rid, up in p.llm.items():
+                out.llm[rid] = out.llm.get(rid, True) and up
+        return out
 
     async def hold_cold(self, waits: dict[str, float], starter: Callable[[str], None]) -> None:
         await asyncio.gather(*(w.hold_cold(waits, starter) for w in self._live()))
@@ -261,6 +267,15 @@ class GatewayWorkers:
         if w is None:
             raise ControlError(f"gateway worker {i} is down")
         return w
+
+
+def _summed(parts: Sequence[Sequence[Sample]]) -> list[Sample]:
+    total: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for part in parts:
+        for name, labels, v in part:
+            key = (name, tuple(sorted(labels.items())))
+            total[key] = total.get(key, 0.0) + v
+    return [(name, dict(labels), v) for (name, labels), v in total.items()]
 
 
 def _port(url: str) -> int:

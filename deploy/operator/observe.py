@@ -5,7 +5,7 @@ generative model's answer is within its deadline when it meets both its TTFT and
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gateway.handle import Sample
 
@@ -14,15 +14,6 @@ COUNTERS = {"headrace_goodput_total": "good", "headrace_deadline_missed_total": 
             "headrace_llm_refused_total": "rejected"}
 # a generative model's answers: those meeting both token SLOs are good, the rest missed
 LLM_ANSWERED, LLM_MET = "headrace_llm_requests_total", "headrace_llm_slo_met_total"
-
-
-@dataclass
-class Seen:
-    """The gateway as the controller last read it (:meth:`Controller.look`)."""
-
-    replicas: dict[str, bool] = field(default_factory=dict)  # classic replica id -> healthy
-    llm: dict[str, bool] = field(default_factory=dict)  # engine replica id -> taking requests
-    counters: list[Sample] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

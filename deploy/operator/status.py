@@ -20,9 +20,9 @@ if TYPE_CHECKING:
 
     from deploy.operator.desired import Desired
     from deploy.operator.llm_runtime import LlmEngines
-    from deploy.operator.observe import Observer, Seen
+    from deploy.operator.observe import Observer
     from deploy.operator.runtime import ProcessRuntime
-    from gateway.handle import GatewayHandle
+    from gateway.handle import GatewayHandle, Seen
     from placement.llm import LlmPlan
     from placement.plan import Plan
     from profiles.schema import ModelDeployment

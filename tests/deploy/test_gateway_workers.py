@@ -19,7 +19,7 @@ from deploy.operator.gateway_workers import (
 )
 from gateway.config import parse_config
 from gateway.control import ControlError
-from gateway.handle import first_replica
+from gateway.handle import Seen, first_replica
 from profiles.gateway_config import GatewayConfig, LlmModelConfig, LlmReplicaConfig
 from tests.gateway.test_control import PROFILE, gateway_doc
 
@@ -87,6 +87,9 @@ class Worker:
 
     async def counters(self) -> list[tuple[str, dict[str, str], float]]:
         return [("headrace_requests_total", {"model": m}, 10.0) for m in sorted(set(self.served.values()))]
+
+    async def look(self) -> Seen:
+        return Seen(await self.replicas(), await self.llm_replicas(), await self.counters())
 
     async def hold_cold(self, waits: dict[str, float], starter: Any) -> None:
         self.cold = dict(waits)
@@ -172,6 +175,9 @@ def test_engines_cold_holds_and_counters_cover_every_worker() -> None:
         assert all(w.cold == {"b": 5.0} for w in gw.workers)  # type: ignore[union-attr]
         assert await gw.counters() == [("headrace_requests_total", {"model": "a"}, 20.0)]
         assert await gw.replicas() == {"a1": True, "a2": True}
+        seen = await gw.look()
+        assert (seen.replicas, seen.llm, seen.counters) == ({"a1": True, "a2": True}, {},
+                                                             [("headrace_requests_total", {"model": "a"}, 20.0)])
     run(body())
 
 

@@ -18,6 +18,7 @@ from deploy.operator.desired import base_profiles, prepare, validate
 from deploy.operator.state import DirStateStore, start_time
 from deploy.operator.takeover import take_over
 from gateway.config import resolve
+from gateway.handle import Seen
 from placement.apply.executors import ExecutorError
 from placement.apply.render import Endpoint
 from placement.diff import Step
@@ -105,6 +106,9 @@ class Gateway:
 
     async def counters(self) -> list:
         return []
+
+    async def look(self) -> Seen:
+        return Seen(await self.replicas(), await self.llm_replicas(), await self.counters())
 
     async def hold_cold(self, waits: dict, starter: Any) -> None: ...
     async def stop(self, drain_timeout: float) -> None: ...

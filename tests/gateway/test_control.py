@@ -102,6 +102,10 @@ def test_replicas_are_added_listed_and_drained_over_the_channel() -> None:
         await handle.add_replica(more, "m")
         assert await handle.replicas() == await LocalHandle(gw).replicas() == {"m#1": True, "m/2#b": True}
         assert (await handle.state())["models"] == {"m#1": "m", "m/2#b": "m"}  # what a takeover reads back
+        gw.driver.metrics.goodput.labels(model="m").inc(3)
+        seen, here = await handle.look(), await LocalHandle(gw).look()  # one call: what a controller's tick reads
+        assert (seen.replicas, seen.llm) == (here.replicas, here.llm) == ({"m#1": True, "m/2#b": True}, {})
+        assert seen.counters == here.counters and ("headrace_goodput_total", {"model": "m"}, 3.0) in seen.counters
         with pytest.raises(ControlError, match="already served") as e:
             await handle.add_replica(more, "m")
         assert e.value.status == 409
