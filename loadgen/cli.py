@@ -127,6 +127,11 @@ def register(subparsers: Any) -> None:
                    help="trace minutes per second of replay (default 60: a minute per second)")  # fmt: skip
     g.add_argument("--rate-scale", type=float, default=1.0, help="multiply trace counts")
     g.add_argument("--trace-start-minute", type=int, default=0, help="first trace minute")
+    g.add_argument("--trace-top", type=int, metavar="N",
+                   help="replay only the N most invoked functions, dealt onto --trace-models by rank")
+    g.add_argument("--trace-sample", type=int, metavar="N",
+                   help="replay N functions drawn with --trace-seed, dealt onto --trace-models by rank")
+    g.add_argument("--trace-seed", type=int, default=0, help="seed of --trace-sample's draw")
     g.add_argument("--timestamps", type=Path, help="file of send times in seconds, one a line")
     g.add_argument("--intervals-us", action="store_true",
                    help="--timestamps holds gaps in µs (perf_analyzer --request-intervals)")  # fmt: skip
@@ -226,6 +231,7 @@ def spec_from_args(a: argparse.Namespace) -> LoadSpec:
         trace_models=tuple(m for m in a.trace_models.split(",") if m),
         time_scale=a.time_scale, rate_scale=a.rate_scale,
         trace_start_minute=a.trace_start_minute, timestamps=a.timestamps,
+        trace_top=a.trace_top, trace_sample=a.trace_sample, trace_seed=a.trace_seed,
         intervals_us=a.intervals_us, duration_s=a.duration, requests=a.requests,
         warmup_s=a.warmup, slo_ms=a.slo_ms, send_timeout=not a.no_timeout_param,
         priority=a.priority, inputs=tuple(a.input) if a.input else None,
@@ -273,6 +279,9 @@ def main(a: argparse.Namespace) -> int:
 async def _run(spec: LoadSpec, a: argparse.Namespace) -> int:
     console = Console() if Console().is_terminal else Console(width=132)
     err = Console(stderr=True)
+    if spec.arrival == "trace" and not a.quiet:
+        for line in report.trace_mapping(spec.trace_replay().table()):
+            err.print(line, markup=False, highlight=False)
     if a.find_max_rate:
         lo, hi = parse_range(a.search_range)[0], float(a.search_range.split(":")[1])
         res = await find_max_rate(

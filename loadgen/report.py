@@ -150,6 +150,23 @@ def print_report(s: dict[str, Any], console: Console | None = None) -> None:
     c.print(compact(s))
 
 
+def trace_mapping(rows: list[tuple[int, str, int, str]], shown: int = 20) -> list[str]:
+    """Lines saying which trace functions replay onto which models (rows of
+    :meth:`loadgen.arrivals.AzureReplay.table`): the first ``shown`` in full, then per model
+    how many functions and invocations it takes."""
+    total = sum(n for _, _, n, _ in rows) or 1
+    out = [f"trace mapping: {len(rows)} functions, {total:,} invocations in the minutes replayed"]
+    out += [f"  #{rank:<5} {fn[:12]}  {n:>12,} ({n / total:6.2%})  -> {model}" for rank, fn, n, model in rows[:shown]]
+    if len(rows) > shown:
+        out.append(f"  ... {len(rows) - shown} more")
+    per: dict[str, tuple[int, int]] = {}
+    for _, _, n, model in rows:
+        f, c = per.get(model, (0, 0))
+        per[model] = (f + 1, c + n)
+    out += [f"  {model}: {f} functions, {c:,} invocations ({c / total:.1%})" for model, (f, c) in per.items()]
+    return out
+
+
 def sweep_table(rows: list[dict[str, Any]], title: str) -> Table:
     """One row per run; search trials add their trial number, result and reason, and the
     verdict of their rate (the majority of its trials)."""

@@ -118,6 +118,15 @@ class LoadSpec(BaseModel):
     time_scale: float = Field(default=60.0, gt=0, le=1e6, description="trace minutes per second")
     rate_scale: float = Field(default=1.0, gt=0, le=1e6, description="multiplies trace counts")
     trace_start_minute: int = Field(default=0, ge=0, le=100_000, description="first trace minute")
+    trace_top: int | None = Field(
+        default=None, ge=1, le=10_000_000,
+        description="replay only the N most invoked functions, dealt onto trace_models by rank",
+    )
+    trace_sample: int | None = Field(
+        default=None, ge=1, le=10_000_000,
+        description="replay N functions drawn with trace_seed, dealt onto trace_models by rank",
+    )
+    trace_seed: int = Field(default=0, ge=0, le=2**63 - 1, description="seed of trace_sample's draw")
     timestamps: Path | None = Field(default=None, description="file of send times (s), one a line")
     intervals_us: bool = Field(default=False, description="timestamps file holds gaps in µs")
     duration_s: float = Field(default=10.0, gt=0, le=7 * 86400, description="measured seconds")
@@ -207,6 +216,10 @@ class LoadSpec(BaseModel):
                 raise ValueError("arrival 'trace' needs trace (an Azure Functions 2019 CSV)")
             if not self.trace_models and not self.model and not self.mix:
                 raise ValueError("arrival 'trace' needs trace_models (or model) to map onto")
+            if self.trace_top is not None and self.trace_sample is not None:
+                raise ValueError("trace_top and trace_sample: choose one")
+        elif self.trace_top is not None or self.trace_sample is not None:
+            raise ValueError("trace_top and trace_sample need arrival 'trace'")
         elif self.arrival == "timestamps" and self.timestamps is None:
             raise ValueError("arrival 'timestamps' needs a timestamps file")
         if not (self.model or self.mix or self.trace_models):
@@ -253,24 +266,23 @@ class LoadSpec(BaseModel):
             return tuple(m for m, _ in arrivals.parse_mix(self.mix))
         return (self.model,)
 
+    def trace_replay(self) -> arrivals.AzureReplay:
+        """The trace replay ``arrival: trace`` runs: which functions, onto which models
+        (:meth:`~loadgen.arrivals.AzureReplay.table`), over the minutes the run covers."""
+        funcs = arrivals.read_azure_trace(self.trace)  # type: ignore[arg-type]
+        minutes = int(np.ceil((self.warmup_s + self.duration_s) * self.time_scale / 60.0)) + 1
+        return arrivals.AzureReplay(
+            tuple(funcs), self.models, time_scale=self.time_scale, rate_scale=self.rate_scale,
+            cv=self.trace_cv, start_minute=self.trace_start_minute, minutes=minutes,
+            top=self.trace_top, sample=self.trace_sample, seed=self.trace_seed,
+        )
+
     def schedule(self) -> arrivals.Schedule:
         """The whole open-loop schedule: warm-up then measured period."""
         rng = np.random.default_rng(self.seed)
         if self.arrival == "trace":
-            funcs = arrivals.read_azure_trace(self.trace)  # type: ignore[arg-type]
-            horizon = self.warmup_s + self.duration_s
-            minutes = int(np.ceil(horizon * self.time_scale / 60.0)) + 1
-            replay = arrivals.AzureReplay(
-                tuple(funcs),
-                self.models,
-                time_scale=self.time_scale,
-                rate_scale=self.rate_scale,
-                cv=self.trace_cv,
-                start_minute=self.trace_start_minute,
-                minutes=minutes,
-            )
-            sched = replay.schedule(rng)
-            return sched if self.requests else sched.window(0.0, horizon)
+            sched = self.trace_replay().schedule(rng)
+            return sched if self.requests else sched.window(0.0, self.warmup_s + self.duration_s)
         if self.arrival == "timestamps":
             t = arrivals.read_timestamps(self.timestamps, self.intervals_us)  # type: ignore[arg-type]
             idx = self._pick_models(len(t), rng)

@@ -163,6 +163,7 @@ def spec_of(a: argparse.Namespace, fleet) -> LoadSpec:
         target=SIM_TARGET, model=model, mix=mix, arrival=a.arrival, rate=rate, cv=a.cv,
         trace_cv=a.trace_cv, trace=a.trace, trace_models=trace_models, time_scale=a.time_scale,
         rate_scale=a.rate_scale, trace_start_minute=a.trace_start_minute, timestamps=a.timestamps,
+        trace_top=a.trace_top, trace_sample=a.trace_sample, trace_seed=a.trace_seed,
         intervals_us=a.intervals_us, duration_s=a.duration, requests=a.requests, warmup_s=a.warmup,
         slo_ms=a.slo_ms if a.file else None, priority=a.priority, seed=a.seed,
     )
@@ -183,6 +184,8 @@ def run(a: argparse.Namespace) -> int:
                 raise ValueError(f"fault names unknown replica {f.replica!r}; known: {', '.join(sorted(known))}")
         opts = SimOptions(a.service, faults, a.overhead_ms / 1e3, a.jitter_ms / 1e3, a.transit_ms / 1e3,
                           a.processes)
+        if spec.arrival == "trace" and not a.quiet:
+            print("\n".join(report.trace_mapping(spec.trace_replay().table())), file=sys.stderr)
         summary, rec = run_sim(fleet, spec, opts)
     except ValidationError as e:
         return _fail(validation_message(e))
@@ -269,6 +272,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--time-scale", type=float, default=60.0, help="trace minutes per second")
     g.add_argument("--rate-scale", type=float, default=1.0, help="multiply trace counts")
     g.add_argument("--trace-start-minute", type=int, default=0)
+    g.add_argument("--trace-top", type=int, metavar="N",
+                   help="replay only the N most invoked functions, dealt onto --trace-models by rank")
+    g.add_argument("--trace-sample", type=int, metavar="N",
+                   help="replay N functions drawn with --trace-seed, dealt onto --trace-models by rank")
+    g.add_argument("--trace-seed", type=int, default=0, help="seed of --trace-sample's draw")
     g.add_argument("--timestamps", type=Path, help="file of arrival times (s), one a line")
     g.add_argument("--intervals-us", action="store_true", help="--timestamps holds gaps in µs")
     g.add_argument("--duration", type=float, default=60.0, help="measured seconds of arrivals")
