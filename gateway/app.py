@@ -170,7 +170,8 @@ class Gateway:
             ensure_fd_room(Limits.of(self.cfg.limits, self.cfg.max_message_bytes), others=self._other_connections())
             await self.llm.start()
             self._grpc = create_server(self.driver, self.info, self.cfg.max_message_bytes, self.security.tenants,
-                                       self.observer, self.reuse_port, self.llm, self.cfg.limits, self.decoder)
+                                       self.observer, self.reuse_port, self.llm, self.cfg.limits, self.decoder,
+                                       write_timeout_s=self.cfg.write_timeout_s)
             addr, tls = f"{host}:{listen.grpc_port}", self.security.tls
             try:
                 self.grpc_port = (self._grpc.add_insecure_port(addr) if tls is None

@@ -416,6 +416,11 @@ class LimitsSpec(Strict):
                                             description="a new gRPC connection must finish its TLS handshake and "
                                             "send its HTTP/2 settings within this, else it is closed "
                                             "(grpc.server_handshake_timeout_ms)")
+    grpc_stream_pending: int = Field(default=256, ge=1, le=1_000_000,
+                                     description="requests of one ModelStreamInfer call in flight or answered "
+                                     "and not yet sent: past it the call's next request is not read (HTTP/2 "
+                                     "flow control then holds the client), so a client that sends and never "
+                                     "reads holds this many answers, not all of them")
     grpc_max_concurrent_streams: int = Field(default=4096, ge=1, le=2**31 - 1,
                                              description="calls open at once on one gRPC connection (HTTP/2 "
                                              "SETTINGS_MAX_CONCURRENT_STREAMS); a call past it is refused "

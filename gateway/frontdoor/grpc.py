@@ -34,7 +34,9 @@ http2_min_recv_ping_interval_without_data_ms 300000, http2_max_ping_strikes 2).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -67,6 +69,8 @@ from gateway.observe.request import Observer, Seen
 from profiles.schema import UNAUTHENTICATED, LimitsSpec
 
 SERVICE = "inference.GRPCInferenceService"
+
+log = logging.getLogger("headrace.grpc")
 
 
 def _parse(cls: type, raw: bytes) -> Any:
@@ -123,13 +127,16 @@ class InferenceServicer:
 
     def __init__(self, driver: Driver, info: ServerInfo, tenants: Tenants | None = None,
                  observer: Observer | None = None, llm: LlmService | None = None,
-                 decoder: Decoder | None = None) -> None:
+                 decoder: Decoder | None = None, stream_pending: int = 256, write_timeout_s: float = 30.0) -> None:
         self.driver = driver
         self.info = info
         self.tenants = tenants
         self.observer = observer
         self.llm = llm
         self.decoder = decoder or Decoder()  # infer requests: large ones off the loop
+        self.stream_pending = stream_pending  # a stream's requests in flight or answered, not yet sent
+        self.write_timeout_s = write_timeout_s  # a stream whose client reads nothing this long is cancelled
+        self.streams_cut = 0  # streams cancelled for that
 
     async def _generate(self, req: pb.ModelInferRequest, context: grpc.aio.ServicerContext, llm: LlmService,
                         tenant: Tenant | None, put: Callable[[pb.ModelStreamInferResponse], Awaitable[None]]) -> str:
@@ -218,7 +225,10 @@ class InferenceServicer:
         slo = _slo_header(context)
         hints = choice_headers(context.invocation_metadata() or ())
         client = _client(context, tenant)
-        out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        # back-pressure: at most stream_pending requests in flight or answered and unsent; past
+        # it the next request is not read, and a token stream's messages wait for room
+        out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue(self.stream_pending)
+        room = asyncio.Semaphore(self.stream_pending)
         tasks: set[asyncio.Task] = set()
 
         async def one(raw: bytes) -> None:
@@ -254,24 +264,59 @@ class InferenceServicer:
 
         async def reader() -> None:
             try:
-                async for raw in requests:
+                it = aiter(requests)
+                while True:
+                    await room.acquire()
+                    try:
+                        raw = await anext(it)
+                    except StopAsyncIteration:
+                        break
                     t = asyncio.create_task(one(raw))
                     tasks.add(t)
-                    t.add_done_callback(tasks.discard)
+                    t.add_done_callback(lambda t: (tasks.discard(t), room.release()))
                 if tasks:
                     await asyncio.gather(*list(tasks), return_exceptions=True)
-            finally:
-                await out.put(None)
+            except asyncio.CancelledError:
+                raise  # the call ended: nobody reads the answers any more
+            except Exception:  # noqa: BLE001,S110  (the request stream broke: the answers end)
+                pass
+            await out.put(None)
 
         rt = asyncio.create_task(reader())
+        loop = asyncio.get_running_loop()
+        ending: list[asyncio.Task] = []
+
+        def stuck() -> None:
+            """The client has read no answer for write_timeout_s (grpc's write of one waits on
+            HTTP/2 flow control): its requests stop, nothing more is read, and the call ends
+            with RESOURCE_EXHAUSTED, which the client sees after the answers it had not read
+            (the status is queued behind them)."""
+            self.streams_cut += 1
+            log.warning("a ModelStreamInfer client read no answer for %g s: its call is ended", self.write_timeout_s)
+            rt.cancel()
+            for t in list(tasks):
+                t.cancel()
+
+            async def end() -> None:
+                with contextlib.suppress(grpc.aio.AbortError, grpc.aio.UsageError, RuntimeError):
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                        f"the client read no answer for {self.write_timeout_s:g} s (write_timeout_s)")
+
+            ending.append(loop.create_task(end()))
+
         try:
             while (msg := await out.get()) is not None:
-                yield msg
+                watch = loop.call_later(self.write_timeout_s, stuck)
+                try:
+                    yield msg
+                finally:
+                    watch.cancel()
         finally:
             rt.cancel()
-            if self.llm is not None:  # a token stream the client cancelled is aborted at its engine
-                for t in list(tasks):
-                    t.cancel()
+            # the call ended early (its client went, or read nothing for write_timeout_s): its
+            # requests go too (a token stream is aborted at its engine), none waits for room
+            for t in list(tasks):
+                t.cancel()
 
     async def ServerLive(self, raw: bytes, context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -481,10 +526,15 @@ def server_options(max_message_bytes: int, limits: LimitsSpec | None = None,
 def create_server(driver: Driver, info: ServerInfo, max_message_bytes: int = 64 << 20,
                   tenants: Tenants | None = None, observer: Observer | None = None,
                   reuse_port: bool = False, llm: LlmService | None = None,
-                  limits: LimitsSpec | None = None, decoder: Decoder | None = None) -> grpc.aio.Server:
+                  limits: LimitsSpec | None = None, decoder: Decoder | None = None,
+                  write_timeout_s: float = 30.0) -> grpc.aio.Server:
     """The gRPC server; ``reuse_port``: its port may be shared with other gateway processes
     (SO_REUSEPORT), else binding a port in use fails; ``limits``: its connection cap, idle and
-    handshake timeouts, streams per connection and keepalive (:func:`server_options`)."""
+    handshake timeouts, streams per connection and keepalive (:func:`server_options`), and the
+    answers a stream holds; ``write_timeout_s``: how long a stream's client may read nothing."""
     server = grpc.aio.server(options=server_options(max_message_bytes, limits, reuse_port))
-    server.add_generic_rpc_handlers((generic_handler(InferenceServicer(driver, info, tenants, observer, llm, decoder)),))
+    servicer = InferenceServicer(driver, info, tenants, observer, llm, decoder,
+                                 stream_pending=(limits or LimitsSpec()).grpc_stream_pending,
+                                 write_timeout_s=write_timeout_s)
+    server.add_generic_rpc_handlers((generic_handler(servicer),))
     return server
