@@ -259,8 +259,9 @@ def test_a_gateway_document_carries_both_settings_to_the_gateway(tmp_path: Path)
                     "tracing": {"enabled": True, "endpoint": "https://collector:4317", "sample_ratio": 0.1}}}
     (tmp_path / "gw.yaml").write_text(yaml.safe_dump(doc))
     (gw,) = load_documents(tmp_path).gateways
-    # what headrace up hands the gateway: the document's spec but its admin settings, plus the models
-    settings = gw.spec.model_dump(mode="json", exclude={"admin"})
+    # what headrace up hands the gateway: the document's spec but the operator's own settings
+    # (its admin API, the worker count), plus the models
+    settings = gw.spec.model_dump(mode="json", exclude={"admin", "workers"})
     cfg = parse_config({**settings, "models": gateway_doc(tmp_path)["models"]})
     assert cfg.access_log.sample == 0.5 and cfg.access_log.path == "/var/log/headrace/access.jsonl"
     assert cfg.tracing.endpoint == "https://collector:4317" and cfg.tracing.sample_ratio == 0.1
