@@ -387,12 +387,14 @@ class Controller(Autoscaler, Healer):
             await self._undo(ran, why)
             self.applying = None
             raise ApplyError(self.failure or self.rolled_back or why) from e
+        stopped: set[str] = set()
         try:
             for rid in stop:
                 self.applying = f"stopping LLM engine {rid}"
                 if rid in await self.gateway.llm_replicas():
                     await self.gateway.remove_replica(rid, self.drain_timeout)
                 await asyncio.to_thread(engines.stop_replica, rid)
+                stopped.add(rid)
                 done.append(f"stop LLM engine {rid}")
                 self.save()
             for gone in {c.model for c in self.llm_plan.choices} - {c.model for c in llm_new.choices}:
@@ -400,7 +402,10 @@ class Controller(Autoscaler, Healer):
         except Exception as e:
             self.failure = f"{self.applying}: {e}"
             self._event("", "ApplyFailed", self.failure)
-            self.desired, self.plan = want, new  # the classic steps and the new engines are done
+            # the classic steps and the new engines are done; the old engines not stopped serve
+            # on, and the plan says so: the next apply (or rollback) stops them or keeps them
+            left = tuple(r for r in self.llm_plan.replicas if r.id in stop and r.id not in stopped)
+            self.desired, self.plan, self.llm_plan = want, new, replace(llm_new, replicas=llm_new.replicas + left)
             raise ApplyError(self.failure) from e
         finally:
             self.applying = None

@@ -526,3 +526,38 @@ def test_a_wave_with_a_successor_that_is_not_ready_rolls_back_the_others_too(tmp
     # NOTE: the successor that started is stopped again; the fleet is generation 1's
     assert serving(ctl) == before and sorted(ctl.runtime.running) == before  # type: ignore[union-attr]
     assert ("stop_replica", starts[0]) in ctl.runtime.log  # type: ignore[union-attr]
+
+
+def test_an_old_engine_that_cannot_be_taken_out_stays_in_the_plan_and_the_next_apply_stops_it(tmp_path: Path) -> None:
+    from gateway.control import ControlError
+
+    h100 = {"model": "H100-80GB", "count": 2, "mig": False}
+    gpus = pool(a100s=1)
+    gpus["spec"]["nodes"][0]["gpus"].append(h100)
+
+    def docs(variant: str, name: str) -> str:
+        chat = deployment("chat", 2, 1000, variants=[variant], llm={"slo_tpot_ms": 50, "replicas": 1})
+        return validate([str(write_docs(tmp_path / name, gpus, deployment("resnet50", 100, 100), chat))])[0]
+
+    ctl = started(tmp_path, docs("llama-3.1-8b-instruct-fp8", "a.yaml"))
+    ctl.engines = Engines(set())  # type: ignore[assignment]
+    asyncio.run(ctl.apply(docs("llama-3.1-8b-instruct-fp8", "a.yaml")))
+    (old,) = ctl.engines.running  # type: ignore[union-attr]
+    gw = ctl.gateway
+    remove = gw.remove_replica  # type: ignore[union-attr]
+
+    async def refused(rid: str, drain: float, keep_model: bool = False) -> bool:
+        if rid == old:
+            raise ControlError("DELETE /v1/control/replicas: no answer from the gateway", 0)
+        return await remove(rid, drain, keep_model)
+
+    gw.remove_replica = refused  # type: ignore[union-attr]
+    with pytest.raises(ApplyError, match="stopping LLM engine"):
+        asyncio.run(ctl.apply(docs("llama-3.1-8b-instruct-int4", "b.yaml")))
+    (new,) = ctl.engines.running - {old}  # type: ignore[union-attr]
+    # NOTE: what runs is what the plan says: the new engine serves, the old one it could not take out too
+    assert {r.id for r in ctl.llm_plan.replicas} == {old, new} == ctl.engines.running  # type: ignore[union-attr]
+    gw.remove_replica = remove  # type: ignore[union-attr]
+    asyncio.run(ctl.apply(docs("llama-3.1-8b-instruct-int4", "b.yaml")))
+    assert {r.id for r in ctl.llm_plan.replicas} == {new} == ctl.engines.running  # type: ignore[union-attr]
+    assert ctl.failure is None
