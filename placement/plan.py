@@ -460,8 +460,14 @@ class Plan:
     def _check_replica_floors(self) -> list[PlanError]:
         """Each floor is met (on distinct GPUs and nodes; in all), or its shortfall is reported as it is."""
         out, told = [], {(f.model, f.kind): f for f in self.floors}
+        held: dict[str, set[str]] = {}  # model -> the GPUs holding it, and its replicas in all: one pass
+        counts: dict[str, int] = {}
+        for g, _, r in self.replicas():
+            held.setdefault(r.model, set()).add(g.id)
+            counts[r.model] = counts.get(r.model, 0) + 1
         for d in self.demands:
-            gpus, nodes = self.hosts(d.model)
+            gpus = held.get(d.model, set())
+            nodes = {node_of(i) for i in gpus}
             f = told.get((d.model, "distinct"))
             if f is not None and (f.gpus, f.nodes) != (len(gpus), len(nodes)):
                 out.append(PlanError("replicas", f"model {d.model}: floor reported on {f.gpus} GPUs of {f.nodes} "
@@ -469,7 +475,7 @@ class Plan:
             elif f is None and d.min_replicas > 1 and min(len(gpus), len(nodes)) < d.min_replicas:
                 out.append(PlanError("replicas", f"model {d.model}: floor {d.min_replicas} replicas, placed on "
                                                  f"{len(gpus)} GPUs of {len(nodes)} nodes, not reported"))
-            n, f = self.count(d.model), told.get((d.model, "count"))
+            n, f = counts.get(d.model, 0), told.get((d.model, "count"))
             if f is not None and f.replicas != n:
                 out.append(PlanError("replicas", f"model {d.model}: {f.floor} replicas in all reported placed "
                                                  f"{f.replicas}, the plan has {n}"))
