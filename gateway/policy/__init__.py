@@ -5,7 +5,7 @@ from profiles import compiled
 
 # built by ``headrace compile`` (profiles/compiled.py); declared before any of them is imported
 COMPILED = compiled.declare(__name__, (
-    "admission", "batching", "edf", "migrate", "rate", "replica", "scheduler", "selector", "sequences",
+    "admission", "batching", "edf", "expiry", "migrate", "rate", "replica", "scheduler", "selector", "sequences",
     "sequencing", "types",
 ))
 

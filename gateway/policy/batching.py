@@ -18,9 +18,13 @@ finish them in time. Policies:
 - ``skip-heads``: the batch with the most requests that finish in time, skipping heads.
 - ``adaptive``: among batches at least as large as the observed arrival rate needs
   (or the largest possible if none is), the one that skips fewest heads, then the largest.
-- ``aimd``: Clipper's adaptive batching (NSDI'17): arrival order up to a per-replica batch
-  cap that grows by one after a batch whose latency meets the SLO and shrinks by 10% after one
-  that does not; no deadline checks, no waiting. A baseline.
+- ``aimd``: Clipper's adaptive batching (NSDI'17 §4.3): queue order up to a per-replica batch
+  cap that grows by one after a batch whose *measured* latency (fed back by :meth:`observe`
+  when it completes) is within the SLO and shrinks by 10% after one that is not; no deadline
+  checks, no waiting. A baseline (see :class:`Aimd`).
+
+The batchers that are not deadline-aware may also reject what has queued too long
+(:mod:`gateway.policy.expiry`: Triton's queue policy).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class SelectContext:
     wait: bool  # may the policy wait for a larger batch
     max_queue_delay: float = 0.0  # take-all only
     replica: str = ""  # the replica the batch is for (policies with per-replica state)
+    used: int = 0  # rows already chosen for this batch (the best-effort lane fills after them)
 
 
 @dataclass(slots=True)  # built per batch formed: not frozen (see gateway.policy.types)
@@ -139,9 +144,16 @@ def _maybe_wait(queue: Sequence[Request], c: Candidate, ctx: SelectContext) -> S
 class BatchPolicy:
     name = "base"
     deadline_aware = True  # admission, expiry and skipping apply
+    learns = False  # wants :meth:`observe` called when each batch completes
 
     def select(self, queue: Sequence[Request], ctx: SelectContext) -> Selection:
         raise NotImplementedError
+
+    def observe(self, replica: str, rows: int, seconds: float, slo: float, max_batch: int) -> None:
+        """A batch of ``rows`` on ``replica`` came back ``seconds`` after the replica could begin
+        it (measured: :meth:`gateway.policy.replica.Replica.ran`); ``slo`` is the tightest SLO of
+        its requests. Called by the scheduler's ``on_complete`` (live and simulated alike), only
+        for policies that set ``learns``, never for a failed batch."""
 
 
 class TakeAll(BatchPolicy):
@@ -199,13 +211,39 @@ class Adaptive(_DeadlineAware):
 
 
 class Aimd(BatchPolicy):
-    """Clipper's AIMD batch size, per replica. The latency fed back is the batch's predicted
-    latency on the replica (the profile's), judged against the head request's SLO (its
-    deadline minus its arrival): Clipper compares a batch's measured processing time, not its
-    queueing, with the SLO."""
+    """Clipper's adaptive batching: a batch-size cap per replica, moved by additive increase
+    and multiplicative decrease on the *measured* latency of the batches it formed.
+
+    Crankshaw et al., "Clipper: A Low-Latency Online Prediction Serving System", NSDI 2017,
+    §4.3 (Adaptive Batching): the batch size grows by a fixed amount until the latency to
+    process a batch exceeds the latency objective, then backs off by 10% (a smaller back-off
+    than TCP's, as the best batch size moves little). Here:
+
+    - the latency judged is the batch's measured one, from when the replica could begin it
+      until its answers came back (Clipper's task executor times a batch from its send to the
+      container until the reply), fed back by :meth:`observe` when it completes; the objective
+      is the tightest SLO among its requests (Clipper's is the application's latency SLO);
+    - ``step`` = 1 row: the paper does not give its fixed amount; Clipper's released code grows
+      a container's batch size by 1 while it is below ``ADDITIVE_EXPANSION_THRESHOLD``
+      (``ModelContainer::explore`` in ucbrise/clipper ``src/libclipper/src/containers.cpp``);
+    - ``backoff`` = 0.9: the paper's 10%; the cap never goes below one row;
+    - the cap starts at 1 (that code's ``max_batch_size_(1)``) and never exceeds the replica's
+      max batch. Every completed batch moves it, however many rows it held.
+
+    A batch takes the queue (EDF order: Clipper's model queue is ordered by deadline) up to the
+    cap, at once: the paper's delayed batching (a batch wait timeout, §4.3) is not modelled, as
+    Clipper's released code (``ModelQueue::get_batch``) dispatches as soon as a container asks.
+    Past-deadline requests are dropped only with the scheduler's ``request_timeouts``, as
+    Clipper's model queue drops them. Clipper's released C++ code never had AIMD (a fixed
+    batch size, then from April 2017 measured throughput times the time left to the earliest
+    deadline, from 2018 exploration plus a regression on measured latencies): this follows the
+    paper.
+    """
 
     name = "aimd"
     deadline_aware = False
+    learns = True
+    step = 1
     backoff = 0.9
 
     def __init__(self) -> None:
@@ -214,19 +252,20 @@ class Aimd(BatchPolicy):
     def select(self, queue: Sequence[Request], ctx: SelectContext) -> Selection:
         if not queue:
             return Selection()
-        cap = min(self.caps.get(ctx.replica, 1), ctx.max_batch)
+        cap = min(self.caps.get(ctx.replica, 1) - ctx.used, ctx.max_batch)
         rows = count = 0
         while count < len(queue) and rows + queue[count].size <= cap:
             rows += queue[count].size
             count += 1
-        if count == 0:  # a request larger than the cap goes alone
-            count, rows = 1, queue[0].size
-        head = queue[0]
-        if ctx.latency(rows) <= head.deadline - head.arrival:
-            self.caps[ctx.replica] = min(cap + 1, ctx.max_batch)
-        else:
-            self.caps[ctx.replica] = max(1, int(cap * self.backoff))
+        if count == 0:
+            if ctx.used:
+                return Selection()  # the cap is full: the best-effort lane adds nothing
+            count = 1  # a request larger than the cap goes alone
         return Selection(tuple(range(count)))
+
+    def observe(self, replica: str, rows: int, seconds: float, slo: float, max_batch: int) -> None:
+        cap = min(self.caps.get(replica, 1), max_batch)
+        self.caps[replica] = min(cap + self.step, max_batch) if seconds <= slo else max(1, int(cap * self.backoff))
 
 
 POLICIES: dict[str, type[BatchPolicy]] = {

@@ -99,8 +99,18 @@ class SchedulerConfig(BaseModel):
         default=None,
         gt=0.0,
         le=600.0,
-        description="triton policy only: reject requests queued longer than this "
-        "(Triton's queue policy default_timeout_microseconds with REJECT); None keeps them",
+        description="policies that are not deadline-aware (take-all, aimd): reject requests queued "
+        "longer than this (Triton's queue policy default_timeout_microseconds with REJECT); None "
+        "keeps them",
+    )
+    request_timeouts: bool = Field(
+        default=False,
+        description="policies that are not deadline-aware (take-all, aimd): also reject a queued "
+        "request once its own timeout passes, which is its deadline (arrival plus SLO: the SLO is "
+        "the timeout each request carries, as the load generator sends it to Triton). Triton's "
+        "queue policy with timeout_action REJECT and allow_timeout_override true (there a request's "
+        "timeout counts only below a nonzero default_timeout_microseconds: set one above every SLO); "
+        "Clipper's model queue likewise drops a request whose deadline has passed",
     )
 
     @model_validator(mode="after")

@@ -30,7 +30,8 @@ class Replica:
     overhead: float = 0.0  # learned seconds from a batch's end on the replica to its answers
     # the (run_excess, overhead) planning uses (:meth:`latency`); a new tuple whenever they change
     applied: tuple[float, float] = (0.0, 0.0)
-    last_done: float | None = None  # when the last batch came back
+    last_done: float | None = None  # when the last batch came back (learning overhead; None after a failure)
+    back: float | None = None  # when the last batch came back, failed or not
     free_at: float | None = None  # when the batches in flight let a new one begin (-inf: none); None: not known
 
     def latency(self, rows: int) -> float:
@@ -61,6 +62,13 @@ class Replica:
         exact = (self.run_excess, self.overhead) == (0.0, 0.0) != (g, o)  # back to the profile itself
         if moved or exact:
             self.applied = (self.run_excess, self.overhead)
+
+    def ran(self, batch: Batch, now: float) -> float:
+        """Seconds ``batch``, answered at ``now``, took from when the replica could begin it: its
+        dispatch, or the answers of the batch before it if they came back later (it was sent
+        ahead to the busy replica). With one batch in flight, the round trip of the batch."""
+        began = batch.dispatched if self.back is None or self.back < batch.dispatched else self.back
+        return now - began
 
     def dispatch(self, batch: Batch) -> None:
         """``batch`` (planned with the current latency) is in flight on this replica."""

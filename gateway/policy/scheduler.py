@@ -30,7 +30,8 @@ Rules (each one is tested):
   model's arrivals over the last ``burst_window_s`` exceed ``burst_factor`` times the
   capacity of the variant's replicas.
 - Expiry: a queued request no replica can still finish alone in time is answered at the
-  next poll ("expired"; "failed" after a failed batch; "shed" for best-effort).
+  next poll ("expired"; "failed" after a failed batch; "shed" for best-effort). The batchers
+  that are not deadline-aware expire only by queue timeouts (:mod:`gateway.policy.expiry`).
 - Batches follow the EDF shape of :mod:`gateway.policy.batching`; a batch is never larger
   than the replica's max batch, and best-effort rows only fill a batch when no guaranteed
   request is left queued for the model.
@@ -59,6 +60,7 @@ from gateway.policy.admission import Lane, predict_finish, pushes_late
 from gateway.policy.batching import FIRST, SelectContext, get_policy, select_alike
 from gateway.policy.config import SchedulerConfig
 from gateway.policy.edf import EdfQueue
+from gateway.policy.expiry import best_alone, next_infeasible, next_timeout, timed_out
 from gateway.policy.migrate import relocate
 from gateway.policy.rate import RateEstimator
 from gateway.policy.replica import NeededBatch, cost_per_answer
@@ -280,6 +282,10 @@ class EdfScheduler(SequenceScheduling):
         (answered "failed" if no replica can still finish them in time); the rest are done."""
         rep = self._replicas.get(batch.replica)
         if rep is not None:
+            if self.policy.learns and not retry:  # a batch's measured latency against its tightest SLO
+                self.policy.observe(batch.replica, batch.rows, rep.ran(batch, now),
+                                    min(r.deadline - r.arrival for r in batch.requests), rep.info.max_batch)
+            rep.back = now
             rep.remove(batch)
             if retry:
                 rep.last_done = None  # a failed batch says nothing about run times
@@ -514,7 +520,7 @@ class EdfScheduler(SequenceScheduling):
             be_ctx = SelectContext(
                 now=now, start=ctx.start, max_batch=room, needed_batch=max(1, ctx.needed_batch - len(chosen)),
                 rate=rate, wait=self.config.wait and not chosen, max_queue_delay=ctx.max_queue_delay,
-                latency=(lambda rows: lat(rows + used)), replica=rep.info.id,
+                latency=(lambda rows: lat(rows + used)), replica=rep.info.id, used=used,
             )
             if room > 0:
                 sel = select_alike(self.policy, group.best_effort, rep.info.id, be_ctx,
@@ -533,28 +539,15 @@ class EdfScheduler(SequenceScheduling):
         finish = start + rep.latency(rows)
         return Batch(rep.info.id, rep.info.variant, tuple(chosen), now, finish)
 
-    def _best_alone(self, healthy: list[_Replica], now: float):
-        """finish(size): earliest predicted finish of a lone request of ``size`` rows."""
-        starts = [(r.start(now), r) for r in healthy]
-        cache: dict[int, float] = {}
-
-        def finish(size: int) -> float:
-            if size not in cache:
-                cache[size] = min((s + r.latency(size) for s, r in starts if r.info.max_batch >= size),
-                                  default=float("inf"))
-            return cache[size]
-
-        return finish
-
     def _expire(self, group: _Group, healthy: list[_Replica], now: float, model: _Model) -> list[Reject]:
         out: list[Reject] = []
         if not self.policy.deadline_aware:
-            if self.config.queue_timeout_s is not None:
+            cfg = self.config
+            if cfg.queue_timeout_s is not None or cfg.request_timeouts:
                 for q in (group.guaranteed, group.best_effort):
-                    late = [i for i, r in enumerate(q) if now - r.arrival > self.config.queue_timeout_s]
-                    for r in q.remove_indices(late):
-                        out.append(self._reject(r, RejectReason.EXPIRED, self.config.min_retry_after_s,
-                                                "queued longer than the queue timeout"))
+                    for r in q.remove_indices(timed_out(q, now, cfg.queue_timeout_s, cfg.request_timeouts)):
+                        out.append(self._reject(r, RejectReason.EXPIRED, cfg.min_retry_after_s,
+                                                "queued past its timeout"))
             return out
         finish = None
         for q, be in ((group.guaranteed, False), (group.best_effort, True)):
@@ -570,7 +563,7 @@ class EdfScheduler(SequenceScheduling):
                             bound = t
                 if q[0].deadline >= bound:
                     continue
-                finish = self._best_alone(healthy, now)
+                finish = best_alone(healthy, now)
             bound = finish(q.max_size)
             if q[0].deadline >= bound:
                 continue
@@ -613,39 +606,6 @@ class EdfScheduler(SequenceScheduling):
     def _next_expiry(self, group: _Group, healthy: list[_Replica], now: float) -> float:
         """Earliest time a queued request turns infeasible if nothing else happens."""
         if not self.policy.deadline_aware:
-            if self.config.queue_timeout_s is None:
-                return float("inf")
-            oldest = min((r.arrival for q in (group.guaranteed, group.best_effort) for r in q),
-                         default=float("inf"))
-            return oldest + self.config.queue_timeout_s + _EPS
-        best = float("inf")
-        shortest: dict[int, float | None] = {}  # rows -> the quickest eligible replica's seconds
-        for queue in (group.guaranteed, group.best_effort):
-            if not len(queue):
-                continue
-            longest = 0.0  # NOTE: loops, not max()/min() over generators: on every poll with a queue
-            for rep in healthy:
-                t = rep.latency(min(queue.max_size, rep.info.max_batch))
-                if t > longest:
-                    longest = t
-            for r in queue:
-                d = r.deadline
-                if d - longest >= best:
-                    break  # later deadlines cannot turn infeasible sooner
-                size = r.size
-                if size in shortest:
-                    t = shortest[size]
-                else:
-                    t = None
-                    for rep in healthy:
-                        if rep.info.max_batch >= size:
-                            x = rep.latency(size)
-                            if t is None or x < t:
-                                t = x
-                    shortest[size] = t
-                # NOTE: the latest start over replicas is the deadline less the shortest run
-                # (subtraction is monotone, so this is exactly the max over replicas)
-                last_start = now if t is None else d - t
-                if last_start >= now and last_start + _EPS < best:
-                    best = last_start + _EPS
-        return best
+            return next_timeout((group.guaranteed, group.best_effort), self.config.queue_timeout_s,
+                                self.config.request_timeouts, _EPS)
+        return next_infeasible((group.guaranteed, group.best_effort), healthy, now, _EPS)

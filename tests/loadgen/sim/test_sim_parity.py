@@ -45,7 +45,7 @@ def test_every_scheduler_setting_of_the_gateway_config_reaches_the_core(tmp_path
                 "min_retry_after_s": 0.5, "no_replica_retry_after_s": 3.0, "variant_dwell_s": 5.0,
                 "learn_overhead": False, "overhead_quantile": 0.8, "overhead_step_s": 0.001,
                 "max_overhead_s": 0.02, "pipeline_lead_s": 0.005, "max_queue_delay_s": 0.001,
-                "queue_timeout_s": 1.0}
+                "queue_timeout_s": 1.0, "request_timeouts": True}
     assert set(settings) == set(SchedulerConfig.model_fields)
     fleet = load_fleet([gateway_yaml(tmp_path, settings)])
     assert fleet.scheduler == SchedulerConfig(**settings)
