@@ -1,6 +1,19 @@
-"""Fleet study: headrace's batching against a Triton-style fixed-delay batcher and a
-Clipper-style AIMD batcher, on the same planned fleet (equal GPUs), over a multi-model
-trace, in the simulator.
+"""Fleet study: headrace's batching against Triton's dynamic batcher and Clipper's AIMD
+batcher, on the same planned fleet (equal GPUs), over a multi-model trace, in the simulator.
+
+The baselines, each the same policy core with another batch policy (:mod:`gateway.policy`):
+
+- Triton's dynamic batcher (``take-all``: what is queued up to max batch, no deadline checks)
+  with ``max_queue_delay_microseconds`` 0 and 5000 (``max_queue_delay_s``) and its queue policy
+  as a client sending each request's SLO as its ``timeout`` gets it: ``timeout_action: REJECT``,
+  ``allow_timeout_override: true`` (``request_timeouts``; ``ModelQueuePolicy`` in
+  triton-inference-server/common ``protobuf/model_config.proto``). A row without the queue
+  policy shows what it adds.
+- Clipper's adaptive batching (``aimd``; Crankshaw et al., NSDI 2017, §4.3): a per-replica
+  batch cap grown by one row after each batch whose *measured* latency meets its SLO and cut by
+  10% after one that does not; its queue drops requests past their deadline, as Clipper's
+  (``request_timeouts``). Its delayed batching (a batch wait timeout) is not modelled. See
+  :class:`gateway.policy.batching.Aimd` for what each constant follows.
 
 The fleet comes from the fleet generator (:mod:`bench.fleet`, seeded), rates scaled down so
 the run fits a few minutes of wall time; the operator's planner places it (greedy) and the
@@ -44,9 +57,10 @@ OUT = Path(__file__).parent / "results"
 # name -> scheduler settings over the rendered Gateway's (the same plan for every one)
 SYSTEMS: dict[str, dict] = {
     "headrace": {},
-    "triton (no delay)": {"policy": "take-all", "max_queue_delay_s": 0.0},
-    "triton (5 ms delay)": {"policy": "take-all", "max_queue_delay_s": 0.005},
-    "clipper aimd": {"policy": "aimd"},
+    "triton, no delay, queue policy": {"policy": "take-all", "max_queue_delay_s": 0.0, "request_timeouts": True},
+    "triton, 5 ms delay, queue policy": {"policy": "take-all", "max_queue_delay_s": 0.005, "request_timeouts": True},
+    "triton, no delay, no queue policy": {"policy": "take-all", "max_queue_delay_s": 0.0},
+    "clipper aimd, measured latency": {"policy": "aimd", "request_timeouts": True},
 }
 
 
@@ -107,7 +121,7 @@ def run(models: int, gpus: int, rate_scale: float, minutes: int, minute_s: float
                     "guaranteed_attainment": _share(classes["guaranteed"]),
                     "best_effort_attainment": _share(classes["best_effort"]),
                     "p50_ms": summary["latency_ms"]["p50"], "p99_ms": summary["latency_ms"]["p99"],
-                    "rejected": summary["rejected"], "late": summary["sim"]["late"],
+                    "rejected": summary["rejected"], "expired": summary["expired"], "late": summary["sim"]["late"],
                     "mean_batch": summary["sim"]["mean_batch"], "wall_s": round(wall, 1),
                 })
                 print(f"{name} x{load:g}: attainment {summary['attainment']:.4f} goodput "
@@ -134,18 +148,22 @@ def markdown(r: dict) -> str:
         "", "Command: `python -m bench.fleet_study`.", "",
         "Load x1 offers the planned rates on average (their trace minutes peak above them); x1.25 and x1.5 "
         "offer more on the same GPUs.", "",
-        "| load | system | attainment | guaranteed | best-effort | goodput req/s | p50 ms | p99 ms | rejected "
-        "| answered late | mean batch |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| load | system | attainment | guaranteed | best-effort | goodput req/s | p50 ms | p99 ms | refused "
+        "| expired in queue | answered late | mean batch |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in sorted(r["rows"], key=lambda s: s["load"]):
         lines.append(f"| x{s['load']:g} | {s['system']} | {s['attainment']:.2%} | {_pct(s['guaranteed_attainment'])} | "
                      f"{_pct(s['best_effort_attainment'])} | {s['goodput_rps']:.0f} | "
-                     f"{s['p50_ms']:.1f} | {s['p99_ms']:.1f} | {s['rejected']} | {s['late']} | "
+                     f"{s['p50_ms']:.1f} | {s['p99_ms']:.1f} | {s['rejected']} | {s.get('expired', '-')} | {s['late']} | "
                      f"{s['mean_batch']:.1f} |")
-    lines += ["", "Attainment = answered within SLO / offered. The Triton-style and AIMD batchers never "
-              "refuse: what they cannot serve in time is answered late. headrace refuses at once what it "
-              "predicts cannot make its deadline, so its clients can retry elsewhere.", ""]
+    lines += ["", "Attainment = answered within SLO / offered. Triton's batcher with its queue policy rejects "
+              "a queued request once its timeout (its SLO, as the load generator sends it) has passed "
+              "(`timeout_action: REJECT`, `allow_timeout_override: true`); without it, it answers late "
+              "whatever it starts too late. Clipper's AIMD sizes batches by their measured latency and "
+              "drops what is queued past its deadline. Neither refuses at arrival: a request they start "
+              "too late is answered late. headrace refuses at once what it predicts cannot make its "
+              "deadline, so its clients can retry elsewhere.", ""]
     if "day" in r:
         lines += fleet_autoscale.markdown(r["day"])
     return "\n".join(lines)
