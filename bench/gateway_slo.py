@@ -56,7 +56,11 @@ GATEWAYS = {  # system -> (scheduler config, what it is)
 }
 POISSON_RATES = (150, 250, 300, 320, 330, 350, 500, 1000)
 GAMMA_RATES = (150, 250, 300, 350, 500, 1000)
-TUNING = {  # name -> Triton dynamic batching; the request's timeout overrides unless fixed here
+# name -> Triton dynamic batching. NOTE: the delay-only candidates queue with no timeout at all:
+# Triton takes a request's own timeout only below a nonzero default_timeout_microseconds
+# (PriorityQueue::PolicyQueue::Enqueue in triton-inference-server/core src/scheduler_utils.cc),
+# and theirs is 0; the -queue candidates reject past a fixed queue timeout
+TUNING = {
     "delay2ms": DynamicBatching(max_queue_delay_us=2000),
     "delay5ms": DynamicBatching(max_queue_delay_us=5000),
     "delay2ms-queue60ms": DynamicBatching(max_queue_delay_us=2000, default_timeout_us=60000,
