@@ -135,8 +135,7 @@ class InferenceServicer:
         self.llm = llm
         self.decoder = decoder or Decoder()  # infer requests: large ones off the loop
         self.stream_pending = stream_pending  # a stream's requests in flight or answered, not yet sent
-        self.write_timeout_s = write_timeout_s  # a stream whose client reads nothing this long is cancelled
-        self.streams_cut = 0  # streams cancelled for that
+        self.write_timeout_s = write_timeout_s  # a stream whose client reads nothing this long is ended
 
     async def _generate(self, req: pb.ModelInferRequest, context: grpc.aio.ServicerContext, llm: LlmService,
                         tenant: Tenant | None, put: Callable[[pb.ModelStreamInferResponse], Awaitable[None]]) -> str:
@@ -285,13 +284,26 @@ class InferenceServicer:
         rt = asyncio.create_task(reader())
         loop = asyncio.get_running_loop()
         ending: list[asyncio.Task] = []
+        # one timer per write_timeout_s at most, not one per answer: it looks at when the
+        # answer being written was handed to grpc, and sets itself again while writes go on
+        writing: list[float | None] = [None]  # when grpc was handed the answer it is writing
+        watch: list[asyncio.TimerHandle | None] = [None]
+
+        def check() -> None:
+            since = writing[0]
+            watch[0] = None
+            if since is None:
+                return
+            if (left := since + self.write_timeout_s - loop.time()) > 0:
+                watch[0] = loop.call_later(left, check)
+                return
+            stuck()
 
         def stuck() -> None:
             """The client has read no answer for write_timeout_s (grpc's write of one waits on
             HTTP/2 flow control): its requests stop, nothing more is read, and the call ends
             with RESOURCE_EXHAUSTED, which the client sees after the answers it had not read
             (the status is queued behind them)."""
-            self.streams_cut += 1
             log.warning("a ModelStreamInfer client read no answer for %g s: its call is ended", self.write_timeout_s)
             rt.cancel()
             for t in list(tasks):
@@ -306,12 +318,16 @@ class InferenceServicer:
 
         try:
             while (msg := await out.get()) is not None:
-                watch = loop.call_later(self.write_timeout_s, stuck)
+                writing[0] = loop.time()
+                if watch[0] is None:
+                    watch[0] = loop.call_later(self.write_timeout_s, check)
                 try:
                     yield msg
                 finally:
-                    watch.cancel()
+                    writing[0] = None
         finally:
+            if watch[0] is not None:
+                watch[0].cancel()
             rt.cancel()
             # the call ended early (its client went, or read nothing for write_timeout_s): its
             # requests go too (a token stream is aborted at its engine), none waits for room
