@@ -117,4 +117,3 @@ async def adopt_gateway(store: DirStateStore, rec: dict[str, Any]) -> GatewayPro
     gw.models = dict(state.get("models") or {})
     gw.proc = Foreign(rec["pid"], rec.get("started"))
     return gw
-

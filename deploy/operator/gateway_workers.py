@@ -32,6 +32,7 @@ from typing import Any
 
 from deploy.operator.adopt import alive
 from deploy.operator.gateway_process import GatewayProcess, adopt_gateway, start_gateway
+from deploy.operator.healing import port_of
 from deploy.operator.state import DirStateStore
 from gateway.config import with_ports
 from gateway.control import ControlError
@@ -58,25 +59,12 @@ def only(cfg: GatewayConfig, keep: set[str]) -> GatewayConfig:
     return out
 
 
-def one(cfg: GatewayConfig, model: str, rid: str) -> GatewayConfig:
-    """``cfg`` whose model ``model`` has replica ``rid`` first (what ``add_replica`` serves)."""
-    models = []
-    for m in cfg.models:
-        if m.name == model:
-            m = m.model_copy(update={"replicas": sorted(m.replicas, key=lambda r: replica_id(r) != rid)}, deep=True)
-        models.append(m)
-    out = cfg.model_copy(update={"models": models}, deep=True)
-    out.base_dir = cfg.base_dir
-    return out
-
-
 class GatewayWorkers:
     """N gateway workers behind one pair of ports: a :class:`~gateway.handle.GatewayHandle`."""
 
-    def __init__(self, workers: Sequence[GatewayProcess | None], start: StartFn, drain_timeout: float = 30.0) -> None:
+    def __init__(self, workers: Sequence[GatewayProcess | None], start: StartFn) -> None:
         self.workers: list[GatewayProcess | None] = list(workers)  # None: down, to be started by heal
         self.start = start
-        self.drain_timeout = drain_timeout
         self.home: dict[str, int] = {}  # classic replica id -> the worker that serves it
         self.model_of: dict[str, str] = {}  # classic replica id -> its model
         self.variant_of: dict[str, str] = {}
@@ -170,10 +158,10 @@ class GatewayWorkers:
         if donor is None or counts[donor] < 2:
             return
         rid = max((r for r, h in self.home.items() if h == donor and self.model_of[r] == model and r in self.configs),
-                  key=lambda r: r, default=None)
+                  default=None)
         if rid is None:
             return
-        await self._worker(i).add_replica(one(self.configs[rid], model, rid), model)
+        await self._worker(i).add_replica(only(self.configs[rid], {rid}), model)  # its only replica: the one served
         self.home[rid] = i
         await self._worker(donor).remove_replica(rid, timeout, keep_model=True)
 
@@ -196,11 +184,7 @@ class GatewayWorkers:
         return self.home.get(rid)
 
     async def llm_replicas(self) -> dict[str, bool]:
-        out: dict[str, bool] = {}
-        for part in await asyncio.gather(*(w.llm_replicas() for w in self._live())):
-            for rid, up in part.items():
-                out[rid] = out.get(rid, True) and up
-        return out
+        return _everywhere(await asyncio.gather(*(w.llm_replicas() for w in self._live())))
 
     async def set_llm_model(self, model: LlmModelConfig) -> None:
         await asyncio.gather(*(w.set_llm_model(model) for w in self._live()))
@@ -219,12 +203,8 @@ class GatewayWorkers:
         """Each live worker read once: the replicas of all, engines taking requests at every
         one, counters summed."""
         parts = await asyncio.gather(*(w.look() for w in self._live()))
-        out = Seen(counters=_summed([p.counters for p in parts]))
-        for p in parts:
-            out.replicas.update(p.replicas)
-            for rid, up in p.llm.items():
-                out.llm[rid] = out.llm.get(rid, True) and up
-        return out
+        return Seen({rid: up for p in parts for rid, up in p.replicas.items()}, _everywhere([p.llm for p in parts]),
+                    _summed([p.counters for p in parts]))
 
     async def hold_cold(self, waits: dict[str, float], starter: Callable[[str], None]) -> None:
         await asyncio.gather(*(w.hold_cold(waits, starter) for w in self._live()))
@@ -255,8 +235,8 @@ class GatewayWorkers:
                 if old is not None:
                     with contextlib.suppress(Exception):
                         await old.stop(0.0)  # what is left of it
-                self.workers[i] = await self.start(with_ports(self.config_of(cfg, i), http_port=_port(self.http_url),
-                                                              grpc_port=_port(self.grpc_url)), worker_name(i))
+                self.workers[i] = await self.start(with_ports(self.config_of(cfg, i), http_port=port_of(self.http_url),
+                                                              grpc_port=port_of(self.grpc_url)), worker_name(i))
             return dead
 
     def _live(self) -> list[GatewayProcess]:
@@ -269,6 +249,15 @@ class GatewayWorkers:
         return w
 
 
+def _everywhere(parts: Sequence[dict[str, bool]]) -> dict[str, bool]:
+    """Engine id -> taking requests at every worker that relays to it."""
+    out: dict[str, bool] = {}
+    for part in parts:
+        for rid, up in part.items():
+            out[rid] = out.get(rid, True) and up
+    return out
+
+
 def _summed(parts: Sequence[Sequence[Sample]]) -> list[Sample]:
     total: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
     for part in parts:
@@ -278,18 +267,14 @@ def _summed(parts: Sequence[Sequence[Sample]]) -> list[Sample]:
     return [(name, dict(labels), v) for (name, labels), v in total.items()]
 
 
-def _port(url: str) -> int:
-    return int(url.rsplit(":", 1)[1])
-
-
-async def start_workers(cfg: GatewayConfig, n: int, start: StartFn, drain_timeout: float = 30.0) -> GatewayWorkers:
+async def start_workers(cfg: GatewayConfig, n: int, start: StartFn) -> GatewayWorkers:
     """``cfg`` served by ``n`` new workers on shared ports (ports 0: free ones, picked once);
     returns once all serve. If one cannot start, those started are stopped and its error raised."""
     host = cfg.listen.host
     shared = with_ports(cfg.model_copy(deep=True), http_port=cfg.listen.http_port or free_reusable_port(host),
                         grpc_port=cfg.listen.grpc_port or free_reusable_port(host))
     shared.base_dir = cfg.base_dir
-    gw = GatewayWorkers([None] * n, start, drain_timeout)
+    gw = GatewayWorkers([None] * n, start)
     gw.deal(shared, range(n))
     started: list[GatewayProcess] = []
     try:
@@ -306,33 +291,33 @@ async def start_workers(cfg: GatewayConfig, n: int, start: StartFn, drain_timeou
     return gw
 
 
-def adopt_workers(found: Sequence[GatewayProcess | None], start: StartFn, drain_timeout: float = 30.0) -> GatewayWorkers:
+def adopt_workers(found: Sequence[GatewayProcess | None], start: StartFn) -> GatewayWorkers:
     """The workers a previous controller started, taken over as they run (None: one that is
     gone, started again by :meth:`GatewayWorkers.heal`); each replica stays where it is served."""
-    gw = GatewayWorkers(found, start, drain_timeout)
+    gw = GatewayWorkers(found, start)
     for i, w in enumerate(found):
         for rid, model in ((w.models or {}) if w is not None else {}).items():
             gw.home[rid], gw.model_of[rid] = i, model
     return gw
 
 
-def gateway_factory(store: DirStateStore, workers: int, drain_timeout: float = 30.0):  # noqa: ANN201
+def gateway_factory(store: DirStateStore, workers: int):  # noqa: ANN201
     """How the controller starts and takes over its gateway: ``(start(cfg), adopt(processes))``.
     One process (``workers`` 1) or :class:`GatewayWorkers`.
     ``adopt`` takes the state's processes and returns None when no gateway process of them runs."""
-    def one(cfg: GatewayConfig, name: str) -> Any:
+    def worker(cfg: GatewayConfig, name: str) -> Any:
         return start_gateway(store, cfg, name=name, reuse_port=True)
 
     async def start(cfg: GatewayConfig) -> Any:
         if workers == 1:
             return await start_gateway(store, cfg)
-        return await start_workers(cfg, workers, one, drain_timeout)
+        return await start_workers(cfg, workers, worker)
 
     async def adopt(procs: dict[str, Any]) -> Any:
         recs = [procs.get(worker_name(i)) for i in range(workers)]
         if not any(alive(r) for r in recs):
             return None
         found = [await adopt_gateway(store, r) if alive(r) else None for r in recs]  # type: ignore[arg-type]
-        return found[0] if workers == 1 else adopt_workers(found, one, drain_timeout)
+        return found[0] if workers == 1 else adopt_workers(found, worker)
 
     return start, adopt
