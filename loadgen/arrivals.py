@@ -6,7 +6,7 @@ each one. Every process takes an injected ``numpy.random.Generator``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -297,24 +297,27 @@ class AzureReplay:
         ranked = sorted(pool, key=lambda i: (-totals[i], i))
         return [self.functions[i] for i in ranked[:k]]
 
-    def model_of(self) -> dict[str, str]:
+    def model_of(self, chosen: Sequence[AzureFunction] | None = None) -> dict[str, str]:
+        """Function -> model, over ``chosen`` (default :meth:`chosen`)."""
         explicit = dict(self.mapping)
         out = {}
-        for i, f in enumerate(self.chosen()):
+        for i, f in enumerate(self.chosen() if chosen is None else chosen):
             out[f.function] = explicit.get(f.function) or self.models[i % len(self.models)]
         return out
 
     def table(self) -> list[tuple[int, str, int, str]]:
         """The mapping, as printed: (rank, function hash, invocations replayed, model)."""
-        fmap = self.model_of()
-        return [(k + 1, f.function, int(self._counts(f).sum()), fmap[f.function]) for k, f in enumerate(self.chosen())]
+        chosen = self.chosen()
+        fmap = self.model_of(chosen)
+        return [(k + 1, f.function, int(self._counts(f).sum()), fmap[f.function]) for k, f in enumerate(chosen)]
 
     def schedule(self, rng: np.random.Generator) -> Schedule:
         if not self.models and not self.mapping:
             raise ValueError("trace replay needs models (or a function->model mapping)")
         if self.time_scale <= 0 or self.rate_scale <= 0 or self.cv <= 0:
             raise ValueError("time_scale, rate_scale and cv must be > 0")
-        fmap = self.model_of()
+        chosen = self.chosen()
+        fmap = self.model_of(chosen)
         names: list[str] = []
         minute_len = 60.0 / self.time_scale
         ts, idx = [], []
@@ -322,7 +325,7 @@ class AzureReplay:
         # shorter one with the same seed instead of reshuffling it
         base = int(rng.integers(2**63))
         position = {id(f): fi for fi, f in enumerate(self.functions)}
-        for f in self.chosen():
+        for f in chosen:
             fi = position[id(f)]
             counts = self._counts(f) * self.rate_scale
             mi = _index(names, fmap[f.function])

@@ -6,6 +6,7 @@ The CLI and in-process callers (benchmarks) build one ``LoadSpec`` and hand it t
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
@@ -269,10 +270,10 @@ class LoadSpec(BaseModel):
     def trace_replay(self) -> arrivals.AzureReplay:
         """The trace replay ``arrival: trace`` runs: which functions, onto which models
         (:meth:`~loadgen.arrivals.AzureReplay.table`), over the minutes the run covers."""
-        funcs = arrivals.read_azure_trace(self.trace)  # type: ignore[arg-type]
+        funcs = _trace_functions(self.trace)  # type: ignore[arg-type]
         minutes = int(np.ceil((self.warmup_s + self.duration_s) * self.time_scale / 60.0)) + 1
         return arrivals.AzureReplay(
-            tuple(funcs), self.models, time_scale=self.time_scale, rate_scale=self.rate_scale,
+            funcs, self.models, time_scale=self.time_scale, rate_scale=self.rate_scale,
             cv=self.trace_cv, start_minute=self.trace_start_minute, minutes=minutes,
             top=self.trace_top, sample=self.trace_sample, seed=self.trace_seed,
         )
@@ -316,3 +317,18 @@ class LoadSpec(BaseModel):
                 end += (end - float(rest.times[0])) / (len(rest) - 1)
             return cut, max(end - self.warmup_s, 1e-6)
         return sched, self.duration_s
+
+
+def _trace_functions(path: Path) -> tuple[arrivals.AzureFunction, ...]:
+    """The trace file's functions, read once while the file stays as it is (a run prints the
+    mapping, then builds its schedule: the real Azure file is read once, not twice)."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return tuple(arrivals.read_azure_trace(path))  # says why, naming the file
+    return _read_trace(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_trace(path: str, mtime_ns: int, size: int) -> tuple[arrivals.AzureFunction, ...]:
+    return tuple(arrivals.read_azure_trace(path))

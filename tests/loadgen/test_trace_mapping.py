@@ -88,7 +88,13 @@ def write_trace(path: Path) -> Path:
     return path
 
 
-def test_headrace_sim_prints_the_mapping_it_replays(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_headrace_sim_prints_the_mapping_it_replays(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import loadgen.arrivals as arrivals
+
+    reads: list[str] = []
+    read = arrivals.read_azure_trace
+    monkeypatch.setattr(arrivals, "read_azure_trace", lambda path: (reads.append(str(path)), read(path))[1])
     doc = {"models": [{"name": m, "slo_ms": 100, "max_batch": 16, "replicas": [
         {"url": f"127.0.0.1:{9000 + k}", "variant": "resnet50", "id": f"{m}-r0",
          "profile": "resnet50@A100-80GB/1g.10gb"}]} for k, m in enumerate(("a", "b"))]}
@@ -100,5 +106,6 @@ def test_headrace_sim_prints_the_mapping_it_replays(tmp_path: Path, capsys: pyte
     assert rc == 0, err
     assert "trace mapping: 2 functions, 10,200 invocations" in err
     assert "  a: 1 functions, 9,000 invocations (88.2%)" in err and "  b: 1 functions, 1,200" in err
+    assert reads == [str(tmp_path / "t.csv")]  # printed and replayed from one read of the file
     assert headrace(["sim", "-f", str(tmp_path / "gw.yaml"), "--trace-top", "2"]) == 2
     assert "trace_top and trace_sample need arrival 'trace'" in capsys.readouterr().err
