@@ -561,3 +561,16 @@ def test_an_old_engine_that_cannot_be_taken_out_stays_in_the_plan_and_the_next_a
     asyncio.run(ctl.apply(docs("llama-3.1-8b-instruct-int4", "b.yaml")))
     assert {r.id for r in ctl.llm_plan.replicas} == {new} == ctl.engines.running  # type: ignore[union-attr]
     assert ctl.failure is None
+
+
+def test_a_changed_gateway_worker_count_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    from profiles.schema import SpecError
+
+    versioned_model(tmp_path)
+    ctl = started(tmp_path, scaler_docs(tmp_path, 1))
+    before, steps = serving(ctl), len(ctl.runtime.log)  # type: ignore[union-attr]
+    more = scaler_docs(tmp_path, 1).replace("    grpc_port: 0\n", "    grpc_port: 0\n  workers: 2\n")
+    assert "workers: 2" in more
+    with pytest.raises(SpecError, match=r"spec.workers 1 -> 2: .*headrace down, then up"):
+        asyncio.run(ctl.apply(more))
+    assert serving(ctl) == before and len(ctl.runtime.log) == steps and ctl.generation == 1  # type: ignore[union-attr]
