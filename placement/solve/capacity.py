@@ -1,22 +1,38 @@
 """Capacity model: the highest request rate one replica sustains while meeting an SLO.
 
-A replica running batches of ``b`` back to back serves ``b / t(b)`` requests per second, and
-in that steady state ``b`` requests arrive while one batch runs. A request arriving just as a
-batch starts waits for it, ``t(b)``, and then for everything that arrived meanwhile to be
-served: at Poisson arrivals that is ``q(b)`` requests, the :data:`ARRIVAL_QUANTILE` of a
-Poisson count with mean ``b``, drained in batches of at most the max batch (``drain``). The
-rule:
+The replica is a batch queue: the gateway's batcher starts a batch whenever the replica is
+free, taking what is queued up to the max batch, and a batch of ``b`` takes ``t(b)`` (the
+gateway's own predictor, :meth:`profiles.profile.Profile.latency` at p99, and under MPS
+:func:`profiles.sharing.mps_latency` with neighbours assumed busy). At a Poisson rate ``r``
+the rule asks how late the :data:`SERVED` share of requests can be, two ways, and keeps the
+larger:
 
-    t(b) + drain(q(b)) <= SLO          capacity = max over such b of  b / t(b)
+- **Cycle by cycle** (:func:`cycle_wait`). The batch size follows the map ``x -> r t(x)``
+  (a batch of ``x`` runs while ``r t(x)`` arrive). Its steady point is the equilibrium
+  ``x = r t(x)`` (``t`` read linearly between sizes) just below the *steady batch*: the least
+  size from which every larger batch keeps up (serves at least ``r``), so that a burst,
+  even through a dip in rows per second (MPS-slowed curves have them), drains. Around it the
+  batch size is an AR(1) process whose coefficient is the map's slope over the burst,
+  ``phi = r (t(q) - t(x)) / (q - x)``, and whose spread is the Poisson count's
+  (:data:`ARRIVAL_QUANTILE`) widened by ``1 / sqrt(1 - phi**2)``; what would exceed the
+  max batch is backlog, the other view's. A request waits for half the batch in flight on
+  average and then runs in the next one; both are read at that spread. Near-proportional
+  curves (small MPS shares, where a larger batch is barely cheaper per row) have ``phi``
+  near 1 and wide swings.
+- **Backlog across cycles** (:func:`backlog_wait`). Work arrives at ``r`` times the cost of
+  a row in the batch a burst forms (the cycle view's, at most ``B``); the queue of that work
+  is an M/D/1 queue, whose :data:`SERVED` quantile of waiting comes from the Cramer-Lundberg
+  approximation ``P(W > x) ~ C exp(-theta x)``, after the batch in flight and before its own.
+  Near the replica's saturation this is what binds.
 
-with ``t`` the gateway batcher's own predictor (:meth:`profiles.profile.Profile.latency` at
-p99) and under MPS :func:`profiles.sharing.mps_latency` with neighbours assumed busy (the
-profile's interference factor always applies to a share below 1). The quantile is 99.9%, not
-99%: a cycle that overflows delays a whole batch of requests, so for 99% of *requests* in time
-overflowing cycles must be about a batch size rarer. Checked against the EDF batcher itself in
-virtual time (``tests/placement/test_placement.py``): the rule lands within 2% of the highest Poisson
-rate at 99% attainment on every reference case tried (ResNet-50 1g.10gb at 100 ms: 321.6 vs
-322.9 req/s), where the deterministic-arrival rule ``2 t(b) <= SLO`` said 352.
+The max batch ``B`` of a planned replica is the batch size with the most rows per second
+(the largest on ties), never more than the profile's: a batch past it serves fewer rows per
+second and, under load, only makes a backlog worse (on MPS-slowed curves ``t(2)`` can exceed
+``2 t(1)``, and such a replica runs batches of one). Capacity is the largest rate, from
+every steady batch size and a grid of fractions of ``B / t(B)``, whose wait fits the SLO.
+It is checked against the gateway's own batcher in the simulator, at planned capacity and at
+planned / 0.9, over a stratified sample of every profile, slice and share the planner uses
+(``bench/capacity_check.py``; its worst kinds are ``tests/placement/test_capacity_kinds.py``).
 
 MPS shares come from a power-of-two grid (1, 1/2, 1/4, 1/8): such shares pack into slices
 exactly (first-fit decreasing fills every slice whenever their sum allows), which keeps the
@@ -31,20 +47,24 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from profiles.catalogue import GpuModel
 from profiles.profile import Profile, Quantile
 from profiles.sharing import mps_latencies, mps_latency
 
 SHARES = (1.0, 0.5, 0.25, 0.125)
 QUANTILE: Quantile = "p99"
-ARRIVAL_QUANTILE = 0.999  # of the Poisson count of arrivals during one batch
+SERVED = 0.99  # share of requests the capacity keeps in SLO
+ARRIVAL_QUANTILE = 0.9995  # of the Poisson count of arrivals during one batch
+SATURATION_GRID = tuple(i / 100 for i in range(30, 100))  # fractions of B / t(B) tried as rates
 
 
 @dataclass(frozen=True)
 class Capacity:
     rate: float  # requests per second at the SLO
-    batch: int  # the steady-state batch size reaching it
-    max_batch: int  # the replica's max batch: bursts drain in batches up to this size
+    batch: int  # the steady-state batch size at that rate
+    max_batch: int  # the replica's max batch: the batch size with the most rows per second
 
 
 def batch_latency(profile: Profile, batch: int, share: float = 1.0) -> float:
@@ -54,11 +74,15 @@ def batch_latency(profile: Profile, batch: int, share: float = 1.0) -> float:
     return mps_latency(profile, batch, share, busy_neighbours=True, quantile=QUANTILE)
 
 
-@lru_cache(maxsize=4096)
-def arrivals_during(batch: int) -> int:
+def arrivals_during(mean: float) -> int:
     """The :data:`ARRIVAL_QUANTILE` of the number of Poisson arrivals while one batch runs, in
-    the steady state where ``batch`` arrive on average."""
-    return max(1, poisson_quantile(ARRIVAL_QUANTILE, float(batch)))
+    the steady state where ``mean`` arrive on average (read to 0.01)."""
+    return _arrivals(round(max(mean, 0.01), 2))
+
+
+@lru_cache(maxsize=65536)
+def _arrivals(mean: float) -> int:
+    return max(1, poisson_quantile(ARRIVAL_QUANTILE, mean))
 
 
 def poisson_quantile(q: float, mean: float) -> int:
@@ -77,15 +101,110 @@ def poisson_quantile(q: float, mean: float) -> int:
     return k
 
 
-def worst_wait(profile: Profile, batch: int, share: float, top: int) -> float:
-    """Seconds from arriving as a batch of ``batch`` starts to being answered: that batch,
-    then the requests that arrived meanwhile, ``top`` at a time."""
-    return _wait(lambda b: batch_latency(profile, b, share), batch, top)
+def best_batch(lat: list[float], top: int) -> int:
+    """The batch size up to ``top`` with the most rows per second (the largest on ties);
+    ``lat[b]`` is a batch of ``b``'s seconds."""
+    return max(range(1, top + 1), key=lambda b: (b / lat[b], b))
 
 
-def _wait(latency, batch: int, top: int) -> float:  # noqa: ANN001  (batch size -> seconds)
-    full, rest = divmod(arrivals_during(batch), top)
-    return latency(batch) + full * latency(top) + (latency(rest) if rest else 0.0)
+def _rows_time(lat: np.ndarray, rows: np.ndarray, top: int) -> np.ndarray:
+    """Seconds to serve ``rows`` (rounded up) in batches of at most ``top``, full ones first."""
+    full, rest = np.divmod(np.maximum(1, np.ceil(rows - 1e-9)).astype(np.int64), top)
+    return full * lat[top] + np.where(rest > 0, lat[rest], 0.0)
+
+
+def _frac_time(lat: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """A batch's seconds at a fractional size (``lat`` read linearly between whole sizes,
+    and as a batch of one below one)."""
+    lo = np.clip(np.floor(rows).astype(np.int64), 1, len(lat) - 1)
+    hi = np.minimum(lo + 1, len(lat) - 1)
+    return lat[lo] + (np.maximum(rows, 1.0) - lo) * (lat[hi] - lat[lo])
+
+
+def _cycle_waits(lat: np.ndarray, rates: np.ndarray, batches: np.ndarray, top: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`cycle_wait` for many (rate, steady batch) pairs at once, with the batch a burst
+    forms (rows)."""
+    # the equilibrium x = rate t(x) on the segment below the steady batch (t read linearly):
+    # every larger batch keeps up, so the batch size map rate t(x) stays under x past it
+    b = batches.astype(float)
+    step = lat[batches] - lat[np.maximum(batches - 1, 0)]
+    eq = np.where(batches > 1, rates * (lat[np.maximum(batches - 1, 1)] - (b - 1) * step)
+                  / np.maximum(1.0 - rates * step, 1e-12), rates * lat[1])
+    eq = np.clip(eq, 1e-3, b)
+    q = np.array([arrivals_during(float(m)) for m in eq], dtype=float)
+    burst = q - eq
+    q = np.minimum(q, top)  # what exceeds the max batch is backlog (the other view)
+    phi = np.zeros_like(rates)
+    base = _frac_time(lat, eq)
+    for _ in range(3):  # the marginal cost is read over the burst it widens
+        slope = (_frac_time(lat, q) - base) / np.maximum(q - eq, 1e-9)
+        phi = np.clip(rates * slope, 0.0, 0.99)
+        q = np.minimum(eq + burst / np.sqrt(1.0 - phi * phi), top)
+    return 0.5 * _rows_time(lat, eq + phi * (q - eq), top) + _rows_time(lat, q, top), np.ceil(q - 1e-9)
+
+
+def cycle_wait(lat: list[float], rate: float, batch: int, top: int) -> float:
+    """A late request's seconds at ``rate`` with steady batch ``batch`` (see :func:`latency_at`):
+    half the batch in flight (it arrives at a uniform point of it) and its own batch, both at
+    the spread of an AR(1) batch size around the equilibrium (see the module docstring).
+    ``lat[b]`` is a batch of ``b``'s seconds, ``top`` the max batch."""
+    return float(_cycle_waits(np.asarray(lat, dtype=float), np.array([rate]), np.array([batch]), top)[0][0])
+
+
+def _backlog_waits(rates: np.ndarray, cost: float | np.ndarray) -> np.ndarray:
+    """:func:`backlog_wait` for many rates at once."""
+    rho = rates * cost
+    # P(W > 0) = rho: at rho <= 1 - SERVED the quantile is no wait (the approximation, an
+    # asymptote in x, overstates the tail there)
+    ok = (rho > 1.0 - SERVED) & (rho < 1.0 - 1e-9)
+    r = np.where(ok, rho, 0.5)
+    # x = theta * cost solves rho * (e^x - 1) = x; Newton from the lesser of 2 (1 - rho) / rho
+    # and 2 ln(1 / rho) + 2, both above the root, descends to it monotonically (the function
+    # is convex) in a few steps
+    x = np.minimum(2.0 * (1.0 - r) / r, 2.0 * np.log(1.0 / r) + 2.0)
+    for _ in range(40):
+        em1 = np.expm1(x)  # e^x - 1 without cancellation near rho = 1, where x is tiny
+        step = (r * em1 - x) / (r * em1 + r - 1.0)
+        x = x - step
+        if np.all(np.abs(step) <= 1e-9 * x):
+            break
+    c = (1.0 - r) / (r * np.expm1(x) + r - 1.0)
+    waits = np.maximum(0.0, np.log(c / (1.0 - SERVED)) * cost / x)
+    return np.where(ok, waits, np.where(rho <= 1.0 - SERVED, 0.0, math.inf))
+
+
+def backlog_wait(rate: float, cost: float) -> float:
+    """The :data:`SERVED` quantile of waiting in an M/D/1 queue of Poisson ``rate`` and ``cost``
+    seconds per request (Cramer-Lundberg: ``P(W > x) ~ C exp(-theta x)``, ``theta`` the root of
+    ``rate (exp(theta cost) - 1) = theta``, ``C = (1 - rho) / (rho exp(theta cost) - 1)``);
+    inf at or past saturation."""
+    return float(_backlog_waits(np.array([rate]), cost)[0])
+
+
+def _waits(lat: np.ndarray, rates: np.ndarray, batches: np.ndarray, top: int) -> np.ndarray:
+    """The rule's wait: the larger of the cycle-by-cycle and the backlog views."""
+    cycle, burst = _cycle_waits(lat, rates, batches, top)
+    rows = burst.astype(np.int64)
+    backlog = 2.0 * lat[batches] + _backlog_waits(rates, lat[rows] / rows)
+    return np.maximum(cycle, backlog)
+
+
+def _steady(lat: np.ndarray, rates: np.ndarray, top: int) -> np.ndarray:
+    """Each rate's steady batch: the least batch size from which every larger batch keeps up
+    with it (serves at least the rate). Where rows per second dip in the middle of a curve
+    (MPS-slowed curves can), a burst pushes the batch through the dip to there."""
+    eff = np.arange(1, top + 1) / lat[1:top + 1]
+    floor = np.minimum.accumulate(eff[::-1])[::-1]  # floor[i]: the least rows per second from i + 1 on
+    return np.minimum(np.searchsorted(floor, rates * (1.0 - 1e-12)) + 1, top)
+
+
+def latency_at(lat: list[float], rate: float, top: int) -> tuple[float, int]:
+    """(the rule's wait at ``rate``, the steady batch size) for a replica whose batches of
+    ``b <= top`` take ``lat[b]`` and whose max batch is ``top`` (see :func:`best_batch`)."""
+    arr = np.asarray(lat, dtype=float)
+    batch = _steady(arr, np.array([rate]), top)
+    return float(_waits(arr, np.array([rate]), batch, top)[0]), int(batch[0])
 
 
 def replica_capacity(profile: Profile, slo: float, share: float = 1.0, max_batch: int | None = None) -> Capacity | None:
@@ -99,25 +218,29 @@ def replica_capacity(profile: Profile, slo: float, share: float = 1.0, max_batch
 
 @dataclass(frozen=True)
 class _Table:
-    """Every batch size's worst wait for one curve and share, sorted, with the best rate so
-    far: answers any SLO exactly with one bisection."""
+    """The rule's wait at every candidate rate for one curve and share, sorted, with the best
+    rate so far: answers any SLO exactly with one bisection."""
 
-    waits: tuple[float, ...]  # sorted worst waits
-    best: tuple[Capacity, ...]  # best capacity among batches with worst wait <= waits[i]
+    waits: list[float]  # ascending: where the best rate so far rises
+    best: list[Capacity]  # the best capacity among rates with wait <= waits[i]
 
     @classmethod
     def build(cls, profile: Profile, share: float, top: int) -> _Table:
-        # each batch once, as batch_latency predicts it
+        # each batch once, as batch_latency predicts it; batches past the best are never run
         lat = profile.latencies(top, QUANTILE) if share >= 1.0 else mps_latencies(profile, top, share, QUANTILE)
-        pts = sorted((_wait(lat.__getitem__, b, top), b) for b in range(1, top + 1))
-        best: list[Capacity] = []
-        for _, b in pts:
-            t = lat[b]
-            if not best or b / t > best[-1].rate:
-                best.append(Capacity(b / t, b, top))
-            else:
-                best.append(best[-1])
-        return cls(tuple(w for w, _ in pts), tuple(best))
+        top = best_batch(lat, top)
+        arr = np.asarray(lat[:top + 1], dtype=float)
+        # every batch size's own rate, then fractions of saturation, where the backlog binds
+        rates = np.concatenate([np.arange(1, top + 1) / arr[1:], np.array(SATURATION_GRID) * (top / arr[top])])
+        batches = _steady(arr, rates, top)
+        waits = _waits(arr, rates, batches, top)
+        order = np.lexsort((-rates, waits))  # by wait, the higher rate first
+        order = order[np.isfinite(waits[order])]
+        r = rates[order]
+        rises = np.flatnonzero(r > np.concatenate([[-1.0], np.maximum.accumulate(r)[:-1]]))
+        keep = order[rises]
+        return cls([float(w) for w in waits[keep]],
+                   [Capacity(float(rates[i]), int(batches[i]), top) for i in keep])
 
     def query(self, slo: float) -> Capacity | None:
         i = bisect.bisect_right(self.waits, slo)

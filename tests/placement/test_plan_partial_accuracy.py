@@ -92,7 +92,8 @@ def test_guaranteed_demand_over_the_budget_is_an_error_not_a_partial_plan(method
 @pytest.mark.parametrize("method", ["greedy", "milp"])
 def test_a_best_effort_model_shed_whole_under_a_floor_is_reported_not_a_floor_violation(method):
     # g's accurate replicas take all 7 slices: b gets none, and its answers' accuracy is not asked
-    demands = [Demand("b", CAP, 0.1, priority="best-effort"), Demand("g", 3.0 * CAP, 0.1, headroom=1.1)]
+    # (an accurate replica serves 0.46 CAP: seven cover 2.8 CAP x 1.1, six do not)
+    demands = [Demand("b", CAP, 0.1, priority="best-effort"), Demand("g", 2.8 * CAP, 0.1, headroom=1.1)]
     plan = solve(demands, PS, pool(1, mean_accuracy_floor=ACCURATE), method, time_limit=10)
     plan.verify()
     assert [(s.model, s.placed) for s in plan.shortfall] == [("b", 0.0)]
