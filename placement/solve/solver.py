@@ -23,8 +23,10 @@ saying how many GPUs of which kind are missing. Best-effort demand fills what is
 overfull pool the plan is partial, with a :class:`placement.plan.Shortfall` per best-effort
 model placed short (:mod:`placement.solve.shortfall`).
 
-Replica floors (a demand's ``min_replicas``, and its ``min_count`` replicas in all) are met
-after either method by one pass over its GPUs, :func:`placement.solve.floors.spread`: distinct
+After either method, several replicas of one variant at small MPS shares on one slice become
+fewer at larger shares where those serve more (:func:`placement.solve.merge.merge_shares`).
+Replica floors (a demand's ``min_replicas``, and its ``min_count`` replicas in all) are then met
+by one pass over its GPUs, :func:`placement.solve.floors.spread`: distinct
 GPUs, distinct nodes where the pool has them, then the count on any GPUs, and a
 :class:`placement.plan.FloorShortfall` where the pool cannot.
 """
@@ -49,6 +51,7 @@ from placement.solve.candidates import (
 )
 from placement.solve.floors import placed, spread
 from placement.solve.greedy import greedy_choice, missing_text
+from placement.solve.merge import merge_shares
 from placement.solve.packing import pack
 from placement.solve.shortfall import capacities, shortfalls
 from profiles.profile import ProfileSet
@@ -117,8 +120,9 @@ def solve(demands: Sequence[Demand], profiles: ProfileSet, inventory: Inventory,
             # no integer solution within the limit: the greedy's plan stands, and says so
             gpus, chosen = g.gpus, g.start.chosen
             label += "->greedy"
+    gpus, merges = merge_shares(gpus, demands, profiles)
     gpus, floors = spread(gpus, demands, inventory, profiles, cands, options)
-    caps = placed(gpus, demands) if any(d.floored for d in demands) else capacities(cands, chosen)
+    caps = placed(gpus, demands) if merges or any(d.floored for d in demands) else capacities(cands, chosen)
     short = shortfalls(demands, inventory, cands, options, caps)
     # NOTE: the bound is the floorless problem's, a floor only adds constraints: still a lower bound
     lb, lb_s = timed_bound(demands, inventory, cands, options, bound and not short, clock, lower)
