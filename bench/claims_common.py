@@ -56,7 +56,7 @@ def command(name: str, d: dict[str, Any]) -> str:
 def commit(d: dict[str, Any]) -> str | None:
     """The commit the results record (the tree the benchmark ran on), if they record one."""
     return (d.get("commit") or d.get("conditions", {}).get("git") or d.get("version", {}).get("commit")
-            or d.get("headrace", {}).get("commit"))
+            or d.get("headrace", {}).get("commit") or d.get("meta", {}).get("commit"))
 
 
 # ----------------------------------------------------------------------------- formatting

@@ -25,6 +25,7 @@ def _one(fn: str) -> Callable[[Any, dict], str]:
 
 RENDERERS: dict[str, tuple[str, Callable[[Any, dict], str]]] = {
     "admission_tradeoff": ("admission_tradeoff", _one("markdown")),
+    "capacity_check": ("capacity_check", _one("markdown")),
     "emulator_fidelity": ("emulator_fidelity", _one("markdown")),
     "fleet_study": ("fleet_study", _one("markdown")),
     "gateway_overhead": ("gateway_overhead", _one("markdown")),
