@@ -132,7 +132,7 @@ def _cycle_waits(lat: np.ndarray, rates: np.ndarray, batches: np.ndarray, top: i
     eq = np.where(batches > 1, rates * (lat[np.maximum(batches - 1, 1)] - (b - 1) * step)
                   / np.maximum(1.0 - rates * step, 1e-12), rates * lat[1])
     eq = np.clip(eq, 1e-3, b)
-    q = np.array([arrivals_during(float(m)) for m in eq], dtype=float)
+    q = np.array([arrivals_during(m) for m in eq.tolist()], dtype=float)
     burst = q - eq
     q = np.minimum(q, top)  # what exceeds the max batch is backlog (the other view)
     phi = np.zeros_like(rates)
@@ -222,7 +222,9 @@ class _Table:
     rate so far: answers any SLO exactly with one bisection."""
 
     waits: list[float]  # ascending: where the best rate so far rises
-    best: list[Capacity]  # the best capacity among rates with wait <= waits[i]
+    rates: list[float]  # the best rate among rates with wait <= waits[i]
+    batches: list[int]  # its steady batch
+    top: int  # the max batch
 
     @classmethod
     def build(cls, profile: Profile, share: float, top: int) -> _Table:
@@ -239,12 +241,11 @@ class _Table:
         r = rates[order]
         rises = np.flatnonzero(r > np.concatenate([[-1.0], np.maximum.accumulate(r)[:-1]]))
         keep = order[rises]
-        return cls([float(w) for w in waits[keep]],
-                   [Capacity(float(rates[i]), int(batches[i]), top) for i in keep])
+        return cls(waits[keep].tolist(), rates[keep].tolist(), batches[keep].tolist(), top)
 
     def query(self, slo: float) -> Capacity | None:
         i = bisect.bisect_right(self.waits, slo)
-        return self.best[i - 1] if i else None
+        return Capacity(self.rates[i - 1], self.batches[i - 1], self.top) if i else None
 
 
 _TABLES: dict[tuple, _Table] = {}
