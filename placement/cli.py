@@ -26,6 +26,7 @@ digits family's measured profiles and the profile files the deployments' variant
 examples:
   headrace plan -f placement/examples/pool.yaml -f placement/examples/models.yaml
   headrace plan -f pool.yaml -f models.yaml --method milp --time-limit 5
+  headrace plan -f pool.yaml -f models.yaml --bound        # greedy, and how far from optimal
   headrace plan -f pool.yaml -f models.yaml --objective accuracy --max-gpus 2 --method milp
   headrace plan -f pool.yaml -f models.yaml --mean-accuracy-floor 0.79 --method milp
   headrace plan -f pool.yaml -f models.yaml --apply --executor dry-run
@@ -48,6 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="objective accuracy: cost per hour the plan may reach (overrides max_cost_per_hour)")
     p.add_argument("--mean-accuracy-floor", type=float, default=None, metavar="F",
                    help="every model's predicted mean accuracy of answers >= F (overrides mean_accuracy_floor)")
+    p.add_argument("--bound", action="store_true",
+                   help="greedy: also compute the lower bound on GPUs (or cost) and the plan's gap to it, "
+                        "seconds more on a large fleet (the MILP always computes it)")
     p.add_argument("--output", choices=("table", "yaml", "both"), default="both")
     p.add_argument("--apply", action="store_true", help="apply the plan with --executor")
     p.add_argument("--executor", choices=EXECUTORS, default="dry-run")
@@ -62,9 +66,10 @@ def render(plan: Plan, console: Console) -> None:
                       f", max ${inv.max_cost_per_hour:g}/h" if inv.max_cost_per_hour is not None else "",
                       f", mean accuracy floor {inv.mean_accuracy_floor:g}" if inv.mean_accuracy_floor is not None else ""])
     # NOTE: escaped: a method such as milp[time-limit] reads as rich markup
+    bound = (f"lower bound {plan.lower_bound:g}, gap {plan.gap:.1%}" if plan.gap != float("inf")
+             else "no lower bound (--bound computes it)")
     t = Table(title=f"plan ({escape(plan.method)}, objective {inv.objective}{budget}): {plan.gpu_count} GPUs, "
-                    f"${plan.cost_per_hour:.2f}/h, lower bound {plan.lower_bound:g}, gap {plan.gap:.1%}, "
-                    f"{plan.solve_seconds:.2f} s")
+                    f"${plan.cost_per_hour:.2f}/h, {bound}, {plan.solve_seconds:.2f} s")
     for col in ("GPU", "model", "slice", "MPS share", "variant", "max batch", "req/s"):
         t.add_column(col, justify="right" if col in ("MPS share", "max batch", "req/s") else "left")
     for g in plan.used():
@@ -111,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         inv, demands, profiles = load(args.file, args.profiles, args)
-        plan = solve(demands, profiles, inv, args.method, time_limit=args.time_limit)
+        plan = solve(demands, profiles, inv, args.method, time_limit=args.time_limit,
+                     bound=args.method != "greedy" or args.bound)
         plan.verify()
     except (SpecError, SolverError, ProfileError, PlanError, CatalogueError) as e:
         return fail(e)

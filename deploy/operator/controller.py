@@ -470,7 +470,8 @@ class Controller(Autoscaler, Healer):
         llm, inv = place(want.llm, inventory(single_pool(want.docs, ["apply"])), self.llm_plan, busy)
         demands = want.demands(self.rates)
         if self.plan is None or llm.gpus & busy:  # an LLM took a GPU of the running plan: plan afresh
-            d = diff(self.plan, stamp(solve(demands, want.profiles, inv, self.method), want.revisions), want.surge)
+            fresh = solve(demands, want.profiles, inv, self.method, bound=self.method != "greedy")  # no gap needed
+            d = diff(self.plan, stamp(fresh, want.revisions), want.surge)
         else:
             _, d = replan(self.plan, demands, want.profiles, inv, self.method, revisions=want.revisions,
                           surge=want.surge)

@@ -28,7 +28,8 @@ def plan_for(text: str, base: ProfileSet, method: str = "greedy") -> tuple[Desir
     from placement.spec import inventory, single_pool  # noqa: PLC0415
 
     want = prepare(text, base, "render-serve")
-    plan = solve(want.demands({}), want.profiles, inventory(single_pool(want.docs, ["render-serve"])), method)
+    plan = solve(want.demands({}), want.profiles, inventory(single_pool(want.docs, ["render-serve"])), method,
+                 bound=method != "greedy")
     plan.verify()
     return want, plan
 

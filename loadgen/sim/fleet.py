@@ -168,7 +168,7 @@ def _operator_fleet(files: tuple[str, ...], docs: Documents, overrides: Mapping[
     if len(docs.gateways) > 1:
         raise FleetError(f"{list(files)}: at most one Gateway document, found {len(docs.gateways)}")
     settings = docs.gateways[0].spec if docs.gateways else None
-    plan = solve(demands, profile_set, inv, method)
+    plan = solve(demands, profile_set, inv, method, bound=method != "greedy")
     plan.verify()
     return plan_fleet(plan, profile_set, settings, overrides, "operator documents " + ", ".join(files), files)
 
