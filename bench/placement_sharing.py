@@ -30,7 +30,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.fleet import SEED, generate
-from bench.output import write_results
+from bench.output import git_commit, write_results
 from loadgen.sim.fleet import plan_fleet
 from loadgen.sim.run import SimOptions, run_sim
 from loadgen.spec import LoadSpec
@@ -190,7 +190,7 @@ def _attained(a: dict) -> str:
 
 def markdown(planner: dict, sim: dict, meta: dict) -> str:
     lines = ["# Guaranteed and best-effort placement: GPUs saved at equal guaranteed attainment", "",
-             f"`{meta['command']}` on {meta['machine']}. Fleet: `bench.fleet` seed {planner['seed']} "
+             f"`{meta['command']}`{' at commit ' + meta['commit'] if meta.get('commit') else ''} on {meta['machine']}. Fleet: `bench.fleet` seed {planner['seed']} "
              f"({planner['models']} models, {planner['best_effort_models']} best-effort, headroom 1.1, on "
              f"{planner['pool_gpus']} GPUs). Without the split: every model planned as guaranteed (the planner "
              "before priority classes reached it). With it: guaranteed first with its headroom, best-effort at "
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(planner), flush=True)
     sim = sim_section(args.sim_models, args.sim_gpus, args.seed, args.sim_rate_scale, args.sim_duration)
     meta = {"command": "python -m bench.placement_sharing " + " ".join(sys.argv[1:] if argv is None else argv),
-            "machine": f"{platform.machine()} {platform.python_version()}"}
+            "machine": f"{platform.machine()} {platform.python_version()}", "commit": git_commit()}
     text = markdown(planner, sim, meta)
     write_results(args.out, "placement_sharing", {"meta": meta, "planner": planner, "sim": sim}, text)
     print(text)
