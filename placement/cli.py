@@ -66,8 +66,10 @@ def render(plan: Plan, console: Console) -> None:
                       f", max ${inv.max_cost_per_hour:g}/h" if inv.max_cost_per_hour is not None else "",
                       f", mean accuracy floor {inv.mean_accuracy_floor:g}" if inv.mean_accuracy_floor is not None else ""])
     # NOTE: escaped: a method such as milp[time-limit] reads as rich markup
-    bound = (f"lower bound {plan.lower_bound:g}, gap {plan.gap:.1%}" if plan.gap != float("inf")
-             else "no lower bound (--bound computes it)")
+    if plan.gap != float("inf"):
+        bound = f"lower bound {plan.lower_bound:g}, gap {plan.gap:.1%}"
+    else:  # the greedy computes none unless asked; an accuracy plan may have none
+        bound = "no bound" + (" (--bound computes it)" if plan.method.startswith("greedy") else "")
     t = Table(title=f"plan ({escape(plan.method)}, objective {inv.objective}{budget}): {plan.gpu_count} GPUs, "
                     f"${plan.cost_per_hour:.2f}/h, {bound}, {plan.solve_seconds:.2f} s")
     for col in ("GPU", "model", "slice", "MPS share", "variant", "max batch", "req/s"):

@@ -552,6 +552,20 @@ def test_cli_plans_the_examples_and_prints_dry_run_commands(capsys):
     assert rc == 2 and "no ModelDeployment documents" in capsys.readouterr().err
 
 
+def test_the_greedy_computes_its_lower_bound_only_when_asked(capsys):
+    from deploy.cli import main
+
+    files = ["-f", "placement/examples/pool.yaml", "-f", "placement/examples/models.yaml"]
+    assert main(["plan", *files, "--output", "both"]) == 0
+    out = capsys.readouterr().out
+    assert "no bound (--bound computes it)" in out and "lower_bound: 0.0" in out and "gap: null" in out
+    assert main(["plan", *files, "--output", "both", "--bound"]) == 0
+    out = capsys.readouterr().out
+    assert "lower bound" in out and "gap: null" not in out
+    assert main(["plan", *files, "--output", "yaml", "--method", "milp"]) == 0  # the MILP always has it
+    assert "gap: null" not in capsys.readouterr().out
+
+
 def test_changing_a_gpu_from_whole_to_mig_breaks_first_and_says_so():
     ps = ProfileSet([fake_profile("m", "gpu"), fake_profile("m", "3g.40gb")])
     d = Demand("m", 10.0, 0.1)
