@@ -269,74 +269,81 @@ def profile_to_dict(p: Profile) -> dict:
     return {"apiVersion": API_VERSION, "kind": "Profile", "metadata": {"name": p.name}, "spec": spec}
 
 
-_STR, _MAP, _SEQ = "tag:yaml.org,2002:str", "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
-_MERGE = "tag:yaml.org,2002:merge"
-# constructors that build containers (a scalar node under these tags is an error PyYAML reports)
-_NOT_SCALAR = {_MAP, _SEQ, "tag:yaml.org,2002:omap", "tag:yaml.org,2002:pairs", "tag:yaml.org,2002:set"}
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser where PyYAML has it
+# tags of containers (a scalar under one is an error PyYAML reports)
+_NOT_SCALAR = frozenset({"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq", "tag:yaml.org,2002:omap",
+                         "tag:yaml.org,2002:pairs", "tag:yaml.org,2002:set"})
+_NO_KEY, _IN_LIST = object(), object()  # an open mapping awaiting its next key; an open list
 
 
-class _YamlLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """libyaml's C loader when PyYAML was built with it (a fleet's profile files parse ~10x
-    faster), and two shortcuts that halve the rest of the time on a fleet's megabytes of
-    repeated profiles: each distinct plain scalar's tag is resolved, and its value built, once,
-    and plain mappings, lists and strings are built in one pass. Any other node (merge keys, explicit tags, keys
-    that are not scalars) is built the generic way, so the result is PyYAML's."""
+class _NotPlain(Exception):
+    """A YAML stream holds more than plain mappings, lists and scalars."""
 
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._tags: dict[tuple[str, tuple[bool, bool]], str] = {}
-        self._built: dict[int, object] = {}
-        self._scalars: dict[tuple[str, str], object] = {}
 
-    def resolve(self, kind, value, implicit):  # noqa: ANN001, ANN201  (PyYAML's resolver hook)
-        if kind is not yaml.ScalarNode:
-            return super().resolve(kind, value, implicit)
-        key = (value, implicit)
-        tag = self._tags.get(key)
-        if tag is None:
-            tag = self._tags[key] = super().resolve(kind, value, implicit)
-        return tag
+def _yaml_documents(text: str) -> list:
+    """The documents of a YAML stream, as PyYAML's safe loader builds them (libyaml's parser
+    where PyYAML has it, ~10x faster on a fleet's megabytes of profiles). Where every node is
+    plain (no anchor, alias or explicit tag, scalar keys, no merge key) they are built straight
+    from the parser's events, each distinct plain scalar resolved and built once; PyYAML would
+    compose a node for each first, taking half again as long. Any other stream is PyYAML's to
+    load, so the result is always its."""
+    loader = _SAFE_LOADER(text)
+    try:
+        return _plain_documents(loader)
+    except _NotPlain:
+        return list(yaml.load_all(text, Loader=_SAFE_LOADER))
+    finally:
+        loader.dispose()
 
-    def construct_document(self, node: yaml.Node) -> object:
-        try:
-            return self._build(node)
-        finally:
-            self._built.clear()
-            self.constructed_objects, self.recursive_objects, self.deep_construct = {}, {}, False
 
-    def _build(self, node: yaml.Node) -> object:
-        tag = node.tag
-        if type(node) is yaml.ScalarNode:
-            if tag == _STR:
-                return node.value
-            key = (tag, node.value)
-            value = self._scalars.get(key, self)
-            if value is not self:
-                return value
-            scalar = self.yaml_constructors.get(tag)
-            if scalar is not None and tag not in _NOT_SCALAR:
-                value = self._scalars[key] = scalar(self, node)  # numbers, dates, bytes: immutable
-                return value
-        done = self._built.get(id(node), self)
-        if done is not self:
-            return done  # an alias
-        if tag == _SEQ and type(node) is yaml.SequenceNode:
-            out: object = []
-            self._built[id(node)] = out
-            out.extend([self._build(v) for v in node.value])  # type: ignore[attr-defined]
-        elif tag == _MAP and type(node) is yaml.MappingNode and all(
-                type(k) is yaml.ScalarNode and k.tag != _MERGE for k, _ in node.value):
-            out = {}
-            self._built[id(node)] = out
-            for k, v in node.value:
-                out[self._build(k)] = self._build(v)  # type: ignore[index]
+def _plain_documents(loader: yaml.SafeLoader) -> list:
+    """:func:`_yaml_documents` from ``loader``'s events; :class:`_NotPlain` at a node that is not plain."""
+    docs: list = []
+    scalars: dict[str, object] = {}  # plain scalar -> its value (str, int, float, bool, None, date)
+    open_: list[dict | list] = []  # the containers being built, innermost last
+    keys: list[object] = []  # beside each: its pending key (_NO_KEY before one), _IN_LIST for a list
+    constructors = loader.yaml_constructors
+    while True:
+        ev = loader.get_event()
+        kind = type(ev)
+        if kind is yaml.ScalarEvent:
+            if ev.anchor is not None or ev.tag not in (None, "!"):
+                raise _NotPlain
+            value = ev.value
+            if ev.implicit[0]:  # plain: the resolver's tag, as PyYAML's composer asks
+                value = scalars.get(ev.value, _NO_KEY)
+                if value is _NO_KEY:
+                    tag = loader.resolve(yaml.ScalarNode, ev.value, ev.implicit)
+                    build = constructors.get(tag)
+                    if build is None or tag in _NOT_SCALAR:  # a merge key, or a tag PyYAML refuses
+                        raise _NotPlain
+                    value = scalars[ev.value] = build(loader, yaml.ScalarNode(tag, ev.value, ev.start_mark,
+                                                                               ev.end_mark))
+        elif kind is yaml.MappingStartEvent or kind is yaml.SequenceStartEvent:
+            if ev.anchor is not None or ev.tag is not None or (keys and keys[-1] is _NO_KEY):
+                raise _NotPlain  # a container as a mapping's key, too
+            mapping = kind is yaml.MappingStartEvent
+            open_.append({} if mapping else [])
+            keys.append(_NO_KEY if mapping else _IN_LIST)
+            continue
+        elif kind is yaml.MappingEndEvent or kind is yaml.SequenceEndEvent:
+            keys.pop()
+            value = open_.pop()
+        elif kind is yaml.AliasEvent:
+            raise _NotPlain
+        elif kind is yaml.StreamEndEvent:
+            return docs
+        else:  # stream start, document start and end
+            continue
+        if not open_:
+            docs.append(value)
+        elif keys[-1] is _IN_LIST:
+            open_[-1].append(value)  # type: ignore[union-attr]
+        elif keys[-1] is _NO_KEY:
+            keys[-1] = value
         else:
-            out = self.construct_object(node, deep=True)
-            self._built[id(node)] = out
-        return out
-
-
-_YAML_LOADER = _YamlLoader
+            open_[-1][keys[-1]] = value  # type: ignore[call-overload]
+            keys[-1] = _NO_KEY
 
 
 class ProfileSet:
@@ -422,7 +429,7 @@ def load_profiles(path: str | Path) -> list[Profile]:
     docs = _json_documents(path, text)
     if docs is None:
         try:
-            docs = [d for d in yaml.load_all(text, Loader=_YAML_LOADER) if d is not None]
+            docs = [d for d in _yaml_documents(text) if d is not None]
         except yaml.YAMLError as e:
             raise ProfileError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
     flat: list[tuple[str, object]] = []
