@@ -99,7 +99,8 @@ def candidates(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventory,
     pick. Candidates are built only for what survives both."""
     out: list[Candidate] = []
     curves = CurveCapacity()
-    caps: dict[tuple, Capacity | None] = {}  # by (curve, interference, max batch, share, SLO)
+    # by SLO, then curve (points, interference, max batch), then share: a capacity or None
+    caps: dict[float, dict[tuple, dict[float, Capacity | None]]] = {}
     kinds = []  # per class: (class index, [(slice kind, memory MB, fraction, shares)])
     for ci, c in enumerate(inv.classes):
         g = gpu_model(c.gpu)
@@ -107,10 +108,15 @@ def candidates(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventory,
                                    legal_shares(g, k, c.mps and opts.mps)) for k in _slice_kinds(c, opts)]))
     for mi, d in enumerate(demands):
         req, slo = d.required, d.slo
-        by_slice: dict[tuple[str, str], list[tuple[Profile, float]]] = defaultdict(list)
+        at_slo = caps.setdefault(slo, {})
+        # per (GPU, slice kind): each allowed profile, its accuracy, memory and capacities by share
+        by_slice: dict[tuple[str, str], list[tuple[Profile, float, float, dict[float, Capacity | None]]]] = \
+            defaultdict(list)
         for p in profiles.find(model=d.model):
             if d.allows(p):
-                by_slice[(p.gpu, p.slice)].append((p, p.accuracy if p.accuracy is not None else -1.0))
+                by_slice[(p.gpu, p.slice)].append((p, p.accuracy if p.accuracy is not None else -1.0, p.memory_mb,
+                                                   at_slo.setdefault((id(p.points), p.mps_interference,
+                                                                      p.max_batch), {})))
         for ci, gpu, slices in kinds:
             for k, memory_mb, frac, shares in slices:
                 profs = by_slice.get((gpu, k))
@@ -118,22 +124,23 @@ def candidates(demands: Sequence[Demand], profiles: ProfileSet, inv: Inventory,
                     continue
                 kept: list[tuple[float, float, float, Profile, Capacity]] = []  # share, served, accuracy
                 for share in shares:
-                    group: list[tuple[float, float, Profile, Capacity]] = []
-                    for p, acc in profs:
-                        if p.memory_mb > memory_mb * share:
+                    room = memory_mb * share
+                    # by capacity, then accuracy, both descending (ties in the profiles' order)
+                    group: list[tuple[float, float, int, Profile, Capacity]] = []
+                    for i, (p, acc, memory, by_share) in enumerate(profs):
+                        if memory > room:
                             continue
-                        key = (id(p.points), p.mps_interference, p.max_batch, share, slo)
-                        cap = caps.get(key, False)
+                        cap = by_share.get(share, False)
                         if cap is False:
-                            cap = caps[key] = curves.capacity(p, slo, share)
+                            cap = by_share[share] = curves.capacity(p, slo, share)
                         if cap is not None:
-                            group.append((cap.rate, acc, p, cap))
-                    group.sort(key=lambda t: (-t[0], -t[1]))
+                            group.append((-cap.rate, -acc, i, p, cap))
+                    group.sort()
                     best_acc = -2.0
-                    for rate, acc, p, cap in group:
-                        if acc > best_acc:
-                            kept.append((share, min(rate, req), acc, p, cap))
-                            best_acc = acc
+                    for _, neg_acc, _, p, cap in group:
+                        if -neg_acc > best_acc:
+                            kept.append((share, min(cap.rate, req), -neg_acc, p, cap))
+                            best_acc = -neg_acc
                 for share, rate, acc, p, cap in kept:
                     for s, r, a, _, _ in kept:
                         if s <= share and r >= rate and a >= acc and (s < share or r > rate or a > acc):
