@@ -67,6 +67,26 @@ class Greedy:
     missing: dict[int, int]
 
 
+@dataclass(frozen=True)
+class _Lookup:
+    """What every pass of the greedy reads of the candidates, built once for them all."""
+
+    index: dict[int, int]  # id(candidate) -> its index in the candidates
+    by_model: dict[int, list[Candidate]]  # model index -> its candidates, in their order
+    weights: dict[int, float]  # id(candidate) -> one replica's GPU cost: class weight x GPU fraction
+    layouts: dict[int, list[LayoutOption]]  # class index -> the layouts its GPUs can take
+
+    @classmethod
+    def of(cls, inv: Inventory, cands: list[Candidate], opts: Options) -> _Lookup:
+        by_model: dict[int, list[Candidate]] = defaultdict(list)
+        for c in cands:
+            by_model[c.model].append(c)
+        class_weight = [inv.weight(c) for c in inv.classes]
+        return cls({id(c): j for j, c in enumerate(cands)}, by_model,
+                   {id(c): class_weight[c.cls] * c.gpu_fraction for c in cands},
+                   {ci: layout_options(c, opts) for ci, c in enumerate(inv.classes)})
+
+
 def greedy_gpus(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate],
                 opts: Options) -> tuple[GpuPlan, ...]:
     """The greedy's GPUs; :class:`SolverError` if any demand does not fit the pool."""
@@ -99,36 +119,29 @@ def greedy_choice(demands: Sequence[Demand], inv: Inventory, cands: list[Candida
 
     # NOTE: neither phase 1 is better everywhere: cheapest covers win on fleets of many small
     # models, bulk replicas on fewer larger ones; the greedy keeps the cheaper plan
-    passes = [_greedy(demands, inv, cands, opts, split=True, cover=cover) for cover in (False, True)]
+    look = _Lookup.of(inv, cands, opts)
+    passes = [_greedy(demands, inv, look, split=True, cover=cover) for cover in (False, True)]
     best = min(passes, key=short)
     if best.missing or best.unplaced or len({d.guaranteed for d in demands}) < 2:
         return best
     cover = best is passes[1]
-    together = _greedy(demands, inv, cands, opts, split=False, cover=cover)
+    together = _greedy(demands, inv, look, split=False, cover=cover)
     if together.missing or together.unplaced:
         return best
     return together if spend(together) < spend(best) else best
 
 
-def _greedy(demands: Sequence[Demand], inv: Inventory, cands: list[Candidate], opts: Options,
-            split: bool, cover: bool) -> Greedy:
+def _greedy(demands: Sequence[Demand], inv: Inventory, look: _Lookup, split: bool, cover: bool) -> Greedy:
     """Guaranteed demand first (``split``), or every model in one pass; phase 1 takes each
     model's cheapest whole-replica cover (``cover``) or bulk replicas of its most efficient
     candidate."""
-    index = {id(c): j for j, c in enumerate(cands)}
+    index, by_model, weights, los = look.index, look.by_model, look.weights, look.layouts
     chosen: dict[int, int] = defaultdict(int)
-    by_model: dict[int, list[Candidate]] = defaultdict(list)
-    for c in cands:
-        by_model[c.model].append(c)
     budget = [len(c.ids) for c in inv.classes]
-    los = {ci: layout_options(c, opts) for ci, c in enumerate(inv.classes)}
     gpus: list[_Gpu] = []
     free: dict[tuple[int, str], list[_Slot]] = defaultdict(list)  # (class, kind) -> slots with room
     missing: dict[int, int] = defaultdict(int)
     unplaced: dict[int, float] = {}
-
-    class_weight = [inv.weight(c) for c in inv.classes]
-    weights = {id(c): class_weight[c.cls] * c.gpu_fraction for c in cands}
 
     def weight(c: Candidate) -> float:
         return weights[id(c)]
