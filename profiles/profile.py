@@ -215,22 +215,24 @@ class _ProfileDoc(BaseModel):
     spec: _SpecModel
 
 
-def profile_from_dict(doc: dict, where: str = "profile") -> Profile:
+def profile_from_dict(doc: dict, where: str = "profile",
+                      curves: dict[tuple[LatencyPoint, ...], tuple[LatencyPoint, ...]] | None = None) -> Profile:
+    """The Profile of one document; ``curves``: the points tuples read so far, by value, so that
+    equal curves share one tuple (this one's is added)."""
     try:
         m = _ProfileDoc.model_validate(doc)
     except ValidationError as e:
         raise ProfileError(format_error(e, where)) from None
     s = m.spec
+    points = tuple(LatencyPoint(p.batch, p.p50 / 1e3, (p.p99 if p.p99 is not None else p.p50) / 1e3)
+                   for p in s.latency_ms)
     return Profile(
         model=s.model,
         variant=s.variant,
         gpu=s.gpu,
         slice=s.slice,
         max_batch=s.max_batch,
-        points=tuple(
-            LatencyPoint(p.batch, p.p50 / 1e3, (p.p99 if p.p99 is not None else p.p50) / 1e3)
-            for p in s.latency_ms
-        ),
+        points=points if curves is None else curves.setdefault(points, points),
         memory_mb=s.memory_mb,
         accuracy=s.accuracy,
         mps_interference=s.mps_interference,
@@ -445,9 +447,7 @@ def load_profiles(path: str | Path) -> list[Profile]:
     for where, d in flat:
         if not isinstance(d, dict):
             raise ProfileError(f"{where}: expected a mapping, got {type(d).__name__}")
-        p = profile_from_dict(d, where=where)
-        points = canon.setdefault(p.points, p.points)
-        out.append(p if points is p.points else replace(p, points=points))
+        out.append(profile_from_dict(d, where=where, curves=canon))
     return out
 
 
