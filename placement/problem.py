@@ -84,12 +84,12 @@ def derive_for(docs: Documents, inv: Inventory, profiles: ProfileSet) -> Profile
         first = members[0][1]
         derived = [p for p in out.find(variant=first) if p.key not in profiles]
         for model, v in members[1:]:
+            theirs, mine = f"{first}@", f"{v}@"
             for p in derived:
                 # its provenance names the profile it came from: the copy's own
                 pv = p.provenance
-                source = pv.source.replace(f"{first}@", f"{v}@", 1)
-                out.add(p.renamed(model, v, Provenance(source, pv.kind, pv.measured_batches, pv.notes,
-                                                       pv.accuracy_source)))
+                out.add(p.renamed(model, v, Provenance(pv.source.replace(theirs, mine, 1), pv.kind,
+                                                       pv.measured_batches, pv.notes, pv.accuracy_source)))
     return out
 
 

@@ -357,6 +357,11 @@ class ProfileSet:
         self._by_key: dict[tuple[str, str, str], Profile] = {}
         self._by_model: dict[str, list[Profile]] = {}
         self._by_variant: dict[str, list[Profile]] = {}
+        if isinstance(profiles, ProfileSet):  # a copy: its profiles were checked as it took them
+            self._by_key = dict(profiles._by_key)
+            self._by_model = {k: list(v) for k, v in profiles._by_model.items()}
+            self._by_variant = {k: list(v) for k, v in profiles._by_variant.items()}
+            return
         for p in profiles:
             self.add(p)
 
@@ -364,9 +369,10 @@ class ProfileSet:
         if p.gpu == HOST and p.slice != WHOLE:
             # a host has one device; the profiler names its slice "cpu", the planner WHOLE
             p = replace(p, slice=WHOLE)
-        if p.key in self._by_key:
+        key = p.key
+        if key in self._by_key:
             raise ProfileError(f"duplicate profile {p.name}")
-        self._by_key[p.key] = p
+        self._by_key[key] = p
         self._by_model.setdefault(p.model, []).append(p)
         self._by_variant.setdefault(p.variant, []).append(p)
 
