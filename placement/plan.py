@@ -322,7 +322,9 @@ class Plan:
     def splits(self) -> dict[str, dict[str, float]]:
         """Per model, requests per second each of its planned variants answers at the expected
         rate, as the gateway fills them (:func:`fill_split`)."""
-        acc = self._accuracy_of()
+        return self._splits(self._accuracy_of())
+
+    def _splits(self, acc: dict[str, float | None]) -> dict[str, dict[str, float]]:
         cap: dict[str, dict[str, float]] = {d.model: {} for d in self.demands}
         for _, _, r in self.replicas():
             if r.model in cap:
@@ -336,7 +338,11 @@ class Plan:
     def mean_accuracies(self) -> dict[str, float | None]:
         """Per model, the predicted rate-weighted mean accuracy of its answers (unknown accuracy
         counts 0); None for a model with no allowed variant of known accuracy or no answers."""
-        acc, splits = self._accuracy_of(), self.splits()
+        acc = self._accuracy_of()
+        return self._mean_accuracies(acc, self._splits(acc))
+
+    def _mean_accuracies(self, acc: dict[str, float | None], splits: dict[str, dict[str, float]]
+                         ) -> dict[str, float | None]:
         return {d.model: mean_accuracy(splits[d.model], acc) if has_known_accuracy(d, self.profiles) else None
                 for d in self.demands}
 
@@ -344,8 +350,10 @@ class Plan:
         """One model's :meth:`mean_accuracies`, or (no model) the mean over every answer of the
         models that have one."""
         means = self.mean_accuracies()
-        if model is not None:
-            return means[model]
+        return means[model] if model is not None else self._overall_accuracy(means)
+
+    def _overall_accuracy(self, means: dict[str, float | None]) -> float | None:
+        """The mean over every answer of the models whose ``means`` is known."""
         rates = {d.model: d.rate for d in self.demands}
         den = sum(rates[m] for m, v in means.items() if v is not None)
         return sum(v * rates[m] for m, v in means.items() if v is not None) / den if den > 0 else None
@@ -539,7 +547,9 @@ class Plan:
 
     # ------------------------------------------------------------------ output
     def to_dict(self) -> dict:
-        means, splits, caps = self.mean_accuracies(), self.splits(), self.capacities()
+        acc = self._accuracy_of()
+        splits = self._splits(acc)
+        means, caps = self._mean_accuracies(acc, splits), self.capacities()
         return {
             "apiVersion": API_VERSION,
             "kind": "Plan",
@@ -562,7 +572,7 @@ class Plan:
                    if self.inventory.max_cost_per_hour is not None else {}),
                 **({"mean_accuracy_floor": self.inventory.mean_accuracy_floor}
                    if self.inventory.mean_accuracy_floor is not None else {}),
-                "mean_accuracy": _round(self.mean_accuracy()),
+                "mean_accuracy": _round(self._overall_accuracy(means)),
                 **({"accuracy_bound": round(self.accuracy_bound, 6)} if self.accuracy_bound > 0 else {}),
                 "lower_bound": round(self.lower_bound, 4),
                 "proven_bound": round(self.proven_bound, 4),
