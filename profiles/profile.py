@@ -358,9 +358,10 @@ class ProfileSet:
         self._by_model: dict[str, list[Profile]] = {}
         self._by_variant: dict[str, list[Profile]] = {}
         if isinstance(profiles, ProfileSet):  # a copy: its profiles were checked as it took them
-            self._by_key = dict(profiles._by_key)
-            self._by_model = {k: list(v) for k, v in profiles._by_model.items()}
-            self._by_variant = {k: list(v) for k, v in profiles._by_variant.items()}
+            other = profiles
+            self._by_key = dict(other._by_key)
+            self._by_model = {k: list(v) for k, v in other._by_model.items()}
+            self._by_variant = {k: list(v) for k, v in other._by_variant.items()}
             return
         for p in profiles:
             self.add(p)
