@@ -79,3 +79,36 @@ def test_find_by_index_equals_a_scan_for_every_filter():
                     scan = [p for p in every if (m is None or p.model == m) and (v is None or p.variant == v)
                             and (g is None or p.gpu == g) and (s is None or p.slice == s)]
                     assert ps.find(model=m, variant=v, gpu=g, slice=s) == scan, (m, v, g, s)
+
+
+@pytest.mark.parametrize("text", [
+    "a: 1\nb: [1, 2.5, true, null, ~, 2026-11-28, 0x1f, 1e3, .inf, -.nan, '3', \"x\"]\n",
+    "---\n---\nkey: value\n...\n--- [1, {a: b}]\n",
+    "base: &b {x: 1, y: 2}\nother:\n  <<: *b\n  y: 3\n",
+    "a: !!str 1\nb: !!float 2\n",
+    "? [1, 2]\n: pair\n",
+    "a: 1\na: 2\n",
+    "{}\n",
+    "- - - deep\n  - x\n- {k: [], j: {}}\n",
+])
+def test_profile_yaml_reads_as_pyyaml_safe_load_does(text):
+    """The profile loader's fast path over libyaml's events gives PyYAML's documents, or its
+    error (its own loader takes anchors, aliases, tags, merge keys and container keys)."""
+    import yaml
+
+    from profiles.profile import _yaml_documents
+
+    def outcome(load):  # noqa: ANN001, ANN202
+        try:
+            return repr(load(text))  # repr: nan equals itself
+        except yaml.YAMLError as e:
+            return type(e).__name__
+
+    assert outcome(_yaml_documents) == outcome(lambda t: list(yaml.safe_load_all(t)))
+
+
+def test_profile_yaml_that_is_not_yaml_is_one_clear_error(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("a: [1, 2\nb: }\n")
+    with pytest.raises(ProfileError, match="not valid YAML"):
+        load_profiles(f)
