@@ -93,7 +93,7 @@ class ServedModel:
     priority: Priority
     replicas: tuple[ServedReplica, ...]
     margin: float = 0.0  # fraction of the SLO kept outside the plan
-    objective: str = "accuracy"  # which allowed variant a request takes (accuracy | cost)
+    objective: str = "accuracy"  # which allowed variant a request takes (accuracy | cost | infaas)
 
 
 def resolve_profile(ref: str, max_batch: int, base_dir: Path | None = None,

@@ -29,6 +29,7 @@ from placement.reports import FloorShortfall, Shortfall
 from placement.solve.capacity import fits_memory, replica_capacity
 from profiles.catalogue import WHOLE, CatalogueError, Instance, gpu_model, overlap_reason
 from profiles.profile import Profile, ProfileError, ProfileSet
+from profiles.schema import Objective as VariantObjective
 
 API_VERSION = "headrace.dev/v1"
 Objective = Literal["gpus", "cost", "accuracy"]
@@ -58,7 +59,7 @@ class Demand:
     accuracy_floor: float | None = None
     priority: Literal["guaranteed", "best-effort"] = "guaranteed"
     headroom: float = 1.0  # plan capacity >= rate x headroom
-    objective: Literal["accuracy", "cost"] = "accuracy"  # the gateway's variant choice for its requests
+    objective: VariantObjective = "accuracy"  # the gateway's variant choice for its requests
     min_replicas: int = 1  # the floor: replicas on that many distinct GPUs (and nodes, where the pool has them)
     # at least this many replicas in all, on any GPUs (the operator sets it to its gateway's
     # worker count: each worker batches for its own replicas); only while served (count_floor)

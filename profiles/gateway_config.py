@@ -133,7 +133,8 @@ class ModelConfig(Strict):
         default="accuracy",
         description="which allowed variant a request takes: accuracy = the most accurate predicted to meet "
         "its deadline; cost = the cheapest that meets its accuracy floor and deadline (best-effort "
-        "requests always take the cheapest)",
+        "requests always take the cheapest); infaas = INFaaS's choice, a baseline: the cheapest meeting the "
+        "floor and, by profile, the SLO that is not overloaded, with no admission by prediction",
     )
     replicas: list[ReplicaConfig] = Field(
         description="where the model runs; none: the model is addressable and refused no_replica (503, "

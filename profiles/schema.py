@@ -65,7 +65,7 @@ PriorityClass = Literal["guaranteed", "best-effort"]
 Band = Literal["critical", "standard", "sheddable"]  # priority bands, as the Gateway API Inference Extension names them
 # the one mapping of the KServe path's priority classes to the bands
 PRIORITY_BANDS: dict[str, str] = {"guaranteed": "standard", "best-effort": "sheddable"}
-Objective = Literal["accuracy", "cost"]  # which allowed variant a request takes
+Objective = Literal["accuracy", "cost", "infaas"]  # which allowed variant a request takes (gateway.policy.selector)
 
 
 class Metadata(Strict):
@@ -303,7 +303,8 @@ class ModelDeploymentSpec(Strict):
         default="accuracy",
         description="which allowed variant a request takes at the gateway: accuracy = the most accurate "
         "predicted to meet its deadline; cost = the cheapest that meets its accuracy floor and deadline "
-        "(cost per answer: profile seconds per row x the slice's share of the pool's cost_per_hour)")
+        "(cost per answer: profile seconds per row x the slice's share of the pool's cost_per_hour); "
+        "infaas = INFaaS's choice, a baseline (gateway.policy.selector)")
     headroom: float = Field(default=1.1, ge=1.0, le=10.0,
                             description="planned capacity / expected rate (burst margin)")
     autoscaling: AutoscalingSpec | None = Field(default=None, description="re-plan from observed load "

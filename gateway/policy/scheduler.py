@@ -72,6 +72,7 @@ from gateway.policy.selector import (
     choose,
     describe_constraints,
     fallback_spare,
+    infaas_pick,
     next_level,
 )
 from gateway.policy.sequences import Sequences
@@ -256,13 +257,21 @@ class EdfScheduler(SequenceScheduling):
                 f"request rows ({request.size}) exceed the largest max batch of model {request.model!r}")
         best_effort = request.priority == Priority.BEST_EFFORT
         choice = fits[0]
-        if self.policy.deadline_aware:
+
+        def alone(v: str) -> float:
+            return min(r.latency(request.size) for r in live[v] if r.info.max_batch >= request.size)
+        if model.objective == "infaas":  # the INFaaS baseline: no admission by prediction
+            pick = infaas_pick(fits, alone, lambda v: model.groups[v].rate.rate(now),
+                               lambda v: self._capacity(live[v]), request.deadline - request.arrival)
+            if pick is None:
+                return self._reject(request, RejectReason.INFEASIBLE, self.config.min_retry_after_s,
+                                    f"no variant of model {request.model!r} is profiled to meet the SLO")
+            choice = pick
+        elif self.policy.deadline_aware:
             def plan(v: str) -> tuple[float, bool]:
                 f = self._plan(model.groups[v], live[v], request, now)
                 return f, f <= request.deadline and self._protects(model, model.groups[v], live[v], request, now)
-            spare = fallback_spare(fits, lambda v: min(r.latency(request.size) for r in live[v]
-                                                       if r.info.max_batch >= request.size),
-                                   objective=model.objective, cheapest=best_effort)
+            spare = fallback_spare(fits, alone, objective=model.objective, cheapest=best_effort)
             pick, finish = choose(fits, plan, request.deadline, spare)
             if pick is None:
                 reason = RejectReason.SHED if best_effort else RejectReason.INFEASIBLE
@@ -585,7 +594,7 @@ class EdfScheduler(SequenceScheduling):
         """Requests ``group`` can no longer finish in time move to another allowed variant
         predicted to finish them in time (the order of the model's objective); the rest are
         returned, to be refused."""
-        if not late or len(model.groups) < 2:
+        if not late or len(model.groups) < 2 or model.objective == "infaas":  # INFaaS moves none
             return late
         live = {v: h for v, g in model.groups.items() if g is not group and (h := self._healthy(g))}
         infos = self._variant_infos(model, live)

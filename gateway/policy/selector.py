@@ -14,6 +14,15 @@ until one is predicted to meet its deadline given that variant's queue:
   rate falls below that capacity by more than the rate estimate's own noise (three standard
   deviations of a Poisson count over the estimator's window), at most once per dwell time.
 - ``cost``: cheapest per answer first (INFaaS's objective), so a floor is met at least cost.
+- ``infaas``: a baseline, INFaaS's variant choice (Romero et al., "INFaaS: Automated Model-less
+  Inference Serving", USENIX ATC'21; its released query frontend, ``gpar_lat_acc_search``), not
+  headrace's: of the variants that meet the request's accuracy floor and whose profiled latency
+  meets its latency objective, the cheapest that is not overloaded; when every one is
+  overloaded, the cheapest still (INFaaS serves on an overloaded variant and asks its
+  autoscaler for more). Overloaded is a load signal per window, as INFaaS's worker monitor
+  marks a variant each second: the variant's arrival rate over the rate window exceeds what
+  its replicas sustain at full batches. No admission by prediction and no moving a queued
+  request (:func:`infaas_pick`); batching is the gateway's.
 
 Under ``accuracy`` a request takes a variant with fallbacks after it only if it is predicted
 to finish there with time to spare for a fallback: the least time its fallbacks need to answer
@@ -79,10 +88,10 @@ def candidate_order(variants: Sequence[VariantInfo], floor: float | None, level:
                     objective: Objective = "accuracy", max_cost: float | None = None, pin: str | None = None,
                     cheapest: bool = False) -> list[str]:
     """The allowed variants (:func:`allows`), in the order a request tries them: cheapest
-    first under the ``cost`` objective or with ``cheapest`` (best-effort); else from the
-    level's preferred variant down to cheaper ones, then the more accurate ones it skipped."""
+    first under the ``cost`` and ``infaas`` objectives or with ``cheapest`` (best-effort); else
+    from the level's preferred variant down to cheaper ones, then the more accurate ones it skipped."""
     ok = [v for v in variants if allows(v, floor, max_cost, pin)]
-    if cheapest or objective == "cost":
+    if cheapest or objective != "accuracy":
         return [v.name for v in by_cost(ok)]
     ok = by_accuracy(ok)
     skip = min(level.skip, max(0, len(ok) - 1))
@@ -121,6 +130,17 @@ def choose(order: Sequence[str], plan: Callable[[str], tuple[float, bool]], dead
                 first = (v, finish)
         earliest = min(earliest, finish)
     return first if first is not None else (None, earliest)
+
+
+def infaas_pick(order: Sequence[str], alone: Callable[[str], float], rate: Callable[[str], float],
+                capacity: Callable[[str], float], slo: float) -> str | None:
+    """INFaaS's pick among ``order`` (the allowed variants, cheapest first): the first whose
+    ``alone(v)`` (a lone request's profiled time) is within ``slo`` and whose arrival ``rate(v)``
+    is below its ``capacity(v)`` at full batches; else the first within ``slo``; else None.
+    INFaaS checks a GPU variant's latency at its own max batch (each of its variants is built
+    for one); here every variant runs the model's max batch, so the request's own size counts."""
+    meets = [v for v in order if alone(v) <= slo]
+    return next((v for v in meets if rate(v) < capacity(v)), meets[0] if meets else None)
 
 
 def next_level(level: Level, variants: Sequence[VariantInfo], rate: float, now: float, *,

@@ -23,11 +23,10 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
-from typing import Literal, Protocol
+from typing import Protocol
 
 from profiles.profile import Profile
-
-Objective = Literal["accuracy", "cost"]  # a served model's: most accurate first, or cheapest
+from profiles.schema import Objective
 
 
 class Priority(IntEnum):
