@@ -67,14 +67,16 @@ def schedule(cap: float, phases: Sequence[tuple[float, float]], seed: int) -> li
 
 
 async def drive(client: aiohttpclient.InferenceServerClient, x: aiohttpclient.InferInput,
-                sched: list[float], prefix: str) -> list[Sent]:
-    """Send request ``i`` (id ``prefix + i``) at ``sched[i]``; every request is answered or counted."""
+                sched: list[float], prefix: str, params: Sequence[dict[str, Any] | None] | None = None) -> list[Sent]:
+    """Send request ``i`` (id ``prefix + i``, request parameters ``params[i]``) at ``sched[i]``;
+    every request is answered or counted."""
     out: list[Sent | None] = [None] * len(sched)
 
     async def one(i: int, at: float, start: float) -> None:
         lag = time.monotonic() - start - at
         try:
-            r = await client.infer("imagenet", [x], request_id=f"{prefix}{i}")
+            r = await client.infer("imagenet", [x], request_id=f"{prefix}{i}",
+                                   parameters=params[i] if params is not None else None)
             out[i] = Sent(at, lag, time.monotonic() - start - at,
                           r.get_response()["parameters"]["headrace_variant"], None)
         except InferenceServerException as e:
@@ -121,13 +123,15 @@ def triton_stats(triton_http: str) -> dict[str, dict[str, float]]:
 
 
 def triton_delta(before: dict, after: dict) -> dict[str, dict[str, float]]:
-    """What each Triton model did between two :func:`triton_stats` readings (busy ones only)."""
+    """What each Triton model did between two :func:`triton_stats` readings (busy ones only):
+    executions, rows and compute seconds in all, and per execution."""
     out = {}
     for name, a in after.items():
         b = before.get(name, {})
         d = {k: v - b.get(k, 0.0) for k, v in a.items()}
         if d["executions"] > 0:
-            out[name] = {"executions": d["executions"], "rows_per_batch": d["rows"] / d["executions"],
+            out[name] = {"executions": d["executions"], "rows": d["rows"], "compute_s": d["compute_s"],
+                         "rows_per_batch": d["rows"] / d["executions"],
                          "queue_ms_per_batch": d["queue_s"] / d["executions"] * 1e3,
                          "compute_ms_per_batch": d["compute_s"] / d["executions"] * 1e3}
     return out
