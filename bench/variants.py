@@ -233,7 +233,7 @@ async def run(duration: float, warmup: float, loads: tuple[float, ...], step_rep
                              cost_per_1000=used["cost_per_1000"], busy_slices=used["busy_s_total"] / (warmup + duration))
                     out["points"].append(r)
                     print(f"{name:18s} {load:3.1f}x {rate:6.1f}/s  attainment {r['attainment'] or 0:.4f}  "
-                          f"misses {r['misses']}  accuracy {r['mean_accuracy'] or 0:.4f}  "
+                          f"misses {r['misses']} (high floor {r['high_floor_misses']})  accuracy {r['mean_accuracy'] or 0:.4f}  "
                           f"busy $/1000 {r['cost_per_1000'] or 0:.6f}  shares {r['shares']}", flush=True)
             for rep in range(step_repeats):  # interleaved, the first system alternating: drift hits both alike
                 for name in STEP_SYSTEMS[::1 if rep % 2 == 0 else -1]:

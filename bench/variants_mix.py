@@ -59,14 +59,16 @@ def busy_cost(triton: dict[str, dict[str, float]], price_per_hour: float) -> dic
 
 def score(sents: Sequence[Sent], floor_of: Sequence[float], warmup: float, accuracy: dict[str, float],
           slo: float, variant_of: dict[str, str]) -> dict[str, Any]:
-    """Over the requests scheduled after ``warmup``: attainment (``ok``), the misses by kind,
-    the mean accuracy of the answers and the answers' shares by variant."""
+    """Over the requests scheduled after ``warmup``: attainment (``ok``), the misses by kind (all,
+    and of the high-floor requests), the mean accuracy of the answers and their shares by variant."""
     idx = [i for i, s in enumerate(sents) if s.at >= warmup]
-    kinds = Counter(outcome(sents[i], floor_of[i], accuracy, slo) for i in idx)
+    each = {i: outcome(sents[i], floor_of[i], accuracy, slo) for i in idx}
+    kinds = Counter(each.values())
     answered = [sents[i].variant for i in idx if sents[i].variant is not None]
     by_variant = Counter(variant_of[v] for v in answered)
     high = [i for i in idx if floor_of[i] == HIGH_FLOOR]
     return {"requests": len(idx), "high_floor_requests": len(high),
+            "high_floor_misses": dict(sorted(Counter(each[i] for i in high if each[i] != "ok").items())),
             "attainment": kinds["ok"] / len(idx) if idx else None,
             "misses": {k: n for k, n in sorted(kinds.items()) if k != "ok"},
             "below_floor": kinds["below_floor"],
