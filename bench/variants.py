@@ -177,7 +177,15 @@ async def step_run(url: str, triton_http: str, sched: list[float], prefix: str) 
     return {"sents": sents, "triton": triton_delta(before, after), "moves": moved}
 
 
-async def run(duration: float, warmup: float, loads: tuple[float, ...], step_repeats: int) -> dict[str, Any]:
+def recorded_command(argv: list[str]) -> str:
+    """The command as run, less ``--out`` (where the results go changes none of them)."""
+    keep = [x for i, x in enumerate(argv) if x != "--out" and not x.startswith("--out=")
+            and not (i and argv[i - 1] == "--out")]
+    return " ".join([".venv/bin/python -m bench.variants", *keep])
+
+
+async def run(duration: float, warmup: float, loads: tuple[float, ...], step_repeats: int,
+              command: str = "") -> dict[str, Any]:
     profs = profiles()
     cap = replica_capacity(profs[VIT], SLO_MS / 1e3, max_batch=MAX_BATCH)
     assert cap is not None
@@ -187,8 +195,7 @@ async def run(duration: float, warmup: float, loads: tuple[float, ...], step_rep
     for v, p in profs.items():
         files[v] = work / f"{v}.yaml"
         save_profiles(files[v], [p])
-    out: dict[str, Any] = {"commit": git_commit(), "command": " ".join([".venv/bin/python -m bench.variants",
-                                                                        *sys.argv[1:]]),
+    out: dict[str, Any] = {"commit": git_commit(), "command": command,
                            "slo_ms": SLO_MS, "duration_s": duration, "warmup_s": warmup, "gpu": GPU,
                            "slice": SLICE, "price_per_slice_hour": PRICE,
                            "floor_mix": {"high": HIGH_FLOOR, "low": LOW_FLOOR, "high_share": HIGH_SHARE,
@@ -486,7 +493,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--step-runs ({a.step_runs}) must be >= 0, and >= 1 with --only-step")
     exit_on_sigterm()
     loads = () if a.only_step else (0.5, 2.0) if a.quick else LOADS
-    res = asyncio.run(run(5.0 if a.quick else a.duration, a.warmup, loads, a.step_runs))
+    res = asyncio.run(run(5.0 if a.quick else a.duration, a.warmup, loads, a.step_runs,
+                          recorded_command(sys.argv[1:] if argv is None else argv)))
     write_results(a.out, "variants", res, markdown(res))
     print(markdown(res))
     return 0
