@@ -40,6 +40,7 @@ from bench.claims_llm import (
     routing_gaps,
     vllm_gap,
 )
+from bench.claims_variants import variants, variants_gaps
 
 # ----------------------------------------------------------------------------- the claims
 
@@ -322,33 +323,6 @@ def replan(r: Results) -> list[Claim]:
                   ("replan",))]
 
 
-def variants(r: Results) -> list[Claim]:
-    d = r["variants"]
-
-    def pt(load: float, system: str) -> dict[str, Any]:
-        return by(d["points"], load=load, system=system)
-
-    a2, a4 = pt(2.0, "headrace-accuracy"), pt(4.0, "headrace-accuracy")
-    vit2, rn2 = pt(2.0, "fixed-vit-b16"), pt(2.0, "fixed-resnet50")
-    cost, top = pt(0.5, "headrace-cost"), pt(0.5, "fixed-vit-b16")
-    tc = d["tritonclient_floor"]
-    step = d["targets"]["load_step"]
-    runs = len(d["load_step"]["systems"]["headrace-accuracy"]["runs"])
-    return [Claim("variant choice keeps the SLO at the best accuracy the load allows (live)",
-                  f"ViT-B/16 + ResNet-50 slices, objective `accuracy`: at 2x a ViT slice's capacity "
-                  f"{pct(a2['attainment'])} in SLO at mean top-1 {a2['mean_accuracy']:.4f} (two ViT slices: "
-                  f"{pct(vit2['attainment'])}; two ResNet-50 slices: {rn2['mean_accuracy']:.4f}), at 4x "
-                  f"{pct(a4['attainment'])} at {a4['mean_accuracy']:.4f}; objective `cost` at 0.5x: "
-                  f"{cost['cost_per_1000'] / top['cost_per_1000']:.2f}x the cost per answer of always the most "
-                  f"accurate, {tc['answered']}/{tc['requests']} tritonclient answers meeting `headrace_min_accuracy` "
-                  f"{d['floor']:g}. Load step 0.5x -> 4x -> 0.5x (tritonclient aio, {runs} runs): "
-                  f"{pct(step['steady_attainment'])} in SLO outside the {d['load_step']['transition_s']:g} s after "
-                  f"each step, against {pct(step['floor_steady_attainment'])} for "
-                  f"the same step on two ResNet-50 slices with no choice; the gateway refused none and answered "
-                  f"none late, every miss was late only at the client",
-                  ("variants",))]
-
-
 def simulator(r: Results) -> list[Claim]:
     s, hour = r["sim_speed"], r["sim_speed_hour"]["hour"]
     c = s["cases"]
@@ -529,6 +503,7 @@ def gaps(r: Results) -> list[str]:
         *routing_gaps(r),
         *isolation_gaps(r),
         *capacity_gap(r),
+        *variants_gaps(r),
     ]
 
 
