@@ -34,6 +34,14 @@ It is checked against the gateway's own batcher in the simulator, at planned cap
 planned / 0.9, over a stratified sample of every profile, slice and share the planner uses
 (``bench/capacity_check.py``; its worst kinds are ``tests/placement/test_capacity_kinds.py``).
 
+Both views let every late request queue. The gateway refuses at arrival a request predicted to
+miss, so refused work never queues, which matters most where batches stay small and every row
+costs about the same (small MPS shares), where the views plan up to 0.6x less than the batcher
+sustains. So capacity is at least the simulator's own answer, :data:`SMALL_BATCH`
+(``bench/capacity_table.py``): the rate keeping 99% in SLO for a curve ``t(b) = t1 (1 +
+slope (b - 1))``, by SLO / ``t1`` and slope, read linearly between its cells, less
+:data:`SMALL_BATCH_MARGIN` (:func:`small_batch_rate`).
+
 MPS shares come from a power-of-two grid (1, 1/2, 1/4, 1/8): such shares pack into slices
 exactly (first-fit decreasing fills every slice whenever their sum allows), which keeps the
 solver's aggregate share constraint exact. A client's device memory is capped in proportion to
@@ -46,8 +54,10 @@ import bisect
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
+import yaml
 
 from profiles.catalogue import GpuModel
 from profiles.profile import Profile, Quantile
@@ -58,6 +68,8 @@ QUANTILE: Quantile = "p99"
 SERVED = 0.99  # share of requests the capacity keeps in SLO
 ARRIVAL_QUANTILE = 0.9995  # of the Poisson count of arrivals during one batch
 SATURATION_GRID = tuple(i / 100 for i in range(30, 100))  # fractions of B / t(B) tried as rates
+SMALL_BATCH = Path(__file__).with_name("small_batch.yaml")  # the simulator's small-batch table
+SMALL_BATCH_MARGIN = 0.92  # of the table's rate, read between its cells (it is the 99% rate itself)
 
 
 @dataclass(frozen=True)
@@ -190,13 +202,57 @@ def _waits(lat: np.ndarray, rates: np.ndarray, batches: np.ndarray, top: int) ->
     return np.maximum(cycle, backlog)
 
 
+@lru_cache(maxsize=1)
+def _small_batch() -> tuple[list[float], list[float], list[list[float]], list[float]]:
+    doc = yaml.load(SMALL_BATCH.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return doc["slo_ratios"], doc["slopes"], doc["rho"], doc["rho_max_batch_one"]
+
+
+def small_batch_slope(lat: list[float] | np.ndarray, top: int) -> float:
+    """What each row past the first adds to a batch, over a batch of one: the largest average
+    slope to a batch of 2, 4, 8 or 16 (0 at a max batch of one)."""
+    if top < 2:
+        return 0.0
+    return float(max((lat[b] - lat[1]) / ((b - 1) * lat[1]) for b in (2, 4, 8, 16) if b <= top))
+
+
+def small_batch_rate(lat: list[float] | np.ndarray, top: int, slo: float) -> float:
+    """The :data:`SMALL_BATCH` table's rate for a replica whose batches of ``b <= top`` take
+    ``lat[b]``, at ``slo`` seconds: read linearly between the table's cells, at
+    :data:`SMALL_BATCH_MARGIN` of it, and never past that margin of the replica's full batches
+    back to back; 0 off the table (an SLO under two batches of one, a steeper slope than its
+    steepest, a max batch from 2 to 15, below the table's 32 by more than its batches use)."""
+    return _small_batch_rate(float(lat[1]), small_batch_slope(lat, top), top / float(lat[top]), top, slo)
+
+
+def _small_batch_rate(t1: float, slope: float, full: float, top: int, slo: float) -> float:
+    ratios, slopes, rho, one = _small_batch()
+    x = slo / t1
+    if x < ratios[0] or 1 < top < 16 or (top > 1 and slope > slopes[-1]):
+        return 0.0
+    i = min(bisect.bisect_right(ratios, x) - 1, len(ratios) - 2)
+    u = min(1.0, (x - ratios[i]) / (ratios[i + 1] - ratios[i]))
+
+    def row(k: int) -> float:  # the cell's rho at this slope, read linearly between columns
+        if top == 1:
+            return one[k]
+        j = min(max(bisect.bisect_right(slopes, slope) - 1, 0), len(slopes) - 2)
+        v = min(1.0, max(0.0, (slope - slopes[j]) / (slopes[j + 1] - slopes[j])))
+        return rho[k][j] + v * (rho[k][j + 1] - rho[k][j])
+
+    return float(SMALL_BATCH_MARGIN * min((row(i) + u * (row(i + 1) - row(i))) / t1, full))
+
+
 def _steady(lat: np.ndarray, rates: np.ndarray, top: int) -> np.ndarray:
     """Each rate's steady batch: the least batch size from which every larger batch keeps up
     with it (serves at least the rate). Where rows per second dip in the middle of a curve
     (MPS-slowed curves can), a burst pushes the batch through the dip to there."""
-    eff = np.arange(1, top + 1) / lat[1:top + 1]
-    floor = np.minimum.accumulate(eff[::-1])[::-1]  # floor[i]: the least rows per second from i + 1 on
-    return np.minimum(np.searchsorted(floor, rates * (1.0 - 1e-12)) + 1, top)
+    return np.minimum(np.searchsorted(_floors(lat, top), rates * (1.0 - 1e-12)) + 1, top)
+
+
+def _floors(lat: np.ndarray, top: int) -> np.ndarray:
+    """``[i]``: the least rows per second of any batch from ``i + 1`` to ``top``."""
+    return np.minimum.accumulate((np.arange(1, top + 1) / lat[1:top + 1])[::-1])[::-1]
 
 
 def latency_at(lat: list[float], rate: float, top: int) -> tuple[float, int]:
@@ -225,6 +281,8 @@ class _Table:
     rates: list[float]  # the best rate among rates with wait <= waits[i]
     batches: list[int]  # its steady batch
     top: int  # the max batch
+    small: tuple[float, float, float]  # t(1), slope and full batches' rows per second: small_batch_rate's
+    floor: tuple[float, ...]  # _floors: where the small-batch rate's steady batch is read
 
     @classmethod
     def build(cls, profile: Profile, share: float, top: int) -> _Table:
@@ -241,11 +299,18 @@ class _Table:
         r = rates[order]
         rises = np.flatnonzero(r > np.concatenate([[-1.0], np.maximum.accumulate(r)[:-1]]))
         keep = order[rises]
-        return cls(waits[keep].tolist(), rates[keep].tolist(), batches[keep].tolist(), top)
+        return cls(waits[keep].tolist(), rates[keep].tolist(), batches[keep].tolist(), top,
+                   (float(arr[1]), small_batch_slope(arr, top), top / float(arr[top])),
+                   tuple(_floors(arr, top).tolist()))
 
     def query(self, slo: float) -> Capacity | None:
         i = bisect.bisect_right(self.waits, slo)
-        return Capacity(self.rates[i - 1], self.batches[i - 1], self.top) if i else None
+        rule = Capacity(self.rates[i - 1], self.batches[i - 1], self.top) if i else None
+        small = _small_batch_rate(*self.small, self.top, slo)
+        if small > (rule.rate if rule else 0.0):
+            steady = min(bisect.bisect_left(self.floor, small * (1.0 - 1e-12)) + 1, self.top)  # as _steady
+            return Capacity(small, steady, self.top)
+        return rule
 
 
 _TABLES: dict[tuple, _Table] = {}

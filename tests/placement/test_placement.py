@@ -18,6 +18,7 @@ from placement.solve.capacity import (
     cycle_wait,
     latency_at,
     replica_capacity,
+    small_batch_rate,
 )
 from placement.solve.solver import Options, SolverError, candidates, lower_bound, solve
 from placement.spec import SpecError, load_problem
@@ -522,7 +523,8 @@ def test_nvml_executor_reports_an_overlap_the_fake_driver_refuses():
 
 
 def test_capacity_search_matches_brute_force_on_every_reference_curve():
-    """The table's answer is the largest candidate rate whose wait fits, found by brute force."""
+    """The table's answer is the largest candidate rate whose wait fits, found by brute force,
+    or the small-batch table's rate where that is more."""
     from placement.solve.capacity import SATURATION_GRID
 
     ps = with_derived(ProfileSet.reference(), gpus=("A100-80GB",))
@@ -534,8 +536,8 @@ def test_capacity_search_matches_brute_force_on_every_reference_curve():
             waits = [(latency_at(lat, r, top)[0], r) for r in rates]
             for slo in (0.02, 0.1, 0.137):
                 got = replica_capacity(p, slo, share)
-                want = max((r for w, r in waits if w <= slo), default=None)
-                assert (got is None) == (want is None), p.name
+                want = max([r for w, r in waits if w <= slo] + [small_batch_rate(lat[:top + 1], top, slo)])
+                assert (got is None) == (want == 0.0), p.name
                 if got is not None:
                     assert got.rate == pytest.approx(want, rel=1e-9), (p.name, slo, share)
                     assert got.max_batch == top
