@@ -93,16 +93,23 @@ def kinds(count: int, seed: int = 7) -> tuple[list[Kind], dict]:
 def attainment(kind: Kind, rate: float, max_batch: int, seed: int, requests: int | None = None) -> float:
     """Share of requests in SLO when the planned replica of ``kind`` takes Poisson ``rate``
     (``requests`` of them; by default at least :data:`SLO_SPAN` SLOs of arrivals)."""
+    return replica_attainment(served_profile(kind, max_batch), max_batch, rate, kind.slo, seed, requests)
+
+
+def replica_attainment(p, max_batch: int, rate: float, slo: float, seed: int,  # noqa: ANN001  (a Profile)
+                       requests: int | None = None) -> float:
+    """Share of requests in ``slo`` when one replica of profile ``p`` at ``max_batch``, under the
+    gateway's default scheduler in the simulator, takes Poisson ``rate`` (``requests`` of them;
+    by default at least :data:`SLO_SPAN` SLOs of arrivals, within the request bounds)."""
     from gateway.policy import EdfScheduler
     from gateway.policy.config import SchedulerConfig
     from gateway.policy.types import ReplicaInfo
     from loadgen.sim.simulator import SimReplica, Simulator, make_requests
 
-    p = served_profile(kind, max_batch)
-    n = requests or int(min(MAX_REQUESTS, max(MIN_REQUESTS, rate * SLO_SPAN * kind.slo)))
+    n = requests or int(min(MAX_REQUESTS, max(MIN_REQUESTS, rate * SLO_SPAN * slo)))
     times = np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, n))
     rep = SimReplica(ReplicaInfo("r", "m", p.variant, p, max_batch))
-    res = Simulator(EdfScheduler(SchedulerConfig()), [rep]).run(make_requests(times, "m", kind.slo))
+    res = Simulator(EdfScheduler(SchedulerConfig()), [rep]).run(make_requests(times, "m", slo))
     return float(res.summary()["attainment"])
 
 

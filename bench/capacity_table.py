@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from bench.capacity_check import MAX_REQUESTS, MIN_REQUESTS, SLO_SPAN
 from bench.output import git_commit
 
 OUT = Path(__file__).resolve().parents[1] / "placement" / "solve" / "small_batch.yaml"
@@ -49,7 +50,6 @@ STEPS = 9  # bisection steps on rho in (LOW, HIGH x saturation): to 0.005 of sat
 LOW, HIGH = 0.0, 0.99
 T1 = 0.010  # seconds; the cells are dimensionless, so any batch-of-one time gives them
 MAX_BATCH = 32
-MIN_REQUESTS, MAX_REQUESTS, SLO_SPAN = 20_000, 80_000, 200  # as bench.capacity_check
 
 
 def curve(slope: float, top: int = MAX_BATCH):  # noqa: ANN201  (profiles.profile.Profile)
@@ -62,18 +62,10 @@ def curve(slope: float, top: int = MAX_BATCH):  # noqa: ANN201  (profiles.profil
 
 def attainment(slope: float, top: int, rho: float, slo: float, seed: int) -> float:
     """Share in SLO when a replica of :func:`curve` at max batch ``top`` takes Poisson
-    ``rho / T1`` under the gateway's default scheduler."""
-    from gateway.policy import EdfScheduler
-    from gateway.policy.config import SchedulerConfig
-    from gateway.policy.types import ReplicaInfo
-    from loadgen.sim.simulator import SimReplica, Simulator, make_requests
+    ``rho / T1`` under the gateway's default scheduler (as ``bench.capacity_check`` runs a kind)."""
+    from bench.capacity_check import replica_attainment
 
-    rate = rho / T1
-    n = int(min(MAX_REQUESTS, max(MIN_REQUESTS, rate * SLO_SPAN * slo)))
-    times = np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, n))
-    rep = SimReplica(ReplicaInfo("r", "m", "v", curve(slope, top), top))
-    res = Simulator(EdfScheduler(SchedulerConfig()), [rep]).run(make_requests(times, "m", slo))
-    return float(res.summary()["attainment"])
+    return replica_attainment(curve(slope, top), top, rho / T1, slo, seed)
 
 
 def saturation(slope: float, top: int) -> float:

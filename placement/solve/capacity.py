@@ -222,7 +222,12 @@ def small_batch_rate(lat: list[float] | np.ndarray, top: int, slo: float) -> flo
     :data:`SMALL_BATCH_MARGIN` of it, and never past that margin of the replica's full batches
     back to back; 0 off the table (an SLO under two batches of one, a steeper slope than its
     steepest, a max batch from 2 to 15, below the table's 32 by more than its batches use)."""
-    return _small_batch_rate(float(lat[1]), small_batch_slope(lat, top), top / float(lat[top]), top, slo)
+    return _small_batch_rate(*_small_terms(lat, top), top, slo)
+
+
+def _small_terms(lat: list[float] | np.ndarray, top: int) -> tuple[float, float, float]:
+    """(t(1), :func:`small_batch_slope`, full batches' rows per second): what the table is read by."""
+    return float(lat[1]), small_batch_slope(lat, top), top / float(lat[top])
 
 
 def _small_batch_rate(t1: float, slope: float, full: float, top: int, slo: float) -> float:
@@ -281,7 +286,7 @@ class _Table:
     rates: list[float]  # the best rate among rates with wait <= waits[i]
     batches: list[int]  # its steady batch
     top: int  # the max batch
-    small: tuple[float, float, float]  # t(1), slope and full batches' rows per second: small_batch_rate's
+    small: tuple[float, float, float]  # _small_terms: what the small-batch table is read by
     floor: tuple[float, ...]  # _floors: where the small-batch rate's steady batch is read
 
     @classmethod
@@ -300,7 +305,7 @@ class _Table:
         rises = np.flatnonzero(r > np.concatenate([[-1.0], np.maximum.accumulate(r)[:-1]]))
         keep = order[rises]
         return cls(waits[keep].tolist(), rates[keep].tolist(), batches[keep].tolist(), top,
-                   (float(arr[1]), small_batch_slope(arr, top), top / float(arr[top])),
+                   _small_terms(arr, top),
                    tuple(_floors(arr, top).tolist()))
 
     def query(self, slo: float) -> Capacity | None:
