@@ -100,7 +100,9 @@ def test_with_its_supervisor_dead_too_status_and_down_work_from_the_state(tmp_pa
         st = op.state()
         os.kill(st["supervisor_pid"], signal.SIGKILL)
         os.kill(st["controller_pid"], signal.SIGKILL)
-        op.wait_for("controller gone", lambda: not same_process(st["controller_pid"], st["controller_started"]))
+        # both gone before status reads them: a SIGKILL is delivered, not waited for
+        op.wait_for("controller and supervisor gone", lambda: not any(
+            same_process(st[f"{who}_pid"], st.get(f"{who}_started")) for who in ("controller", "supervisor")))
         capsys.readouterr()
         assert main(["status", "--state-dir", str(op.state_dir)]) == 0
         out = capsys.readouterr().out
